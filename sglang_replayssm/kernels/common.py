@@ -1,0 +1,104 @@
+"""Pieces shared by every ReplaySSM kernel family: Triton helpers and launch configs.
+
+Pure math and plumbing: nothing here imports SGLang. Launch configs (block sizes,
+warps, stages) live in one YAML file per GPU under ``kernels/configs/``; kernels ask
+for them through :func:`launch_config` and fall back to the ``default`` section.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import triton
+import triton.language as tl
+
+SOFTPLUS_THRESHOLD = 20.0
+L2NORM_EPS = 1e-6
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+ENV_CONFIG_FILE = "SGLANG_REPLAYSSM_KERNEL_CONFIG"
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (n >= 1)."""
+    if n < 1:
+        raise ValueError(f"next_pow2 needs n >= 1, got {n}")
+    return 1 << (n - 1).bit_length()
+
+
+@triton.jit
+def softplus(x, THRESHOLD: tl.constexpr):
+    """log(1 + e^x) in fp32, identity above THRESHOLD (as SGLang's decode kernels)."""
+    return tl.where(x <= THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def gpu_key() -> str:
+    """Name of the config file for the current device ("h200", "h100", ... or "default")."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            name = torch.cuda.get_device_name().lower()
+            for key in ("h200", "h100", "h20", "b200", "b300", "a100"):
+                if key in name:
+                    return key
+    except Exception:  # pragma: no cover - device query failures fall back to default
+        pass
+    return "default"
+
+
+@functools.lru_cache(maxsize=None)
+def _load_yaml(path: str) -> Dict[str, Any]:
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"launch-config file {p} is not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"launch-config file {p} must hold a mapping, got {type(data).__name__}")
+    return data
+
+
+def config_file(explicit: Optional[str] = None) -> Path:
+    """The YAML file in force: explicit path, env override, then the per-GPU file."""
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get(ENV_CONFIG_FILE)
+    if env:
+        return Path(env)
+    return CONFIG_DIR / f"{gpu_key()}.yaml"
+
+
+def launch_config(family: str, key: str, defaults: Dict[str, Any], path: Optional[str] = None) -> Dict[str, Any]:
+    """Launch parameters for ``family`` (e.g. "mamba2_output_only") and geometry ``key``.
+
+    Lookup order: ``<gpu>.yaml[family][key]``, ``<gpu>.yaml[family]["default"]``,
+    ``default.yaml`` likewise, then ``defaults``. Unknown parameter names are an error,
+    so a typo in a tuned file cannot silently fall back.
+    """
+    out = dict(defaults)
+    for f in (CONFIG_DIR / "default.yaml", config_file(path)):
+        section = _load_yaml(str(f)).get(family) or {}
+        for k in ("default", key):
+            entry = section.get(k)
+            if entry:
+                unknown = set(entry) - set(defaults)
+                if unknown:
+                    raise ValueError(
+                        f"launch config {f} [{family}][{k}] has unknown parameters {sorted(unknown)}; "
+                        f"accepted: {sorted(defaults)}"
+                    )
+                out.update(entry)
+    return out
