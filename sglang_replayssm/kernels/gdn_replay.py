@@ -1,0 +1,432 @@
+"""Gated DeltaNet (GDN) ReplaySSM decode: Triton kernel and wrapper.
+
+Per live decode row (slot s, ring fill w = write_pos, buffer length L), per value head:
+
+    S_{w-1} x = e^G (S_ck x) + sum_{j<w} e^{G-G_j} (k^_j . x) d_j        x in {q^, k^}
+    d_w       = beta (v - alpha S_{w-1} k^)
+    o         = alpha (S_{w-1} q^) + d_w (k^ . q^)
+    w <  L-1 : append (d_w, raw k_w, g_w) at ring position w; S_ck untouched
+    w == L-1 : S_ck <- alpha S_{w-1} + d_w k^^T   (flush, no append)
+
+(G_j: inclusive prefix of the cached log-decays g, G = G_{w-1}; k^_j re-normalised
+from the raw cached k_j.)  L = 1 is the stock packed decode on every step.
+
+Routes
+------
+*Output-only (every step).*  The output never builds the V x K state: one streaming
+pass over the S_ck tile gives (S_ck q^, S_ck k^); the history adds w ring dot
+products k^_j . q^, k^_j . k^ (K-long, per k-head) and a weighted sum of w cached d
+vectors. All of it is element-wise fp32 (no tensor cores, so no TF32 drift), and
+flush and non-flush rows produce their outputs with the same arithmetic.
+
+*Flush (w == L-1, per-row runtime branch).*  The S_ck tile already sits in registers
+from the output pass, so the flush re-reads nothing: it rebuilds
+S_{w-1} = e^G S_ck + (d * c)[BV, LP] @ k^[LP, K] with one tensor-core ``tl.dot``
+(``input_precision`` "tf32x3" by default, or "ieee"; plain "tf32" is refused since
+it drifts ~1e-2 from fp32) and stores alpha S_{w-1} + d_w k^^T. So a flush step costs
+one read and one write of the state, and a non-flush step one read.
+
+Grid ``(cdiv(V, BV), batch, HV)``; each program holds a [BV, K] state tile (whole K).
+Per program and step it reads: the S_ck tile (BV*K*state bytes), q, k (K each), the
+v slice, the cached g (w fp32), raw k (w x K act) and d slice (BV x w, state dtype);
+it writes: out slice; non-flush: d_w slice, and g_w (one program per (row, v-head)),
+raw k_w (one program per (row, k-head)); flush: the state tile. Rows whose slot is
+< 0 or == null_slot write nothing at all.
+
+Why this ring (d in the state dtype + raw k in the activation dtype + g fp32)
+---------------------------------------------------------------------------
+Qwen3-Next geometry (per TP rank) HV=32, Hk=16, K=V=128, L=16, bf16 activations,
+fp32 state (2 MiB per slot per layer):
+
+* Bytes. Our ring: d 32*16*128*4 = 256 KiB + k 16*16*128*2 = 64 KiB + g 2 KiB
+  = 322 KiB per slot (+15.7 %). A raw (k, v, g, beta) ring: k 64 + v (bf16) 128
+  + g 2 + beta 2 = 196 KiB (+9.6 %). Per decode step and v-head at the fullest fill
+  (w = 15) a step reads 64 KiB of S_ck plus 7.5 KiB of d (ours) vs 3.75 KiB of v
+  (raw) plus 1.9 KiB of k either way (k is shared by 2 v-heads): the raw ring would
+  save <= 3.75 KiB of a ~73 KiB step (~5 %, ~2.6 % on average over the cycle), and
+  appends 256 B of v instead of 512 B of d.
+* Compute. A raw ring cannot be replayed by a rank-1 sum: every d_j depends on
+  S_{j-1}. Each step would have to redo the whole chain, i.e. S_ck k^_j for all
+  w cached keys (w+2 mat-vecs over the streamed state instead of 2, 8.5 flop/byte
+  at w=15, past the fp32 CUDA-core roofline of H200's ~14 flop/byte once tf32x3's
+  3 passes are counted) plus a w x w triangular (UT) solve, every step.
+* Accuracy. With d cached at state precision the replay is an exact re-association
+  of the sequential recurrence: measured with :mod:`gdn_ref` (random Qwen3-Next-like
+  inputs, 33 steps, fp32 state, bf16 activations) the max output error vs an fp64
+  sequential oracle is ~1e-6, the flushed state ~1e-6. The same
+  run with d rounded to bf16 (the activation-dtype d ring of other implementations)
+  gives ~1e-3 output error and folds ~1e-3 into S_ck at every flush, and
+  a chunked UT solve for a raw ring orders the fp32 arithmetic differently from the
+  recurrence (a ~1e-3 gap is reported for the spec-window UT kernels).
+  Raw k costs nothing in accuracy: it is exactly the kernel input, re-normalised on
+  read with the same fp32 formula as the current step.
+  So d in the state dtype buys fp32-exact replay for +126 KiB per slot; with a
+  bf16/fp16 state it is 2 bytes like v, and the raw ring has no byte advantage.
+
+Launch parameters come from ``common.launch_config("gdn_decode", key, ...)`` with
+key ``HV{HV}_HK{Hk}_K{K}_V{V}_L{L}``. The verify (speculative) variant can reuse the
+``_history_*`` / ``_replay_matvec`` jit helpers: they replay a checkpoint plus a
+cached history for arbitrary query vectors.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import L2NORM_EPS, SOFTPLUS_THRESHOLD, launch_config, next_pow2, softplus
+
+__all__ = ["gdn_replay_decode", "gdn_launch_params", "GDN_DEFAULT_LAUNCH"]
+
+GDN_DEFAULT_LAUNCH: Dict[str, Any] = {
+    "BV": 32,
+    "num_warps": 4,
+    "num_stages": 1,
+    "dot_precision": "tf32x3",
+}
+_DOT_PRECISIONS = ("tf32x3", "ieee")
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+# ----------------------------------------------------------------------------------
+# jit helpers (shared with a later speculative-verify kernel)
+# ----------------------------------------------------------------------------------
+@triton.jit
+def _cast_rtne(x, dtype: tl.constexpr):
+    """x.to(dtype) with round-to-nearest-even also for bf16.
+
+    Triton's CPU interpreter truncates fp32 -> bf16 (the GPU rounds to nearest even),
+    so bf16 is rounded here by bit arithmetic; the final cast is then exact on both.
+    """
+    if dtype == tl.bfloat16:
+        xf = x.to(tl.float32)
+        bits = xf.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        x = tl.where(xf != xf, xf, bits.to(tl.float32, bitcast=True))
+    return x.to(dtype)
+
+
+@triton.jit
+def _gdn_gate(a_row, b_row, A_log, dt_bias, i_hv, SOFTPLUS_THRESHOLD: tl.constexpr):
+    """(g, beta) of value head ``i_hv`` for one token; beta rounded to b's dtype."""
+    a_val = tl.load(a_row + i_hv).to(tl.float32)
+    b_val = tl.load(b_row + i_hv)
+    A_log_val = tl.load(A_log + i_hv).to(tl.float32)
+    dt_bias_val = tl.load(dt_bias + i_hv).to(tl.float32)
+    g = -tl.exp(A_log_val) * softplus(a_val + dt_bias_val, SOFTPLUS_THRESHOLD)
+    beta = _cast_rtne(tl.sigmoid(b_val.to(tl.float32)), b_val.dtype).to(tl.float32)
+    return g, beta
+
+
+@triton.jit
+def _l2norm_vec(x, USE_L2NORM: tl.constexpr, EPS: tl.constexpr):
+    if USE_L2NORM:
+        x = x / tl.sqrt(tl.sum(x * x) + EPS)
+    return x
+
+
+@triton.jit
+def _history_weights(g_head, n_hist, LP: tl.constexpr):
+    """Replay weights of the cached positions j < n_hist of one (slot, v-head).
+
+    c_j = e^{G - G_j} (0 for j >= n_hist) and e^G; exponents are suffix sums of the
+    cached g, so no large prefix sums are subtracted.
+    """
+    o_j = tl.arange(0, LP)
+    valid = o_j < n_hist
+    g = tl.load(g_head + o_j, mask=valid, other=0.0).to(tl.float32)
+    suffix = tl.cumsum(g, axis=0, reverse=True)  # sum_{i >= j}
+    c = tl.where(valid, tl.exp(suffix - g), 0.0)
+    eG = tl.exp(tl.sum(g, axis=0))
+    return c, eG
+
+
+@triton.jit
+def _history_keys(k_head, stride_l, n_hist, K: tl.constexpr, LP: tl.constexpr, BK: tl.constexpr,
+                  USE_L2NORM: tl.constexpr, EPS: tl.constexpr):
+    """Cached raw keys of one (slot, k-head) -> normalised fp32 tile [LP, BK] (0 past n_hist)."""
+    o_j = tl.arange(0, LP)
+    o_k = tl.arange(0, BK)
+    m = (o_j < n_hist)[:, None] & (o_k < K)[None, :]
+    kr = tl.load(k_head + o_j[:, None] * stride_l + o_k[None, :], mask=m, other=0).to(tl.float32)
+    if USE_L2NORM:
+        kr = kr / tl.sqrt(tl.sum(kr * kr, axis=1) + EPS)[:, None]
+    return kr
+
+
+@triton.jit
+def _history_deltas(d_head, stride_l, o_v, mask_v, n_hist, LP: tl.constexpr):
+    """Cached d slice of one (slot, v-head): fp32 tile [BV, LP] (0 past n_hist)."""
+    o_j = tl.arange(0, LP)
+    m = mask_v[:, None] & (o_j < n_hist)[None, :]
+    return tl.load(d_head + o_j[None, :] * stride_l + o_v[:, None], mask=m, other=0).to(tl.float32)
+
+
+@triton.jit
+def _replay_matvec(s_ck_x, eG, d_hist, c, k_hist, x):
+    """S x for S = e^G S_ck + sum_j c_j d_j k^_j^T, given s_ck_x = S_ck x (never builds S)."""
+    score = tl.sum(k_hist * x[None, :], axis=1)  # [LP]  k^_j . x
+    return eG * s_ck_x + tl.sum(d_hist * (c * score)[None, :], axis=1)
+
+
+# ----------------------------------------------------------------------------------
+# decode kernel
+# ----------------------------------------------------------------------------------
+@triton.jit
+def _gdn_replay_decode_kernel(
+    qkv, a, b, A_log, dt_bias,
+    state, d_ring, k_ring, g_ring,
+    state_indices, write_pos, out,
+    scale, null_slot,
+    stride_idx, stride_wp,
+    stride_qkv, stride_a, stride_b,
+    stride_s0, stride_s1, stride_s2,
+    stride_d0, stride_d1, stride_d2,
+    stride_k0, stride_k1, stride_k2,
+    stride_g0, stride_g1,
+    stride_o0, stride_o1,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr,
+    USE_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_n = tl.program_id(1).to(tl.int64)
+    i_hv = tl.program_id(2)
+    i_hk = i_hv // (HV // HK)
+
+    slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
+    if (slot < 0) | (slot == null_slot):
+        return  # padded / null row: nothing is written
+
+    w = tl.load(write_pos + i_n * stride_wp).to(tl.int32)
+    w = tl.minimum(tl.maximum(w, 0), L - 1)
+    is_flush = w == L - 1
+
+    o_k = tl.arange(0, BK)
+    mask_k = o_k < K
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_v = o_v < V
+
+    # current token
+    row = qkv + i_n * stride_qkv
+    q = tl.load(row + i_hk * K + o_k, mask=mask_k, other=0).to(tl.float32)
+    k_raw = tl.load(row + HK * K + i_hk * K + o_k, mask=mask_k, other=0)
+    v = tl.load(row + 2 * HK * K + i_hv * V + o_v, mask=mask_v, other=0).to(tl.float32)
+    q = _l2norm_vec(q, USE_L2NORM, EPS) * scale
+    k = _l2norm_vec(k_raw.to(tl.float32), USE_L2NORM, EPS)
+    g, beta = _gdn_gate(a + i_n * stride_a, b + i_n * stride_b, A_log, dt_bias, i_hv, SOFTPLUS_THRESHOLD)
+    alpha = tl.exp(g)
+
+    # one streaming read of the checkpoint tile [BV, K]
+    s_head = state + slot * stride_s0 + i_hv * stride_s1
+    p_s = s_head + o_v[:, None] * stride_s2 + o_k[None, :]
+    mask_s = mask_v[:, None] & mask_k[None, :]
+    s_ck = tl.load(p_s, mask=mask_s, other=0).to(tl.float32)
+    sq = tl.sum(s_ck * q[None, :], axis=1)
+    sk = tl.sum(s_ck * k[None, :], axis=1)
+
+    d_head = d_ring + slot * stride_d0 + i_hv * stride_d1
+    if L > 1:
+        c, eG = _history_weights(g_ring + slot * stride_g0 + i_hv * stride_g1, w, LP)
+        k_hist = _history_keys(k_ring + slot * stride_k0 + i_hk * stride_k1, stride_k2, w, K, LP, BK,
+                               USE_L2NORM, EPS)
+        d_hist = _history_deltas(d_head, stride_d2, o_v, mask_v, w, LP)
+        sq = _replay_matvec(sq, eG, d_hist, c, k_hist, q)
+        sk = _replay_matvec(sk, eG, d_hist, c, k_hist, k)
+
+    d_cur = beta * (v - alpha * sk)
+    o = alpha * sq + d_cur * tl.sum(k * q)
+    tl.store(out + i_n * stride_o0 + i_hv * stride_o1 + o_v, _cast_rtne(o, out.dtype.element_ty), mask=mask_v)
+
+    if is_flush:
+        if L > 1:
+            s_prev = eG * s_ck + tl.dot(d_hist * c[None, :], k_hist, input_precision=DOT_PRECISION)
+        else:
+            s_prev = s_ck
+        s_new = alpha * s_prev + d_cur[:, None] * k[None, :]
+        tl.store(p_s, _cast_rtne(s_new, state.dtype.element_ty), mask=mask_s)
+    else:
+        tl.store(d_head + w * stride_d2 + o_v, _cast_rtne(d_cur, d_ring.dtype.element_ty), mask=mask_v)
+        if i_v == 0:
+            tl.store(g_ring + slot * stride_g0 + i_hv * stride_g1 + w, g)
+            if i_hv % (HV // HK) == 0:  # one writer per (row, k-head)
+                p_k = k_ring + slot * stride_k0 + i_hk * stride_k1 + w * stride_k2 + o_k
+                tl.store(p_k, k_raw.to(k_ring.dtype.element_ty), mask=mask_k)
+
+
+# ----------------------------------------------------------------------------------
+# wrapper
+# ----------------------------------------------------------------------------------
+_CFG_CACHE: Dict[Tuple[str, str], Dict[str, Any]] = {}
+
+
+def gdn_launch_params(HV: int, Hk: int, K: int, V: int, L: int) -> Dict[str, Any]:
+    """Launch parameters for a geometry (cached; YAML via ``common.launch_config``)."""
+    from .common import config_file
+
+    key = f"HV{HV}_HK{Hk}_K{K}_V{V}_L{L}"
+    ck = (key, str(config_file()))
+    cfg = _CFG_CACHE.get(ck)
+    if cfg is None:
+        cfg = launch_config("gdn_decode", key, GDN_DEFAULT_LAUNCH)
+        if cfg["dot_precision"] not in _DOT_PRECISIONS:
+            raise ValueError(
+                f"gdn_decode launch config: dot_precision must be one of {_DOT_PRECISIONS} "
+                f"(plain tf32 drifts ~1e-2 from fp32), got {cfg['dot_precision']!r}")
+        for name in ("BV", "num_warps", "num_stages"):
+            val = cfg[name]
+            if not isinstance(val, int) or val < 1:
+                raise ValueError(f"gdn_decode launch config: {name} must be a positive int, got {val!r}")
+        if cfg["BV"] & (cfg["BV"] - 1):
+            raise ValueError(f"gdn_decode launch config: BV must be a power of two, got {cfg['BV']}")
+        _CFG_CACHE[ck] = cfg
+    return cfg
+
+
+def _err(msg: str):
+    raise ValueError(f"gdn_replay_decode: {msg}")
+
+
+def _check_last_contig(name: str, t: torch.Tensor):
+    if t.stride(-1) != 1:
+        _err(f"{name} must be contiguous in its last dim (got strides {tuple(t.stride())})")
+
+
+def gdn_replay_decode(
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    d_ring: torch.Tensor,
+    k_ring: torch.Tensor,
+    g_ring: torch.Tensor,
+    state_indices: torch.Tensor,
+    write_pos: torch.Tensor,
+    *,
+    scale: Optional[float] = None,
+    use_qk_l2norm: bool = True,
+    out: Optional[torch.Tensor] = None,
+    null_slot: Optional[int] = 0,
+) -> torch.Tensor:
+    """One GDN ReplaySSM decode step for a batch of rows (see the module docstring).
+
+    Shapes: mixed_qkv [B, 2*Hk*K + HV*V]; a, b [B, HV]; A_log, dt_bias [HV];
+    state [S, HV, V, K] (fp32/bf16/fp16); d_ring [S, HV, L, V] (state dtype);
+    k_ring [S, Hk, L, K] (mixed_qkv dtype, raw k); g_ring [S, HV, L] fp32;
+    state_indices [B] int32/int64; write_pos [B] int32/int64 in [0, L) (values
+    outside are clamped in-kernel); out [B, HV, V] or [B, 1, HV, V] (allocated in
+    mixed_qkv's dtype when None). Rows whose slot is < 0 or == ``null_slot`` are
+    skipped entirely (``null_slot=None``: only negative slots). No device syncs.
+    """
+    tensors = dict(mixed_qkv=mixed_qkv, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=state, d_ring=d_ring,
+                   k_ring=k_ring, g_ring=g_ring, state_indices=state_indices, write_pos=write_pos)
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            _err(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    dev = mixed_qkv.device
+    for name, t in tensors.items():
+        if t.device != dev:
+            _err(f"{name} is on {t.device}, mixed_qkv on {dev}; all inputs must share a device")
+
+    if state.ndim != 4:
+        _err(f"state must be [S, HV, V, K], got shape {tuple(state.shape)}")
+    S, HV, V, K = state.shape
+    if d_ring.ndim != 4 or k_ring.ndim != 4 or g_ring.ndim != 3:
+        _err(f"rings must be d [S,HV,L,V], k [S,Hk,L,K], g [S,HV,L]; got shapes {tuple(d_ring.shape)}, "
+             f"{tuple(k_ring.shape)}, {tuple(g_ring.shape)}")
+    L = d_ring.shape[2]
+    Hk = k_ring.shape[1]
+    if L < 1:
+        _err("ring length L = d_ring.shape[2] must be >= 1")
+    if Hk < 1 or HV % Hk:
+        _err(f"HV ({HV}) must be a positive multiple of Hk = k_ring.shape[1] ({Hk})")
+    if tuple(d_ring.shape) != (S, HV, L, V):
+        _err(f"d_ring must have shape {(S, HV, L, V)}, got {tuple(d_ring.shape)}")
+    if tuple(k_ring.shape) != (S, Hk, L, K):
+        _err(f"k_ring must have shape {(S, Hk, L, K)}, got {tuple(k_ring.shape)}")
+    if tuple(g_ring.shape) != (S, HV, L):
+        _err(f"g_ring must have shape {(S, HV, L)}, got {tuple(g_ring.shape)}")
+    if mixed_qkv.ndim != 2:
+        _err(f"mixed_qkv must be 2-D [B, 2*Hk*K + HV*V], got shape {tuple(mixed_qkv.shape)}")
+    B, width = mixed_qkv.shape
+    if width != 2 * Hk * K + HV * V:
+        _err(f"mixed_qkv last dim must be 2*Hk*K + HV*V = {2 * Hk * K + HV * V} "
+             f"(Hk={Hk}, K={K}, HV={HV}, V={V}), got {width}")
+    for name, t in (("a", a), ("b", b)):
+        if t.ndim != 2 or tuple(t.shape) != (B, HV):
+            _err(f"{name} must have shape {(B, HV)}, got {tuple(t.shape)}")
+    for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if t.ndim != 1 or t.shape[0] != HV:
+            _err(f"{name} must have shape ({HV},), got {tuple(t.shape)}")
+    for name, t in (("state_indices", state_indices), ("write_pos", write_pos)):
+        if t.ndim != 1 or t.shape[0] != B:
+            _err(f"{name} must have shape ({B},), got {tuple(t.shape)}")
+        if t.dtype not in (torch.int32, torch.int64):
+            _err(f"{name} must be int32 or int64, got {t.dtype}")
+
+    act = mixed_qkv.dtype
+    if act not in _FLOAT_DTYPES:
+        _err(f"mixed_qkv dtype must be fp32/bf16/fp16, got {act}")
+    if state.dtype not in _FLOAT_DTYPES:
+        _err(f"state dtype must be fp32/bf16/fp16, got {state.dtype}")
+    if d_ring.dtype != state.dtype:
+        _err(f"d_ring dtype must equal the state dtype {state.dtype}, got {d_ring.dtype}")
+    if k_ring.dtype != act:
+        _err(f"k_ring dtype must equal the activation (mixed_qkv) dtype {act}, got {k_ring.dtype}")
+    if g_ring.dtype != torch.float32:
+        _err(f"g_ring dtype must be float32, got {g_ring.dtype}")
+    for name, t in (("a", a), ("b", b), ("A_log", A_log), ("dt_bias", dt_bias)):
+        if not t.is_floating_point():
+            _err(f"{name} must be a floating-point tensor, got {t.dtype}")
+
+    for name in ("mixed_qkv", "a", "b", "A_log", "dt_bias", "state", "d_ring", "k_ring", "g_ring"):
+        _check_last_contig(name, tensors[name])
+
+    if out is None:
+        out = torch.empty((B, HV, V), dtype=act, device=dev)
+    if not isinstance(out, torch.Tensor) or out.device != dev:
+        _err("out must be a tensor on the inputs' device")
+    if out.ndim == 4 and tuple(out.shape) == (B, 1, HV, V):
+        out3 = out[:, 0]
+    elif out.ndim == 3 and tuple(out.shape) == (B, HV, V):
+        out3 = out
+    else:
+        _err(f"out must have shape {(B, HV, V)} or {(B, 1, HV, V)}, got {tuple(out.shape)}")
+    if out3.dtype not in _FLOAT_DTYPES:
+        _err(f"out dtype must be fp32/bf16/fp16, got {out3.dtype}")
+    _check_last_contig("out", out3)
+
+    if B == 0:
+        return out
+    if scale is None:
+        scale = K ** -0.5
+
+    cfg = gdn_launch_params(HV, Hk, K, V, L)
+    BK = max(16, next_pow2(K))
+    BV = max(16, min(cfg["BV"], next_pow2(V)))
+    LP = max(16, next_pow2(max(L - 1, 1)))
+    grid = (triton.cdiv(V, BV), B, HV)
+    _gdn_replay_decode_kernel[grid](
+        mixed_qkv, a, b, A_log, dt_bias,
+        state, d_ring, k_ring, g_ring,
+        state_indices, write_pos, out3,
+        float(scale), -1 if null_slot is None else int(null_slot),
+        state_indices.stride(0), write_pos.stride(0),
+        mixed_qkv.stride(0), a.stride(0), b.stride(0),
+        state.stride(0), state.stride(1), state.stride(2),
+        d_ring.stride(0), d_ring.stride(1), d_ring.stride(2),
+        k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
+        g_ring.stride(0), g_ring.stride(1),
+        out3.stride(0), out3.stride(1),
+        HK=Hk, HV=HV, K=K, V=V, L=L, BK=BK, BV=BV, LP=LP,
+        USE_L2NORM=bool(use_qk_l2norm), DOT_PRECISION=cfg["dot_precision"],
+        SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return out
