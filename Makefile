@@ -1,0 +1,60 @@
+# sglang-replayssm
+#   make test           CPU-only: creates .venv (torch, triton 3.6 interpreter, SGLang 0.5.17 --no-deps
+#                       + what its server modules import), downloads SGLang 0.5.15/0.5.23 wheels to check
+#                       patch targets against, runs pytest (kernels in TRITON_INTERPRET=1).
+#   make doctor         versions, config, and every patch target: resolved / patched / missing
+#   make serve          GPU host: launch the patched server (built-in tiny model unless MODEL=...)
+#   make bench-kernels  GPU host: kernel benchmark vs SGLang's stock kernels -> eval/results/
+#   make gpu-test       GPU host: the test suite on CUDA
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.stamp-replayssm
+SGLANG_VERSION := 0.5.17
+OTHER_SGLANG := 0.5.15 0.5.23
+WHEEL_CACHE := .cache/sglang-wheels
+PIP := $(PY) -m pip --disable-pip-version-check
+PYTEST_ARGS ?=
+
+.PHONY: test venv doctor serve bench-kernels gpu-test clean sglang-wheels
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml requirements/test.txt requirements/constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -c requirements/constraints.txt torch torchvision -r requirements/test.txt
+	# triton last and without deps: the CPU interpreter version pinned to the GPU host's (3.6.0)
+	$(PIP) install -q --no-deps sglang==$(SGLANG_VERSION) triton==3.6.0
+	$(PIP) install -q --no-deps --no-build-isolation -e .
+	$(PY) -c "import torch, triton, sglang, sglang_replayssm; print('venv ok: torch', torch.__version__, 'triton', triton.__version__)"
+	touch $(STAMP)
+
+sglang-wheels: $(foreach v,$(OTHER_SGLANG),$(WHEEL_CACHE)/$(v)/.done)
+
+$(WHEEL_CACHE)/%/.done:
+	mkdir -p $(WHEEL_CACHE)/$*
+	$(PYTHON) -m pip download -q --no-deps -d $(WHEEL_CACHE)/$* sglang==$*
+	touch $@
+
+test: venv sglang-wheels
+	SGLANG_REPLAYSSM_WHEELS=$(WHEEL_CACHE) $(PY) -m pytest -q $(PYTEST_ARGS)
+
+doctor: venv
+	$(PY) -m sglang_replayssm doctor
+
+# ---- GPU host targets (python3 with torch+CUDA; SGLang from pip or the offline bundle) ----
+GPU_PY ?= python3
+MODEL ?=
+serve:
+	$(GPU_PY) -m sglang_replayssm serve $(if $(MODEL),--model $(MODEL),)
+
+bench-kernels:
+	GIT_COMMIT=$$(git rev-parse HEAD 2>/dev/null || echo $${GIT_COMMIT:-unknown}) \
+	$(GPU_PY) -m eval.bench_kernels --out eval/results/kernels-h200.json
+
+gpu-test:
+	$(GPU_PY) -m pytest -q tests/kernels
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,38 @@
+"""Offline API for ``sglang.Engine`` users.
+
+    import sglang_replayssm
+    sglang_replayssm.enable(buffer_len=16)
+    engine = sglang.Engine(model_path=..., ...)
+
+``enable`` validates the settings, exports them as ``SGLANG_REPLAYSSM_*`` (the Engine's
+spawned scheduler processes inherit them and the plugin patches there) and patches this
+process too. ``disable`` undoes both for engines created afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .config import ENV_PREFIX, ReplaySSMConfig, from_env
+
+
+def enable(**settings) -> ReplaySSMConfig:
+    from .launch_server import entry_point_registered
+    from .plugin import activate, setup_logging
+
+    cfg = from_env().replace(enable=True, **settings)
+    if not entry_point_registered():
+        raise RuntimeError("sglang_replayssm is not installed as a package (its sglang.srt.plugins entry point "
+                           "is missing), so SGLang's spawned processes would run unpatched: pip install it first")
+    os.environ.update(cfg.to_env())
+    setup_logging(cfg)
+    activate(cfg)
+    return cfg
+
+
+def disable() -> None:
+    from .patches import unapply_all
+
+    for k in [k for k in os.environ if k.startswith(ENV_PREFIX)]:
+        del os.environ[k]
+    unapply_all()

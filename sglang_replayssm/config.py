@@ -1,0 +1,233 @@
+"""The one typed configuration of sglang_replayssm.
+
+Every setting has three spellings, applied in this order (later wins):
+
+1. an optional YAML file (``SGLANG_REPLAYSSM_CONFIG`` / ``--replayssm-config``),
+2. environment variables ``SGLANG_REPLAYSSM_<NAME>`` (inherited by SGLang's spawned
+   scheduler processes, which is how the settings reach them),
+3. launcher flags ``--replayssm-<name>``.
+
+Bad values, unknown YAML keys and unknown ``SGLANG_REPLAYSSM_*`` variables raise one
+:class:`ConfigError` that names the setting and the accepted values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+ENV_PREFIX = "SGLANG_REPLAYSSM_"
+FLAG_PREFIX = "--replayssm-"
+
+MAMBA2_ROUTES = ("auto", "output_only", "state_and_output")
+SSM_TYPES = ("mamba2", "gdn")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+class ConfigError(ValueError):
+    """A setting has a bad value; the message names the setting and what is accepted."""
+
+
+def _parse_bool(name: str, v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s in _TRUE:
+        return True
+    if s in _FALSE:
+        return False
+    raise ConfigError(f"{name}={v!r} is not a boolean; accepted: {', '.join(_TRUE + _FALSE[:-1])}")
+
+
+def _parse_buffer_len(name: str, v: Any) -> int:
+    try:
+        n = int(str(v).strip()) if not isinstance(v, bool) else None
+    except ValueError:
+        n = None
+    if n is None or n < 1 or n > 256:
+        raise ConfigError(f"{name}={v!r}: the ring buffer length L must be an integer in [1, 256]")
+    return n
+
+
+def _choice(choices: Sequence[str]) -> Callable[[str, Any], str]:
+    def parse(name: str, v: Any) -> str:
+        s = str(v).strip().lower()
+        if s not in choices:
+            raise ConfigError(f"{name}={v!r}: unknown value; accepted: {', '.join(choices)}")
+        return s
+
+    return parse
+
+
+def _parse_ssm_types(name: str, v: Any) -> Tuple[str, ...]:
+    items = v if isinstance(v, (list, tuple)) else str(v).split(",")
+    out: List[str] = []
+    for it in items:
+        s = str(it).strip().lower()
+        if not s:
+            continue
+        if s not in SSM_TYPES:
+            raise ConfigError(f"{name}={v!r}: unknown SSM type {s!r}; accepted: {', '.join(SSM_TYPES)}")
+        if s not in out:
+            out.append(s)
+    if not out:
+        raise ConfigError(f"{name}={v!r}: name at least one SSM type; accepted: {', '.join(SSM_TYPES)}")
+    return tuple(out)
+
+
+def _parse_path(name: str, v: Any) -> Optional[str]:
+    if v is None or str(v).strip() == "":
+        return None
+    return str(v)
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    parse: Callable[[str, Any], Any]
+    help: str
+    metavar: str = ""
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def flag(self) -> str:
+        return FLAG_PREFIX + self.name.replace("_", "-")
+
+
+SETTINGS: Tuple[Setting, ...] = (
+    Setting("enable", _parse_bool, "apply the ReplaySSM patches in every SGLang process "
+            "(the launcher sets it; plain `python -m sglang.launch_server` stays stock unless it is set)", "BOOL"),
+    Setting("buffer_len", _parse_buffer_len, "ring length L: the SSM state is written every L decode steps (default 16)", "L"),
+    Setting("mamba2_route", _choice(MAMBA2_ROUTES), "Mamba2 decode kernel route: auto (tuned per geometry), "
+            "output_only, state_and_output (default auto)", "ROUTE"),
+    Setting("ssm_types", _parse_ssm_types, "comma-separated SSM layer types to run on the replay ring: "
+            "mamba2, gdn (default both)", "TYPES"),
+    Setting("spec", _parse_bool, "use the replay-ring verifier under EAGLE/MTP speculative decoding (default on)", "BOOL"),
+    Setting("log_level", _choice(LOG_LEVELS), "log level of the sglang_replayssm logger (default info)", "LEVEL"),
+    Setting("kernel_config", _parse_path, "YAML file of tuned kernel launch configs "
+            "(default: the packaged file for the detected GPU)", "PATH"),
+)
+_BY_NAME: Dict[str, Setting] = {s.name: s for s in SETTINGS}
+CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
+CONFIG_FILE_FLAG = FLAG_PREFIX + "config"
+
+
+@dataclass(frozen=True)
+class ReplaySSMConfig:
+    enable: bool = False
+    buffer_len: int = 16
+    mamba2_route: str = "auto"
+    ssm_types: Tuple[str, ...] = SSM_TYPES
+    spec: bool = True
+    log_level: str = "info"
+    kernel_config: Optional[str] = None
+    source: Dict[str, str] = field(default_factory=dict, compare=False)
+
+    def replace(self, **kw) -> "ReplaySSMConfig":
+        return _merge(self, kw, "code")
+
+    def to_env(self) -> Dict[str, str]:
+        """Environment that reproduces this config in a child process."""
+        env: Dict[str, str] = {}
+        for s in SETTINGS:
+            v = getattr(self, s.name)
+            if v is None:
+                continue
+            if isinstance(v, bool):
+                env[s.env] = "1" if v else "0"
+            elif isinstance(v, tuple):
+                env[s.env] = ",".join(v)
+            else:
+                env[s.env] = str(v)
+        return env
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {s.name: getattr(self, s.name) for s in SETTINGS}
+
+
+def _merge(cfg: ReplaySSMConfig, values: Mapping[str, Any], origin: str, label=None) -> ReplaySSMConfig:
+    updates: Dict[str, Any] = {}
+    source = dict(cfg.source)
+    for k, v in values.items():
+        s = _BY_NAME.get(k)
+        if s is None:
+            raise ConfigError(f"unknown setting {k!r} ({origin}); accepted: {', '.join(_BY_NAME)}")
+        shown = label(s) if label else k
+        updates[k] = s.parse(shown, v)
+        source[k] = origin
+    return dataclasses.replace(cfg, source=source, **updates)
+
+
+def load_yaml(path: str | os.PathLike) -> Dict[str, Any]:
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{CONFIG_FILE_ENV}: config file {str(p)!r} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{CONFIG_FILE_ENV}: {p} is not valid YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{CONFIG_FILE_ENV}: {p} must hold a mapping of settings, got {type(data).__name__}")
+    # accept both snake_case and dashed keys
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def from_env(environ: Optional[Mapping[str, str]] = None, base: Optional[ReplaySSMConfig] = None) -> ReplaySSMConfig:
+    """Config from (YAML file named by env, then) ``SGLANG_REPLAYSSM_*`` variables."""
+    environ = os.environ if environ is None else environ
+    cfg = base or ReplaySSMConfig()
+    yaml_path = environ.get(CONFIG_FILE_ENV)
+    if yaml_path:
+        cfg = _merge(cfg, load_yaml(yaml_path), f"yaml:{yaml_path}")
+    known = {s.env for s in SETTINGS} | {CONFIG_FILE_ENV}
+    unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in known)
+    if unknown:
+        raise ConfigError(f"unknown environment variable(s) {', '.join(unknown)}; accepted: {', '.join(sorted(known))}")
+    vals = {s.name: environ[s.env] for s in SETTINGS if s.env in environ}
+    return _merge(cfg, vals, "env", label=lambda s: s.env)
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the ``--replayssm-*`` flags (all default None = not given)."""
+    group = parser.add_argument_group("ReplaySSM (sglang_replayssm)")
+    group.add_argument(CONFIG_FILE_FLAG, dest="replayssm_config", default=None, metavar="YAML",
+                       help=f"YAML file of ReplaySSM settings (env {CONFIG_FILE_ENV})")
+    for s in SETTINGS:
+        if s.name == "enable":
+            group.add_argument("--replayssm-disable", dest="replayssm_enable", action="store_const", const="0",
+                               default=None, help="launch stock SGLang through this launcher (no patches)")
+            continue
+        group.add_argument(s.flag, dest="replayssm_" + s.name, default=None, metavar=s.metavar,
+                           help=f"{s.help} (env {s.env})")
+
+
+def from_flags(ns: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -> ReplaySSMConfig:
+    """Launcher config: env/YAML first, then the flags; enabled unless --replayssm-disable."""
+    environ = dict(os.environ if environ is None else environ)
+    if getattr(ns, "replayssm_config", None):
+        environ[CONFIG_FILE_ENV] = ns.replayssm_config
+    cfg = from_env(environ)
+    vals = {s.name: getattr(ns, "replayssm_" + s.name) for s in SETTINGS
+            if getattr(ns, "replayssm_" + s.name, None) is not None}
+    vals.setdefault("enable", True)
+    return _merge(cfg, vals, "flag", label=lambda s: s.flag)
+
+
+def flags_help() -> str:
+    lines = []
+    for s in SETTINGS:
+        lines.append(f"  {s.flag:<28} {s.env:<34} {s.help}")
+    return "\n".join(lines)

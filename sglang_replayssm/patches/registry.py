@@ -1,0 +1,332 @@
+"""Declarative, verified patch registry.
+
+A :class:`Patch` names a dotted SGLang target, a hook kind, the SGLang versions it
+applies to, the parameters the target must have, and the hook.  :func:`apply` installs
+every applicable patch or none (on any failure the ones already installed are rolled
+back), is idempotent, and keeps ``__wrapped__`` plus a marker on each patched
+callable.  :func:`verify` re-resolves every target and raises :class:`PatchError`
+naming the target and the installed SGLang version when anything is missing, moved,
+or not patched: the package never runs half-patched.
+
+No math here and no SGLang import at module import time.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import logging
+import sys
+import threading
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+logger = logging.getLogger("sglang_replayssm.patches")
+
+MARKER = "__replayssm_patch__"
+KINDS = ("before", "after", "around", "replace")
+_LOCK = threading.RLock()
+
+
+class PatchError(RuntimeError):
+    """A patch target is missing, moved, changed signature, or is not patched."""
+
+
+def sglang_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("sglang")
+    except Exception:
+        return "not installed"
+
+
+def parse_version(v: str) -> Tuple[int, ...]:
+    parts: List[int] = []
+    for p in v.split("+")[0].split("."):
+        num = ""
+        for ch in p:
+            if ch.isdigit():
+                num += ch
+            else:
+                break
+        if num == "":
+            break
+        parts.append(int(num))
+    return tuple(parts)
+
+
+def version_matches(version: str, spec: str) -> bool:
+    """``spec`` is a comma-separated list of ``>=X``, ``<X``, ``==X``, ``!=X``, ``<=X``, ``>X``."""
+    v = parse_version(version)
+    if not v:
+        return False
+    ops = {
+        ">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "==": lambda a, b: a == b,
+        "!=": lambda a, b: a != b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
+    }
+    for clause in filter(None, (c.strip() for c in spec.split(","))):
+        for op in (">=", "<=", "==", "!=", ">", "<"):
+            if clause.startswith(op):
+                want = parse_version(clause[len(op):].strip())
+                n = max(len(v), len(want))
+                a = v + (0,) * (n - len(v))
+                b = want + (0,) * (n - len(want))
+                if not ops[op](a, b):
+                    return False
+                break
+        else:
+            raise ValueError(f"bad version clause {clause!r} in {spec!r}")
+    return True
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One hook on one SGLang target.
+
+    kind: ``before`` (hook(*a, **k) -> (a, k) | None), ``after`` (hook(result, *a, **k)
+    -> new result | None), ``around`` (hook(original, *a, **k)), ``replace``
+    (hook(*a, **k); the original stays reachable as ``__wrapped__``).
+    params: the leading parameter names the target must have (checked before patching).
+    propagate: also rewrite module-global ``from X import name`` bindings of a
+    module-level function (in modules already imported).
+    """
+
+    target: str
+    kind: str
+    hook: Callable
+    versions: str = ">=0.5.15,<0.6"
+    params: Optional[Tuple[str, ...]] = None
+    description: str = ""
+    propagate: bool = False
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"patch {self.target}: kind {self.kind!r} not in {KINDS}")
+        if self.target.count(".") < 1:
+            raise ValueError(f"patch target {self.target!r} must be a dotted path")
+
+    def applies_to(self, version: str) -> bool:
+        return version_matches(version, self.versions)
+
+
+@dataclass
+class Resolved:
+    owner: Any                 # module or class that holds the attribute
+    name: str
+    raw: Any                   # owner.__dict__ entry (may be staticmethod/classmethod)
+    func: Callable             # the underlying function
+
+
+def resolve(target: str) -> Resolved:
+    """Import the longest module prefix of ``target`` and walk the rest as attributes."""
+    parts = target.split(".")
+    module = None
+    i = len(parts) - 1
+    err: Optional[BaseException] = None
+    while i > 0:
+        modname = ".".join(parts[:i])
+        try:
+            module = importlib.import_module(modname)
+            break
+        except ModuleNotFoundError as e:
+            if e.name and not modname.startswith(e.name) and e.name != modname:
+                err = e  # the module exists but one of its own imports is missing
+                break
+            i -= 1
+        except Exception as e:  # import-time failure inside SGLang
+            err = e
+            break
+    if module is None:
+        raise PatchError(f"target {target}: module not importable with SGLang {sglang_version()}"
+                         + (f" ({type(err).__name__}: {err})" if err else ""))
+    owner: Any = module
+    for p in parts[i:-1]:
+        if not hasattr(owner, p):
+            raise PatchError(f"target {target}: {p!r} not found in {getattr(owner, '__name__', owner)} "
+                             f"(SGLang {sglang_version()})")
+        owner = getattr(owner, p)
+    name = parts[-1]
+    if isinstance(owner, type):
+        raw = None
+        for klass in owner.__mro__:
+            if name in klass.__dict__:
+                raw = klass.__dict__[name]
+                break
+    else:
+        raw = getattr(owner, name, None)
+    if raw is None:
+        raise PatchError(f"target {target}: attribute {name!r} not found (SGLang {sglang_version()})")
+    func = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+    if not callable(func):
+        raise PatchError(f"target {target}: {name!r} is not callable (SGLang {sglang_version()})")
+    return Resolved(owner, name, raw, func)
+
+
+def _check_params(patch: Patch, func: Callable) -> None:
+    if patch.params is None:
+        return
+    base = inspect.unwrap(func)
+    try:
+        names = tuple(inspect.signature(base).parameters)
+    except (TypeError, ValueError) as e:
+        raise PatchError(f"target {patch.target}: cannot read its signature ({e}); SGLang {sglang_version()}")
+    if names[: len(patch.params)] != tuple(patch.params):
+        raise PatchError(
+            f"target {patch.target}: signature changed in SGLang {sglang_version()}: "
+            f"expected parameters starting with {list(patch.params)}, found {list(names)}")
+
+
+def _make_wrapper(patch: Patch, original: Callable) -> Callable:
+    hook = patch.hook
+    if patch.kind == "before":
+        def wrapper(*args, **kwargs):
+            r = hook(*args, **kwargs)
+            if r is not None:
+                args, kwargs = r
+            return original(*args, **kwargs)
+    elif patch.kind == "after":
+        def wrapper(*args, **kwargs):
+            result = original(*args, **kwargs)
+            r = hook(result, *args, **kwargs)
+            return result if r is None else r
+    elif patch.kind == "around":
+        def wrapper(*args, **kwargs):
+            return hook(original, *args, **kwargs)
+    else:  # replace
+        def wrapper(*args, **kwargs):
+            return hook(*args, **kwargs)
+    functools.update_wrapper(wrapper, original)
+    wrapper.__wrapped__ = original
+    setattr(wrapper, MARKER, patch.target)
+    return wrapper
+
+
+def is_patched(func: Any, target: str) -> bool:
+    f = func.__func__ if isinstance(func, (staticmethod, classmethod)) else func
+    return getattr(f, MARKER, None) == target and hasattr(f, "__wrapped__")
+
+
+def _propagate(original: Callable, new: Callable, skip: Any) -> List[Tuple[Any, str]]:
+    done = []
+    for mod in list(sys.modules.values()):
+        if mod is None or mod is skip or not isinstance(mod, types.ModuleType):
+            continue
+        try:
+            items = list(vars(mod).items())
+        except TypeError:
+            continue
+        for k, v in items:
+            if v is original:
+                try:
+                    setattr(mod, k, new)
+                    done.append((mod, k))
+                except (AttributeError, TypeError):
+                    pass
+    return done
+
+
+@dataclass
+class _Applied:
+    patch: Patch
+    owner: Any
+    name: str
+    raw_before: Any
+    had_own: bool
+    bindings: List[Tuple[Any, str]] = field(default_factory=list)
+
+
+_APPLIED: Dict[str, _Applied] = {}
+
+
+def applicable(patches: Iterable[Patch], version: Optional[str] = None) -> List[Patch]:
+    version = version or sglang_version()
+    return [p for p in patches if p.applies_to(version)]
+
+
+def apply(patches: Sequence[Patch], version: Optional[str] = None) -> List[str]:
+    """Install every applicable patch, all or nothing. Returns the targets newly patched."""
+    version = version or sglang_version()
+    todo = applicable(patches, version)
+    targets = [p.target for p in todo]
+    if len(set(targets)) != len(targets):
+        raise PatchError(f"duplicate patch targets in registry: {sorted(t for t in targets if targets.count(t) > 1)}")
+    newly: List[_Applied] = []
+    with _LOCK:
+        try:
+            for p in todo:
+                r = resolve(p.target)
+                if is_patched(r.raw, p.target):
+                    continue
+                _check_params(p, r.func)
+                wrapper = _make_wrapper(p, r.func)
+                new_raw = type(r.raw)(wrapper) if isinstance(r.raw, (staticmethod, classmethod)) else wrapper
+                had_own = isinstance(r.owner, type) and r.name in r.owner.__dict__
+                rec = _Applied(p, r.owner, r.name, r.raw, had_own)
+                setattr(r.owner, r.name, new_raw)
+                if p.propagate and isinstance(r.owner, types.ModuleType):
+                    rec.bindings = _propagate(r.func, wrapper, r.owner)
+                newly.append(rec)
+                _APPLIED[p.target] = rec
+                logger.info("sglang_replayssm patched %s (%s)%s", p.target, p.kind,
+                            f" + {len(rec.bindings)} imported binding(s)" if rec.bindings else "")
+        except BaseException:
+            for rec in reversed(newly):
+                _undo(rec)
+            raise
+    return [rec.patch.target for rec in newly]
+
+
+def _undo(rec: _Applied) -> None:
+    if rec.had_own or not isinstance(rec.owner, type):
+        setattr(rec.owner, rec.name, rec.raw_before)
+    else:
+        delattr(rec.owner, rec.name)
+    orig = rec.raw_before.__func__ if isinstance(rec.raw_before, (staticmethod, classmethod)) else rec.raw_before
+    for mod, k in rec.bindings:
+        setattr(mod, k, orig)
+    _APPLIED.pop(rec.patch.target, None)
+
+
+def unapply_all() -> None:
+    """Restore every original (tests and `enable(False)`)."""
+    with _LOCK:
+        for rec in reversed(list(_APPLIED.values())):
+            _undo(rec)
+
+
+def verify(patches: Sequence[Patch], version: Optional[str] = None) -> None:
+    """Raise PatchError unless every applicable patch is in place."""
+    version = version or sglang_version()
+    problems = []
+    for p in applicable(patches, version):
+        try:
+            r = resolve(p.target)
+        except PatchError as e:
+            problems.append(str(e))
+            continue
+        if not is_patched(r.raw, p.target):
+            problems.append(f"target {p.target}: not patched")
+    if problems:
+        raise PatchError(f"sglang_replayssm patch verification failed on SGLang {version}:\n  "
+                         + "\n  ".join(problems))
+
+
+def status(patches: Sequence[Patch], version: Optional[str] = None) -> List[Tuple[str, str, str]]:
+    """(target, state, detail) for each patch: patched / resolved / missing / skipped."""
+    version = version or sglang_version()
+    rows = []
+    for p in patches:
+        if not p.applies_to(version):
+            rows.append((p.target, "skipped", f"not for SGLang {version} (applies to {p.versions})"))
+            continue
+        try:
+            r = resolve(p.target)
+            _check_params(p, r.func)
+        except PatchError as e:
+            rows.append((p.target, "missing", str(e)))
+            continue
+        rows.append((p.target, "patched" if is_patched(r.raw, p.target) else "resolved", p.description))
+    return rows

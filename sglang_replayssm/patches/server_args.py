@@ -1,0 +1,74 @@
+"""Seam: ``ServerArgs.check_server_args`` -- reject unsupported combinations at launch.
+
+No math. An AFTER hook: SGLang validates its own arguments first, then this rejects what
+sglang_replayssm cannot serve correctly, with one message that lists every problem and
+what to change. It runs in the launcher process (before any scheduler starts) and again
+in every scheduler process.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import List
+
+from ..config import ReplaySSMConfig, from_env
+from .registry import Patch
+
+logger = logging.getLogger("sglang_replayssm.patches")
+
+TARGET = "sglang.srt.server_args.ServerArgs.check_server_args"
+
+
+class UnsupportedConfigError(ValueError):
+    """SGLang server arguments that sglang_replayssm does not support."""
+
+
+def unsupported_reasons(args, cfg: ReplaySSMConfig) -> List[str]:
+    """Every reason why ``args`` (a ServerArgs) cannot run with ReplaySSM ``cfg``."""
+    g = lambda name, default=None: getattr(args, name, default)  # noqa: E731
+    out: List[str] = []
+    if g("enable_linear_replayssm") or g("enable_linear_replayssm_spec"):
+        out.append("--enable-linear-replayssm / --enable-linear-replayssm-spec (SGLang's own GDN replay ring) "
+                   "cannot be combined with sglang_replayssm; drop those flags or use --replayssm-disable")
+    if (g("disaggregation_mode") or "null") != "null":
+        out.append(f"--disaggregation-mode {g('disaggregation_mode')}: PD disaggregation moves mamba state "
+                   "without the replay ring; not supported")
+    if g("enable_hierarchical_cache"):
+        out.append("--enable-hierarchical-cache: host round trips of mamba state bypass the replay ring; not supported")
+    if g("mamba_radix_cache_strategy") == "extra_buffer":
+        out.append("--mamba-radix-cache-strategy extra_buffer: ping-pong slot donation bypasses the replay ring; "
+                   "use no_buffer or --disable-radix-cache")
+    if g("enable_unified_memory"):
+        out.append("--enable-unified-memory: the unified mamba pool is not supported yet")
+    if (g("tp_size") or 1) > 1 or (g("pp_size") or 1) > 1:
+        out.append(f"--tp-size {g('tp_size')} / --pp-size {g('pp_size')}: sglang_replayssm is validated at "
+                   "TP=1, PP=1 only; run with --tp-size 1 --pp-size 1 or --replayssm-disable")
+    algo = g("speculative_algorithm")
+    if algo:
+        topk = g("speculative_eagle_topk")
+        if topk is not None and topk > 1:
+            out.append(f"--speculative-eagle-topk {topk}: tree verify is not supported; use topk 1")
+        ndraft = g("speculative_num_draft_tokens")
+        if cfg.spec and ndraft is not None and cfg.buffer_len < ndraft:
+            out.append(f"--replayssm-buffer-len {cfg.buffer_len} is smaller than --speculative-num-draft-tokens "
+                       f"{ndraft}: the ring history block must hold at least one verify window")
+    return out
+
+
+def check_server_args_after(result, self, *args, **kwargs):
+    cfg = from_env()
+    if not cfg.enable:
+        return None
+    reasons = unsupported_reasons(self, cfg)
+    if reasons:
+        raise UnsupportedConfigError(
+            "sglang_replayssm cannot run with these SGLang settings:\n  - " + "\n  - ".join(reasons)
+            + "\n(launch stock SGLang with `python -m sglang.launch_server`, or add --replayssm-disable)")
+    logger.debug("sglang_replayssm: server args accepted")
+    return None
+
+
+PATCHES = [
+    Patch(TARGET, "after", check_server_args_after, params=("self",),
+          description="reject unsupported SGLang combinations at launch"),
+]

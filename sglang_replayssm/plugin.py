@@ -1,0 +1,56 @@
+"""SGLang plugin entry point (group ``sglang.srt.plugins``).
+
+SGLang calls :func:`register` in every process it starts (the launcher, each spawned
+scheduler, the detokenizer) through ``sglang.srt.plugins.load_plugins()``. It is inert
+unless ``SGLANG_REPLAYSSM_ENABLE`` is true, so installing the package beside SGLang
+changes nothing for plain ``python -m sglang.launch_server``.
+
+SGLang logs and swallows plugin exceptions; a half-patched server would silently
+compute with the wrong kernels, so a failure here exits the process instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from .config import ConfigError, ReplaySSMConfig, from_env
+
+logger = logging.getLogger("sglang_replayssm")
+
+
+def setup_logging(cfg: ReplaySSMConfig) -> None:
+    logger.setLevel(cfg.log_level.upper())
+    if not logger.handlers:
+        h = logging.StreamHandler()
+        h.setFormatter(logging.Formatter("[%(asctime)s replayssm pid=%(process)d] %(levelname)s %(message)s"))
+        logger.addHandler(h)
+        logger.propagate = False
+
+
+def activate(cfg: ReplaySSMConfig) -> list:
+    """Apply and verify every registered patch in this process; returns newly patched targets."""
+    from .patches import all_patches, apply, verify
+
+    patches = all_patches()
+    newly = apply(patches)
+    verify(patches)
+    logger.info("sglang_replayssm active (pid %d): L=%d, ssm_types=%s, spec=%s, %d patch(es) verified",
+                os.getpid(), cfg.buffer_len, ",".join(cfg.ssm_types), cfg.spec, len(patches))
+    return newly
+
+
+def register() -> None:
+    try:
+        cfg = from_env()
+    except ConfigError as e:
+        raise SystemExit(f"sglang_replayssm: bad configuration: {e}") from None
+    if not cfg.enable:
+        logger.debug("sglang_replayssm installed but not enabled (SGLANG_REPLAYSSM_ENABLE unset): inert")
+        return
+    setup_logging(cfg)
+    try:
+        activate(cfg)
+    except Exception as e:
+        logger.critical("sglang_replayssm could not patch SGLang: %s", e)
+        raise SystemExit(f"sglang_replayssm: refusing to run half-patched: {e}") from None

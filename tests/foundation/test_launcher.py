@@ -1,0 +1,53 @@
+"""python -m sglang_replayssm.launch_server and the CLI, run as subprocesses."""
+
+import subprocess
+import sys
+
+from ._sglang_cpu import ROOT, clean_env, cpu_server_argv
+
+
+def run(args, env=None, timeout=300):
+    return subprocess.run([sys.executable, *args], env=env or clean_env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_help_shows_sglang_and_replayssm_flags():
+    r = run(["-m", "sglang_replayssm.launch_server", "--help"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    for flag in ("--model-path", "--speculative-algorithm", "--replayssm-buffer-len", "--replayssm-mamba2-route",
+                 "--replayssm-ssm-types", "--replayssm-spec", "--replayssm-config", "--replayssm-disable",
+                 "SGLANG_REPLAYSSM_BUFFER_LEN"):
+        assert flag in r.stdout, flag
+
+
+def test_bad_flag_value_fails_before_sglang_starts():
+    r = run(["-m", "sglang_replayssm.launch_server", "--replayssm-mamba2-route", "turbo", "--model-path", "x"])
+    assert r.returncode == 2
+    assert "--replayssm-mamba2-route" in r.stderr and "output_only" in r.stderr
+
+
+def test_launcher_runs_sglangs_entry_and_rejects_unsupported_combo(tmp_path):
+    r = run(["-m", "sglang_replayssm.launch_server", "--replayssm-buffer-len", "8",
+             *cpu_server_argv(tmp_path, "--tp-size", "2")])
+    assert r.returncode != 0
+    assert "UnsupportedConfigError" in r.stderr and "--tp-size 2" in r.stderr
+    assert "sglang_replayssm patched sglang.srt.server_args.ServerArgs.check_server_args" in r.stderr
+
+
+def test_doctor_lists_targets_resolved():
+    r = run(["-m", "sglang_replayssm", "doctor"])
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    assert "[resolved] sglang.srt.server_args.ServerArgs.check_server_args" in r.stdout
+    assert "sglang                   0.5.17" in r.stdout
+    r = run(["-m", "sglang_replayssm", "doctor", "--apply"], env=clean_env(SGLANG_REPLAYSSM_BUFFER_LEN="4"))
+    assert "[patched ] sglang.srt.server_args.ServerArgs.check_server_args" in r.stdout
+    assert "buffer_len       4" in r.stdout
+
+
+def test_serve_command_for_builtin_model():
+    from sglang_replayssm.cli import serve_command
+
+    cmd = serve_command("tiny-nemotron-h", ["--port", "31000"])
+    assert cmd[1:3] == ["-m", "sglang_replayssm.launch_server"]
+    assert "--load-format" in cmd and "flashinfer" in cmd and cmd[-2:] == ["--port", "31000"]
+    assert serve_command("tiny-qwen3-next", [], stock=True)[2] == "sglang.launch_server"

@@ -1,0 +1,42 @@
+"""The entry-point plugin, loaded the way SGLang loads it (sglang.srt.plugins.load_plugins)."""
+
+from importlib.metadata import entry_points
+
+from ._sglang_cpu import clean_env, last_json, run_py
+
+PROBE = r"""
+import json
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.server_args import ServerArgs
+f = ServerArgs.__dict__["check_server_args"]
+print(json.dumps({"patched": getattr(f, "__replayssm_patch__", None), "wrapped": hasattr(f, "__wrapped__")}))
+"""
+
+
+def test_entry_point_is_registered():
+    eps = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "replayssm"]
+    assert len(eps) == 1 and eps[0].value == "sglang_replayssm.plugin:register"
+    assert callable(eps[0].load())
+
+
+def test_plugin_is_inert_when_disabled():
+    r = run_py(PROBE, env=clean_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = last_json(r.stdout)
+    assert out == {"patched": None, "wrapped": False}
+    assert "sglang_replayssm patched" not in r.stderr
+
+
+def test_plugin_patches_every_process_when_enabled():
+    r = run_py(PROBE, env=clean_env(SGLANG_REPLAYSSM_ENABLE="1"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = last_json(r.stdout)
+    assert out["patched"] == "sglang.srt.server_args.ServerArgs.check_server_args" and out["wrapped"]
+    assert "sglang_replayssm patched sglang.srt.server_args.ServerArgs.check_server_args" in r.stderr
+
+
+def test_plugin_refuses_bad_config_loudly():
+    r = run_py(PROBE, env=clean_env(SGLANG_REPLAYSSM_ENABLE="1", SGLANG_REPLAYSSM_BUFFER_LEN="0"))
+    assert r.returncode != 0
+    assert "SGLANG_REPLAYSSM_BUFFER_LEN" in r.stderr

@@ -1,0 +1,72 @@
+"""The launch-time validation hook on real SGLang 0.5.17 ServerArgs (built on CPU)."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_replayssm.config import ReplaySSMConfig
+from sglang_replayssm.patches import all_patches, apply, unapply_all
+from sglang_replayssm.patches.server_args import UnsupportedConfigError, unsupported_reasons
+from sglang_replayssm import models
+
+
+@pytest.fixture
+def args_for(tmp_path, monkeypatch):
+    from sglang.srt.server_args import prepare_server_args
+
+    path = models.materialize("tiny-qwen3-next", root=tmp_path)
+
+    def make(*extra):
+        return prepare_server_args(["--model-path", path, "--load-format", "dummy", "--skip-tokenizer-init",
+                                    "--device", "cpu", "--disable-radix-cache", *extra])
+
+    yield make
+    unapply_all()
+
+
+def test_supported_args_pass_and_unsupported_are_listed(args_for, monkeypatch):
+    monkeypatch.setenv("SGLANG_REPLAYSSM_ENABLE", "1")
+    apply(all_patches())
+    ok = args_for()
+    ok.check_server_args()  # accepted
+    bad = args_for("--tp-size", "2")
+    with pytest.raises(UnsupportedConfigError) as e:
+        bad.check_server_args()
+    assert "--tp-size 2" in str(e.value)
+
+
+def test_tree_spec_rejected(args_for, monkeypatch):
+    monkeypatch.setenv("SGLANG_REPLAYSSM_ENABLE", "1")
+    apply(all_patches())
+    a = args_for("--speculative-algorithm", "NEXTN", "--speculative-eagle-topk", "2",
+                 "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "8")
+    with pytest.raises(UnsupportedConfigError, match="tree verify"):
+        a.check_server_args()
+
+
+def test_hook_is_inert_when_disabled(args_for, monkeypatch):
+    monkeypatch.delenv("SGLANG_REPLAYSSM_ENABLE", raising=False)
+    apply(all_patches())
+    args_for("--tp-size", "2").check_server_args()  # stock behaviour: accepted
+
+
+def test_reasons_cover_each_combination(args_for):
+    a = args_for()
+    cfg = ReplaySSMConfig(enable=True, buffer_len=2)
+    assert unsupported_reasons(a, cfg) == []
+    cases = {
+        "enable_linear_replayssm": (True, "--enable-linear-replayssm"),
+        "disaggregation_mode": ("prefill", "PD disaggregation"),
+        "enable_hierarchical_cache": (True, "hierarchical"),
+        "mamba_radix_cache_strategy": ("extra_buffer", "extra_buffer"),
+        "pp_size": (2, "PP=1"),
+    }
+    base = dict(vars(a))  # resolved ServerArgs are read-only: vary a plain copy of their fields
+    for field, (value, needle) in cases.items():
+        assert field in base, field
+        reasons = unsupported_reasons(SimpleNamespace(**{**base, field: value}), cfg)
+        assert len(reasons) == 1 and needle in reasons[0], (field, reasons)
+    spec = SimpleNamespace(**{**base, "speculative_algorithm": "NEXTN", "speculative_eagle_topk": 1,
+                              "speculative_num_draft_tokens": 4})
+    assert any("smaller than --speculative-num-draft-tokens" in r for r in unsupported_reasons(spec, cfg))
+    assert unsupported_reasons(spec, ReplaySSMConfig(enable=True, buffer_len=4)) == []
