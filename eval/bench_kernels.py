@@ -1,0 +1,1488 @@
+"""Kernel-level decode benchmark: our ReplaySSM kernels vs SGLang 0.5.17's stock kernels.
+
+GPU host (after ``source .sglang-bundle/bootstrap.sh``; pass the commit, the copy there
+may have no .git)::
+
+    GIT_COMMIT=<sha> python3 -m eval.bench_kernels --out $OUT/kernels-h200.json [--quick]
+
+CPU harness check (Triton interpreter, tiny shapes, the times mean nothing)::
+
+    python -m eval.bench_kernels --device cpu --out /tmp/kernels-cpu.json
+
+Writes ``<out>.json`` (every number), ``<out>.md`` (tables) and ``<out>.png`` (speedup
+vs batch per family), and prints a short table last.
+
+What is compared, per (geometry, state dtype, batch), all rows in one batch:
+
+* Mamba2: SGLang's decode ``selective_state_update`` (the Triton backend behind
+  ``kernels/ops/mamba/triton_ops/ssu_dispatch.py``, the default ``--mamba-backend
+  triton``; kernel ``mamba_ssm._selective_scan_update_kernel`` with its hand-picked
+  BLOCK_SIZE_M=4 / num_warps=4 for dstate=128, PDL on sm90), called with the exact
+  argument forms ``MambaMixer2`` uses (A/dt/dt_bias/D expanded with stride 0, x/B/C as
+  strided views of the conv output), against ``mamba2_replay_decode`` on both routes.
+* GDN: ``fused_recurrent_gated_delta_rule_packed_decode`` (BV=32, 1 warp, 3 stages),
+  upstream's own ReplaySSM decode ``fused_recurrent_gdn_replayssm_decode`` (called as
+  ``TritonGDNKernel.packed_decode`` calls it under ``--enable-linear-replayssm``: ring
+  d/k in the SSM dtype, g fp32, a ``force_flush`` int32 tensor, defaults BV=64, nk=2,
+  1 warp, 3 stages) and ``gdn_replay_decode``.
+
+ReplaySSM kernels are timed per cursor phase w (all rows in the same phase) and
+amortised over the flush cycle, t = ((L-1)·mean(t_nonflush) + t_flush) / L (the plain
+mean when all L phases are timed), and cross-checked with one graph that walks the
+phases 0..L-1 in order (``t_cycle_us``).  Timing: CUDA-graph replays of a sequence of
+launches that rotates among several disjoint slot sets so that the state touched per
+replay is several times the L2 (slots are a random permutation of 1..S-1, S >= 2b+1),
+median over many replays.  Bytes: see ``*_bytes`` below (unique bytes each kernel must
+move; achieved GB/s and the fraction of the device-to-device copy bandwidth measured in
+the same run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+import types
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from eval import report
+
+# ---------------------------------------------------------------------------------
+# geometries and run settings
+# ---------------------------------------------------------------------------------
+MAMBA2_GEOMETRIES: Dict[str, Dict[str, int]] = {
+    "nemotron-h-8b": dict(H=128, P=64, N=128, G=8),
+    "nemotron-h-large": dict(H=256, P=64, N=128, G=8),
+}
+GDN_GEOMETRIES: Dict[str, Dict[str, int]] = {
+    "qwen3-next-80b": dict(HV=32, Hk=16, K=128, V=128),
+    "qwen3.5-122b": dict(HV=64, Hk=16, K=128, V=128),
+}
+HEADLINE = {"mamba2": "nemotron-h-8b", "gdn": "qwen3-next-80b"}
+
+# --device cpu: tiny shapes the interpreter gets through in seconds (GDN K >= 32
+# because upstream's kernel splits K in two tl.dot chunks of >= 16).
+CPU_MAMBA2_GEOMETRIES = {"tiny-mamba2": dict(H=4, P=16, N=16, G=2)}
+CPU_GDN_GEOMETRIES = {"tiny-gdn": dict(HV=4, Hk=2, K=32, V=32)}
+
+BATCHES = (1, 8, 32, 128, 256, 512)
+QUICK_BATCHES = (1, 32, 256)
+CPU_BATCHES = (1, 3)
+STATE_DTYPES = ("fp32", "bf16")
+BUFFER_LEN = 16
+CPU_BUFFER_LEN = 4
+ROUTES = ("output_only", "state_and_output")
+L2_BYTES = 60 * 10**6          # H200 L2 as given in the brief (50 MiB physical)
+TOUCH_FACTOR = 4               # touched state per replay >= TOUCH_FACTOR * L2
+MAX_SETS = 256
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def quick_phases(L: int) -> List[int]:
+    """Phases timed in --quick mode: w = 0, L/2, L-2 (non-flush) and L-1 (flush)."""
+    return sorted({0, L // 2, max(L - 2, 0), L - 1})
+
+
+# ---------------------------------------------------------------------------------
+# bytes model (unique bytes a kernel must move through DRAM; pure arithmetic)
+# ---------------------------------------------------------------------------------
+def _total(d: Dict[str, int]) -> Dict[str, int]:
+    d = dict(d)
+    d["total"] = sum(v for k, v in d.items() if k != "total")
+    return d
+
+
+def mamba2_stock_bytes(b: int, H: int, P: int, N: int, G: int, state_bytes: int,
+                       act_bytes: int = 2) -> Dict[str, int]:
+    """SGLang ``selective_state_update``, one decode token per row: read and write
+    the state; read x, dt (one per head: stride 0 over P), B, C, the slot index and
+    the per-head A (fp32), D and dt_bias (activation dtype); write y."""
+    state = b * H * P * N * state_bytes
+    return _total({
+        "state_read": state,
+        "state_write": state,
+        "ring_read": 0,
+        "ring_append": 0,
+        "inputs": b * H * P * act_bytes + b * H * act_bytes + 2 * b * G * N * act_bytes + b * 4
+        + H * (4 + 2 * act_bytes),
+        "outputs": b * H * P * act_bytes,
+    })
+
+
+def mamba2_replay_bytes(b: int, H: int, P: int, N: int, G: int, L: int, w: int, state_bytes: int,
+                        act_bytes: int = 2) -> Dict[str, int]:
+    """``mamba2_replay_decode`` at cursor phase w (all rows): read the checkpoint,
+    the w ring entries (x [H,P] and B [G,N] in the activation dtype, Δ [H] fp32), the
+    current inputs as the stock kernel plus write_pos; write y; non-flush (w < L-1)
+    appends one entry, the flush (w == L-1) writes the state instead.  Unique bytes:
+    the state_and_output route re-reads the B window per head (L2 hits), and the
+    output_only route's fp32 B·C scratch [b, G, max(16, L)] is not counted."""
+    if not 0 <= w < L:
+        raise ValueError(f"phase w={w} outside [0, {L})")
+    flush = w == L - 1
+    state = b * H * P * N * state_bytes
+    entry = H * P * act_bytes + G * N * act_bytes + H * 4
+    stock = mamba2_stock_bytes(b, H, P, N, G, state_bytes, act_bytes)
+    return _total({
+        "state_read": state,
+        "state_write": state if flush else 0,
+        "ring_read": b * w * entry,
+        "ring_append": 0 if flush else b * entry,
+        "inputs": stock["inputs"] + b * 4,
+        "outputs": stock["outputs"],
+    })
+
+
+def gdn_stock_bytes(b: int, HV: int, Hk: int, K: int, V: int, state_bytes: int,
+                    act_bytes: int = 2) -> Dict[str, int]:
+    """SGLang ``fused_recurrent_gated_delta_rule_packed_decode``: read and write the
+    state; read mixed_qkv, a, b, the slot index, A_log (fp32) and dt_bias; write o."""
+    state = b * HV * V * K * state_bytes
+    return _total({
+        "state_read": state,
+        "state_write": state,
+        "ring_read": 0,
+        "ring_append": 0,
+        "inputs": b * (2 * Hk * K + HV * V) * act_bytes + 2 * b * HV * act_bytes + b * 4
+        + HV * (4 + act_bytes),
+        "outputs": b * HV * V * act_bytes,
+    })
+
+
+def gdn_replay_bytes(b: int, HV: int, Hk: int, K: int, V: int, L: int, w: int, state_bytes: int,
+                     act_bytes: int = 2, d_bytes: Optional[int] = None, k_bytes: Optional[int] = None,
+                     extra_row_bytes: int = 0) -> Dict[str, int]:
+    """A GDN ReplaySSM decode at phase w: read the checkpoint and w ring entries
+    (d [HV,V] in ``d_bytes``, k [Hk,K] in ``k_bytes``, g [HV] fp32), the stock inputs
+    plus write_pos (+ ``extra_row_bytes`` per row, e.g. upstream's force_flush); write
+    o; append one entry (non-flush) or write the state (flush).  Ours: d in the state
+    dtype, k in the activation dtype (defaults).  Upstream: d and k in the state
+    dtype.  Upstream's flush re-reads the state tile (an L2 hit, not counted)."""
+    if not 0 <= w < L:
+        raise ValueError(f"phase w={w} outside [0, {L})")
+    d_bytes = state_bytes if d_bytes is None else d_bytes
+    k_bytes = act_bytes if k_bytes is None else k_bytes
+    flush = w == L - 1
+    state = b * HV * V * K * state_bytes
+    entry = HV * V * d_bytes + Hk * K * k_bytes + HV * 4
+    stock = gdn_stock_bytes(b, HV, Hk, K, V, state_bytes, act_bytes)
+    return _total({
+        "state_read": state,
+        "state_write": state if flush else 0,
+        "ring_read": b * w * entry,
+        "ring_append": 0 if flush else b * entry,
+        "inputs": stock["inputs"] + b * (4 + extra_row_bytes),
+        "outputs": stock["outputs"],
+    })
+
+
+def amortised_bytes(per_phase: Callable[[int], Dict[str, int]], L: int) -> Dict[str, float]:
+    """Mean over the L phases of a flush cycle of ``per_phase(w)`` (each key)."""
+    rows = [per_phase(w) for w in range(L)]
+    return {k: sum(r[k] for r in rows) / L for k in rows[0]}
+
+
+def amortise(phase_times: Dict[int, float], L: int) -> Optional[float]:
+    """Flush-cycle time per step from per-phase times.
+
+    t = ((L-1)·mean(non-flush phases timed) + t_flush) / L.  With every phase timed
+    this is the plain mean; with a subset it extrapolates the non-flush mean.  With
+    L == 1 every step flushes.  None when the flush phase or every non-flush phase
+    is missing."""
+    vals = {int(w): t for w, t in phase_times.items() if report.is_number(t)}
+    flush = vals.get(L - 1)
+    if flush is None:
+        return None
+    if L == 1:
+        return flush
+    nonflush = [t for w, t in vals.items() if w != L - 1]
+    if not nonflush:
+        return None
+    return ((L - 1) * statistics.fmean(nonflush) + flush) / L
+
+
+def gbps(nbytes: Optional[float], t_us: Optional[float]) -> Optional[float]:
+    """GB/s (1e9 bytes per second) from bytes and microseconds."""
+    if not (report.is_number(nbytes) and report.is_number(t_us)) or t_us <= 0:
+        return None
+    return nbytes / (t_us * 1e-6) / 1e9
+
+
+def slot_sets_needed(batch: int, state_row_bytes: int, l2_bytes: int = L2_BYTES,
+                     factor: int = TOUCH_FACTOR, max_sets: int = MAX_SETS) -> int:
+    """Disjoint slot sets to rotate so that one replay touches >= factor·L2 of state."""
+    per_set = max(1, batch * state_row_bytes)
+    return int(min(max_sets, max(1, math.ceil(factor * l2_bytes / per_set))))
+
+
+# ---------------------------------------------------------------------------------
+# environment
+# ---------------------------------------------------------------------------------
+def git_commit() -> str:
+    env = os.environ.get("GIT_COMMIT")
+    if env:
+        return env.strip()
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parent)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except Exception:
+        pass
+    return "unknown"
+
+
+def sglang_version() -> Optional[str]:
+    try:
+        from importlib.metadata import version
+
+        return version("sglang")
+    except Exception:
+        pass
+    try:
+        spec = importlib.util.find_spec("sglang")
+        if spec and spec.submodule_search_locations:
+            vfile = Path(list(spec.submodule_search_locations)[0]) / "version.py"
+            if vfile.is_file():
+                ns: Dict[str, Any] = {}
+                exec(vfile.read_text(), ns)
+                return ns.get("__version__")
+    except Exception:
+        pass
+    return None
+
+
+def _progress(iterable, total: int, desc: str):
+    """tqdm bar when available and stderr is a terminal; else the bare iterable."""
+    try:
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            return tqdm(iterable, total=total, desc=desc)
+    except Exception:
+        pass
+    return iterable
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# ---------------------------------------------------------------------------------
+# stock SGLang kernels
+# ---------------------------------------------------------------------------------
+STOCK_MODULES = {
+    "mamba2": "sglang.kernels.ops.mamba.triton_ops.ssu_dispatch.selective_state_update "
+              "(backend 'triton' -> sglang.kernels.ops.mamba.triton_ops.mamba_ssm.selective_state_update)",
+    "gdn": "sglang.kernels.ops.attention.fla.fused_recurrent.fused_recurrent_gated_delta_rule_packed_decode",
+    "gdn_upstream": "sglang.kernels.ops.attention.fla.fused_recurrent_linear_replayssm."
+                    "fused_recurrent_gdn_replayssm_decode",
+}
+
+
+class Stock:
+    """SGLang's kernels, or None each with the reason it could not be imported."""
+
+    def __init__(self):
+        self.mamba2: Optional[Callable] = None
+        self.gdn: Optional[Callable] = None
+        self.gdn_upstream: Optional[Callable] = None
+        self.errors: Dict[str, str] = {}
+        self.import_mode = "none"
+        self.notes: List[str] = []
+
+    def info(self) -> Dict[str, Any]:
+        return {
+            "import_mode": self.import_mode,
+            "modules": STOCK_MODULES,
+            "available": {k: getattr(self, k) is not None for k in ("mamba2", "gdn", "gdn_upstream")},
+            "errors": self.errors,
+            "notes": self.notes,
+            "mamba2_launch": "BLOCK_SIZE_M=4, num_warps=4 (SGLang's table for 64 < dstate <= 128), "
+                             "grid (cdiv(P,4), batch, H), TIE_HDIM, PDL (USE_GDC/launch_pdl) on sm90+",
+            "gdn_launch": "BK=next_pow2(K), BV=min(next_pow2(V), 32), num_warps=1, num_stages=3, grid (V/BV, batch*HV)",
+            "gdn_upstream_launch": "BV=min(next_pow2(V), 64), nk=2 (BKT=K/2), BC=max(16, next_pow2(L)), "
+                                   "num_warps=1, num_stages=3, grid (V/BV, batch, HV), HAS_FORCE_FLUSH",
+        }
+
+
+def _light_sglang_import() -> None:
+    """CPU-only fallback: make ``sglang.kernels.ops...`` importable without running the
+    package ``__init__`` files (they pull in the whole server stack: torchvision,
+    msgspec, IPython, einops, ...).  The kernel files themselves are loaded unchanged;
+    only ``is_arch_support_pdl`` (False without CUDA) and ``torch_release`` (used by
+    fla/utils.py) are provided by stubs."""
+    import torch
+
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("sglang is not installed")
+    root = Path(list(spec.submodule_search_locations)[0])
+    for mod in list(sys.modules):
+        if mod == "sglang" or mod.startswith("sglang."):
+            del sys.modules[mod]
+    packages = ["sglang", "sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.mamba",
+                "sglang.kernels.ops.mamba.triton_ops", "sglang.kernels.ops.attention",
+                "sglang.kernels.ops.attention.fla", "sglang.kernels.jit", "sglang.kernels.jit.utils",
+                "sglang.srt", "sglang.srt.utils"]
+    for name in packages:
+        m = types.ModuleType(name)
+        m.__path__ = [str(root.joinpath(*name.split(".")[1:]))]
+        sys.modules[name] = m
+    sys.modules["sglang.kernels.jit.utils"].is_arch_support_pdl = lambda: False
+    common = types.ModuleType("sglang.srt.utils.common")
+    common.torch_release = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    sys.modules["sglang.srt.utils.common"] = common
+
+
+def _import_stock_kernels(stock: Stock) -> None:
+    try:
+        disp = importlib.import_module("sglang.kernels.ops.mamba.triton_ops.ssu_dispatch")
+        try:
+            disp.initialize_mamba_selective_state_update_backend(types.SimpleNamespace(
+                mamba_backend="triton", enable_mamba_cache_stochastic_rounding=False, mamba_cache_philox_rounds=0))
+            stock.mamba2 = disp.selective_state_update
+        except Exception as e:  # the dispatcher moved: call the Triton kernel it wraps
+            stock.notes.append(f"ssu_dispatch init failed ({e!r}); calling mamba_ssm.selective_state_update")
+            raise ImportError(str(e))
+    except Exception as e:
+        try:
+            ms = importlib.import_module("sglang.kernels.ops.mamba.triton_ops.mamba_ssm")
+            stock.mamba2 = partial(ms.selective_state_update, enable_stochastic_rounding=False, cache_philox_rounds=0)
+            stock.notes.append(f"mamba2 via mamba_ssm directly (dispatcher import: {e!r})")
+        except Exception as e2:
+            stock.errors["mamba2"] = f"{type(e2).__name__}: {e2}"
+    try:
+        fr = importlib.import_module("sglang.kernels.ops.attention.fla.fused_recurrent")
+        stock.gdn = fr.fused_recurrent_gated_delta_rule_packed_decode
+    except Exception as e:
+        stock.errors["gdn"] = f"{type(e).__name__}: {e}"
+    try:
+        up = importlib.import_module("sglang.kernels.ops.attention.fla.fused_recurrent_linear_replayssm")
+        stock.gdn_upstream = up.fused_recurrent_gdn_replayssm_decode
+    except Exception as e:
+        stock.errors["gdn_upstream"] = f"{type(e).__name__}: {e}"
+
+
+def _cpu_interpreter_shims(stock: Stock) -> None:
+    """Two CPU-interpreter-only adapters; the kernels' math is untouched.
+
+    * ``mamba_ssm.selective_state_update`` enters ``torch.cpu.device(...)``, which
+      torch does not provide: give ``torch.cpu`` a no-op ``device`` context.
+    * fla's ``fused_recurrent`` calls ``exp`` bound at import to ``tl.exp``; the
+      interpreter only patches names it reaches through ``tl``, so the bare alias
+      raises "Did you forget to add @triton.jit": rebind it to a jit wrapper of tl.exp.
+    """
+    import contextlib
+
+    import torch
+
+    if not hasattr(torch.cpu, "device"):
+        torch.cpu.device = lambda index=None: contextlib.nullcontext()
+        stock.notes.append("cpu shim: torch.cpu.device = nullcontext (mamba_ssm wrapper)")
+    mod = sys.modules.get("sglang.kernels.ops.attention.fla.fused_recurrent")
+    if mod is not None and getattr(mod, "exp", None) is not None:
+        import triton
+        import triton.language
+
+        # the interpreter looks for ``tl`` among the jit function's globals
+        globals()["tl"] = triton.language
+
+        @triton.jit
+        def _interp_exp(x):
+            return tl.exp(x)
+
+        mod.exp = _interp_exp
+        stock.notes.append("cpu shim: fla fused_recurrent.exp -> jit wrapper of tl.exp (interpreter)")
+
+
+def interpreter_probes() -> Dict[str, Any]:
+    """Two Triton-interpreter behaviours that distort CPU-mode comparisons: a bf16
+    ``tl.dot`` (upstream's GDN ReplaySSM uses one on every step) and whether an
+    fp32 -> bf16 ``.to`` rounds to nearest even (SGLang's kernels round beta that way)."""
+    import torch
+    import triton
+    import triton.language
+
+    globals()["tl"] = triton.language
+
+    @triton.jit
+    def _probe_kernel(a_ptr, b_ptr, c_ptr, x_ptr, y_ptr):
+        o = tl.arange(0, 16)
+        a = tl.load(a_ptr + o[:, None] * 16 + o[None, :]).to(tl.bfloat16)
+        b = tl.load(b_ptr + o[:, None] * 16 + o[None, :]).to(tl.bfloat16)
+        tl.store(c_ptr + o[:, None] * 16 + o[None, :], tl.dot(a, b).to(tl.float32))
+        tl.store(y_ptr + o, tl.load(x_ptr + o).to(tl.bfloat16).to(tl.float32))
+
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(16, 16, generator=g), torch.randn(16, 16, generator=g)
+    x = torch.rand(16, generator=g)
+    c, y = torch.empty(16, 16), torch.empty(16)
+    _probe_kernel[(1,)](a, b, c, x, y)
+    ref = a.bfloat16().float() @ b.bfloat16().float()
+    return {"bf16_dot_ok": bool(((c - ref).abs().max() <= 1e-3 * ref.abs().max()).item()),
+            "bf16_cast_rtne": bool(torch.equal(y, x.bfloat16().float()))}
+
+
+def load_stock(device: str, allow_light: bool = True) -> Stock:
+    """Import SGLang's kernels the way the server does; on a CPU box whose venv lacks
+    SGLang's runtime dependencies, fall back to :func:`_light_sglang_import`."""
+    stock = Stock()
+    try:
+        importlib.import_module("sglang")
+        stock.import_mode = "normal"
+        _import_stock_kernels(stock)
+    except Exception as e:
+        stock.errors["sglang"] = f"{type(e).__name__}: {e}"
+    missing = [k for k in ("mamba2", "gdn", "gdn_upstream") if getattr(stock, k) is None]
+    if missing and device == "cpu" and allow_light:
+        first_errors = dict(stock.errors)
+        stock.errors = {}
+        try:
+            _light_sglang_import()
+            stock.import_mode = "light (CPU only: sglang package __init__ files skipped)"
+            _import_stock_kernels(stock)
+            stock.notes.append(f"normal import failed: {first_errors}")
+        except Exception as e:
+            stock.errors = dict(first_errors, light=f"{type(e).__name__}: {e}")
+    if device == "cpu":
+        try:
+            _cpu_interpreter_shims(stock)
+        except Exception as e:
+            stock.notes.append(f"cpu shims failed: {e!r}")
+    if stock.errors:
+        msg = "; ".join(f"{k}: {v}" for k, v in stock.errors.items())
+        log("!! SGLang stock kernels not (all) importable -> those baselines are skipped.\n"
+            f"!!   {msg}\n"
+            "!!   On the GPU host run `source .sglang-bundle/bootstrap.sh` first "
+            "(SGLang 0.5.17 bundle, see shared/device/README.md).")
+    return stock
+
+
+def load_ours() -> Dict[str, Any]:
+    """Our kernel entry points (None + error when a module is not importable yet)."""
+    out: Dict[str, Any] = {"errors": {}}
+    try:
+        from sglang_replayssm.kernels.mamba2_replay import mamba2_replay_decode
+
+        out["mamba2"] = mamba2_replay_decode
+    except Exception as e:
+        out["mamba2"] = None
+        out["errors"]["mamba2"] = f"{type(e).__name__}: {e}"
+    try:
+        from sglang_replayssm.kernels.gdn_replay import gdn_replay_decode
+
+        out["gdn"] = gdn_replay_decode
+    except Exception as e:
+        out["gdn"] = None
+        out["errors"]["gdn"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def ours_launch_info() -> Dict[str, Any]:
+    """Launch parameters our kernels resolve (defaults + the YAML in force)."""
+    info: Dict[str, Any] = {}
+    try:
+        from sglang_replayssm.kernels import common
+
+        info["config_file"] = str(common.config_file())
+        info["config_file_exists"] = common.config_file().is_file()
+    except Exception as e:
+        info["error"] = repr(e)
+    return info
+
+
+# ---------------------------------------------------------------------------------
+# timing
+# ---------------------------------------------------------------------------------
+class Timer:
+    """Per-launch time of a sequence of launches (µs, median over replays).
+
+    CUDA: every launch runs once (compile + warm-up), the sequence is captured into
+    one CUDA graph, replayed a few times, then timed with events around each replay;
+    the per-replay count adapts to ``target_ms``.  Falls back to
+    ``triton.testing.do_bench`` (median) if capture fails.  CPU: one wall-clock pass
+    (interpreter; only the harness logic is meaningful)."""
+
+    def __init__(self, device: str, target_ms: float = 25.0, min_reps: int = 5, max_reps: int = 200):
+        self.device = device
+        self.target_ms = target_ms
+        self.min_reps = min_reps
+        self.max_reps = max_reps
+        self.fallbacks: List[str] = []
+
+    def __call__(self, fns: Sequence[Callable[[], Any]]) -> Dict[str, Any]:
+        import torch
+
+        n = len(fns)
+        if n == 0:
+            raise ValueError("nothing to time")
+        if self.device == "cpu":
+            for f in fns[:1]:
+                f()
+            t0 = time.perf_counter()
+            for f in fns:
+                f()
+            return {"us": (time.perf_counter() - t0) * 1e6 / n, "reps": 1, "launches": n,
+                    "method": "cpu-wallclock (Triton interpreter: not a speed number)"}
+        for f in fns:
+            f()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                for f in fns:
+                    f()
+            torch.cuda.synchronize()
+        except Exception as e:
+            del graph
+            torch.cuda.synchronize()
+            self.fallbacks.append(f"{type(e).__name__}: {e}")
+            import triton.testing
+
+            def seq():
+                for f in fns:
+                    f()
+
+            ms = triton.testing.do_bench(seq, warmup=10, rep=max(20, int(self.target_ms)), return_mode="median")
+            return {"us": ms * 1e3 / n, "reps": None, "launches": n, "method": "do_bench-median"}
+        for _ in range(2):
+            graph.replay()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        graph.replay()
+        e.record()
+        torch.cuda.synchronize()
+        est = max(s.elapsed_time(e), 1e-3)
+        reps = int(min(self.max_reps, max(self.min_reps, math.ceil(self.target_ms / est))))
+        evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        for a, b in evs:
+            a.record()
+            graph.replay()
+            b.record()
+        torch.cuda.synchronize()
+        times = sorted(a.elapsed_time(b) for a, b in evs)
+        med = statistics.median(times)
+        del graph
+        return {"us": med * 1e3 / n, "reps": reps, "launches": n, "method": "cuda-graph-median",
+                "spread": (times[-1] - times[0]) / med if med > 0 else None}
+
+
+def copy_bandwidth(device: str, nbytes: Optional[int] = None, warmup_s: float = 0.5) -> Dict[str, Any]:
+    """Device-to-device copy bandwidth: (bytes read + bytes written) / time.
+
+    The GPU idles at low clocks (345 MHz SM seen on the H200 here) until work arrives:
+    copies run for ``warmup_s`` before the timed replays, or the first measurement of
+    the run comes out ~35% low."""
+    import torch
+
+    if nbytes is None:
+        nbytes = 2 * 2**30 if device == "cuda" else 32 * 2**20
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_(-1, 1)
+    dst = torch.empty_like(src)
+    if device == "cuda":
+        t_end = time.time() + warmup_s
+        while time.time() < t_end:
+            for _ in range(8):
+                dst.copy_(src)
+            torch.cuda.synchronize()
+    moved = 2 * src.numel() * 4
+    if device == "cpu":
+        t = Timer(device)([lambda: dst.copy_(src)])
+        ok = bool(torch.equal(dst, src))
+        return {"bytes_per_copy": nbytes, "copy_us": t["us"], "GBps": gbps(moved, t["us"]), "verified": ok,
+                "timing": t}
+    # Eager launches timed with events.  Not a CUDA graph: a captured D2D memcpy becomes a
+    # graph memcpy node, which ran at ~2.77 TB/s here against ~4.3 TB/s eager.
+    variants = {"memcpy (copy_)": lambda: dst.copy_(src),
+                "elementwise kernel (mul by 1 into dst)": lambda: torch.mul(src, 1.0, out=dst)}
+    per = {}
+    for name, fn in variants.items():
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(20)]
+        for a, b in evs:
+            a.record()
+            fn()
+            b.record()
+        torch.cuda.synchronize()
+        us = statistics.median(a.elapsed_time(b) for a, b in evs) * 1e3
+        per[name] = {"us": us, "GBps": gbps(moved, us)}
+    ok = bool(torch.equal(dst, src))
+    del src, dst
+    torch.cuda.empty_cache()
+    best = max(per, key=lambda k: per[k]["GBps"] or 0.0)
+    return {"bytes_per_copy": nbytes, "copy_us": per[best]["us"], "GBps": per[best]["GBps"], "verified": ok,
+            "method": f"max of eager variants ({best}), median of 20 event-timed launches", "variants": per}
+
+
+# ---------------------------------------------------------------------------------
+# workloads
+# ---------------------------------------------------------------------------------
+def _dt(name: str):
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
+class Mamba2Work:
+    """Pool, rings and per-set inputs for one Mamba2 case, laid out as SGLang's
+    MambaMixer2 hands them to the decode kernel."""
+
+    def __init__(self, geom: Dict[str, int], batch: int, L: int, state_dtype: str, device: str,
+                 n_sets: int, seed: int, act_dtype: str = "bf16"):
+        import torch
+
+        H, P, N, G = geom["H"], geom["P"], geom["N"], geom["G"]
+        self.H, self.P, self.N, self.G, self.L, self.b = H, P, N, G, L, batch
+        self.n_sets = n_sets
+        self.num_slots = max(2 * batch + 1, n_sets * batch + 1)
+        act, sdt = _dt(act_dtype), _dt(state_dtype)
+        gen = torch.Generator(device=device).manual_seed(seed)
+        S = self.num_slots
+        self.state = torch.empty((S, H, P, N), dtype=sdt, device=device).normal_(0.0, 0.5, generator=gen)
+        self.x_ring = torch.empty((S, H, L, P), dtype=act, device=device).normal_(0.0, 1.0, generator=gen)
+        self.B_ring = torch.empty((S, G, L, N), dtype=act, device=device).normal_(0.0, 0.3, generator=gen)
+        self.dt_ring = torch.empty((S, H, L), dtype=torch.float32, device=device).uniform_(0.01, 0.2, generator=gen)
+        A = -torch.empty(H, dtype=torch.float32, device=device).uniform_(1.0, 8.0, generator=gen)
+        D = torch.empty(H, dtype=act, device=device).uniform_(0.5, 1.5, generator=gen)
+        dt_bias = torch.empty(H, dtype=act, device=device).uniform_(-3.0, -1.0, generator=gen)
+        # SGLang (mamba.py forward_decode): A[:, None, None].expand(-1, P, N).float(),
+        # dt_bias / D [:, None].expand(-1, P), dt[:, :, None].expand(-1, -1, P).
+        self.A = A[:, None, None].expand(-1, P, N)
+        self.D = D[:, None].expand(-1, P)
+        self.dt_bias = dt_bias[:, None].expand(-1, P)
+        self.A_h, self.D_h, self.dt_bias_h = A, D, dt_bias
+        perm = torch.randperm(S - 1, generator=torch.Generator().manual_seed(seed + 1)) + 1
+        self.sets = []
+        conv_dim = H * P + 2 * G * N
+        for s in range(n_sets):
+            idx = perm[s * batch:(s + 1) * batch].to(torch.int32).to(device)
+            xbc = torch.empty((batch, conv_dim), dtype=act, device=device).normal_(0.0, 1.0, generator=gen)
+            xbc[:, H * P:] *= 0.3
+            x, Bm, Cm = torch.split(xbc, [H * P, G * N, G * N], dim=-1)
+            dt_raw = torch.empty((batch, H), dtype=act, device=device).normal_(0.0, 0.5, generator=gen)
+            self.sets.append(dict(idx=idx, x=x.view(batch, H, P), B=Bm.view(batch, G, N), C=Cm.view(batch, G, N),
+                                  dt=dt_raw[:, :, None].expand(-1, -1, P), dt_h=dt_raw, xbc=xbc))
+        self.wpos = [torch.full((batch,), w, dtype=torch.int32, device=device) for w in range(L)]
+        self.out = torch.empty((batch, H, P), dtype=act, device=device)
+        self.state_row_bytes = H * P * N * self.state.element_size()
+
+    def stock_fn(self, fn, s: int) -> Callable[[], Any]:
+        st = self.sets[s]
+        return lambda: fn(self.state, st["x"], st["dt"], self.A, st["B"], st["C"], self.D, z=None,
+                          dt_bias=self.dt_bias, dt_softplus=True, state_batch_indices=st["idx"], out=self.out)
+
+    def ours_fn(self, fn, s: int, w: int, route: str) -> Callable[[], Any]:
+        st = self.sets[s]
+        wp = self.wpos[w]
+        return lambda: fn(self.state, self.x_ring, self.B_ring, self.dt_ring, st["x"], st["dt"], self.A, st["B"],
+                          st["C"], st["idx"], wp, D=self.D, z=None, dt_bias=self.dt_bias, dt_softplus=True,
+                          out=self.out, route=route)
+
+    def finite(self) -> bool:
+        import torch
+
+        rows = self.sets[0]["idx"].long()
+        return bool(torch.isfinite(self.out).all()) and bool(torch.isfinite(self.state[rows]).all())
+
+
+class GDNWork:
+    """Pool, rings (ours and upstream's) and per-set inputs for one GDN case."""
+
+    def __init__(self, geom: Dict[str, int], batch: int, L: int, state_dtype: str, device: str,
+                 n_sets: int, seed: int, act_dtype: str = "bf16", with_upstream: bool = True):
+        import torch
+
+        HV, Hk, K, V = geom["HV"], geom["Hk"], geom["K"], geom["V"]
+        self.HV, self.Hk, self.K, self.V, self.L, self.b = HV, Hk, K, V, L, batch
+        self.n_sets = n_sets
+        self.num_slots = max(2 * batch + 1, n_sets * batch + 1)
+        act, sdt = _dt(act_dtype), _dt(state_dtype)
+        gen = torch.Generator(device=device).manual_seed(seed)
+        S = self.num_slots
+        self.state = torch.empty((S, HV, V, K), dtype=sdt, device=device).normal_(0.0, 0.1, generator=gen)
+        self.d_ring = torch.empty((S, HV, L, V), dtype=sdt, device=device).normal_(0.0, 0.1, generator=gen)
+        self.k_ring = torch.empty((S, Hk, L, K), dtype=act, device=device).normal_(0.0, 1.0, generator=gen)
+        self.g_ring = torch.empty((S, HV, L), dtype=torch.float32, device=device).uniform_(-0.3, -0.01, generator=gen)
+        if with_upstream:
+            # upstream's decode ring (memory_pool.py): d and k in the SSM dtype, g fp32
+            self.up_d = torch.empty((S, HV, L, V), dtype=sdt, device=device).normal_(0.0, 0.1, generator=gen)
+            self.up_k = torch.empty((S, Hk, L, K), dtype=sdt, device=device).normal_(0.0, 0.1, generator=gen)
+            self.up_g = torch.empty((S, HV, L), dtype=torch.float32, device=device).uniform_(-0.3, -0.01,
+                                                                                            generator=gen)
+        self.A_log = torch.empty(HV, dtype=torch.float32, device=device).uniform_(0.5, 2.0, generator=gen).log_()
+        self.dt_bias = torch.empty(HV, dtype=act, device=device).uniform_(-3.0, -1.0, generator=gen)
+        self.scale = K ** -0.5
+        perm = torch.randperm(S - 1, generator=torch.Generator().manual_seed(seed + 1)) + 1
+        width = 2 * Hk * K + HV * V
+        self.sets = []
+        for s in range(n_sets):
+            idx = perm[s * batch:(s + 1) * batch].to(torch.int32).to(device)
+            mq = torch.empty((batch, width), dtype=act, device=device).normal_(0.0, 1.0, generator=gen)
+            a = torch.empty((batch, HV), dtype=act, device=device).normal_(0.0, 1.0, generator=gen)
+            bb = torch.empty((batch, HV), dtype=act, device=device).normal_(0.0, 1.0, generator=gen)
+            self.sets.append(dict(idx=idx, mq=mq, a=a, b=bb))
+        self.wpos = [torch.full((batch,), w, dtype=torch.int32, device=device) for w in range(L)]
+        self.force_flush = torch.zeros((batch,), dtype=torch.int32, device=device)
+        self.out = torch.empty((batch, 1, HV, V), dtype=act, device=device)
+        self.state_row_bytes = HV * V * K * self.state.element_size()
+
+    def stock_fn(self, fn, s: int) -> Callable[[], Any]:
+        st = self.sets[s]
+        return lambda: fn(mixed_qkv=st["mq"], a=st["a"], b=st["b"], A_log=self.A_log, dt_bias=self.dt_bias,
+                          scale=self.scale, initial_state=self.state, out=self.out, ssm_state_indices=st["idx"],
+                          use_qk_l2norm_in_kernel=True)
+
+    def upstream_fn(self, fn, s: int, w: int) -> Callable[[], Any]:
+        st = self.sets[s]
+        wp = self.wpos[w]
+        return lambda: fn(mixed_qkv=st["mq"], a=st["a"], b=st["b"], A_log=self.A_log, dt_bias=self.dt_bias,
+                          scale=self.scale, initial_state=self.state, d_cache=self.up_d, k_cache=self.up_k,
+                          g_cache=self.up_g, out=self.out, ssm_state_indices=st["idx"], write_pos=wp,
+                          force_flush=self.force_flush, use_qk_l2norm_in_kernel=True)
+
+    def ours_fn(self, fn, s: int, w: int) -> Callable[[], Any]:
+        st = self.sets[s]
+        wp = self.wpos[w]
+        return lambda: fn(st["mq"], st["a"], st["b"], self.A_log, self.dt_bias, self.state, self.d_ring,
+                          self.k_ring, self.g_ring, st["idx"], wp, scale=self.scale, use_qk_l2norm=True,
+                          out=self.out)
+
+    def finite(self) -> bool:
+        import torch
+
+        rows = self.sets[0]["idx"].long()
+        return bool(torch.isfinite(self.out).all()) and bool(torch.isfinite(self.state[rows]).all())
+
+
+# ---------------------------------------------------------------------------------
+# fp64 references (independent of every kernel under test)
+# ---------------------------------------------------------------------------------
+def _softplus64(x):
+    import torch
+
+    return torch.where(x <= 20.0, torch.log1p(torch.exp(torch.clamp(x, max=20.0))), x)
+
+
+def mamba2_ref_step(S, x, dt, A, B, C, D, dt_bias):
+    """One Mamba2 decode step in fp64. S [b,H,P,N] (updated copy returned), x [b,H,P],
+    dt [b,H], A/D/dt_bias [H], B/C [b,G,N]. Returns (S_new, y)."""
+    import torch
+
+    H, G = x.shape[1], B.shape[1]
+    delta = _softplus64(dt.double() + dt_bias.double()[None])
+    dA = torch.exp(A.double()[None] * delta)
+    Bh = B.double().repeat_interleave(H // G, dim=1)
+    Ch = C.double().repeat_interleave(H // G, dim=1)
+    xd = x.double()
+    S = S * dA[..., None, None] + delta[..., None, None] * xd[..., :, None] * Bh[..., None, :]
+    y = (S * Ch[:, :, None, :]).sum(-1) + D.double()[None, :, None] * xd
+    return S, y
+
+
+def gdn_ref_step(S, mq, a, b, A_log, dt_bias, Hk, K, V, scale):
+    """One GDN decode step in fp64 (beta rounded to b's dtype, as SGLang's kernel).
+    S [b,HV,V,K]. Returns (S_new, o [b,HV,V])."""
+    import torch
+
+    bsz, HV = a.shape
+    m = mq.double()
+    q = m[:, :Hk * K].view(bsz, Hk, K)
+    k = m[:, Hk * K:2 * Hk * K].view(bsz, Hk, K)
+    v = m[:, 2 * Hk * K:].view(bsz, HV, V)
+    q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6) * scale
+    k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    rep = HV // Hk
+    qh, kh = q.repeat_interleave(rep, 1), k.repeat_interleave(rep, 1)
+    g = -torch.exp(A_log.double())[None] * _softplus64(a.double() + dt_bias.double()[None])
+    beta = torch.sigmoid(b.float()).to(b.dtype).double()
+    S = S * torch.exp(g)[..., None, None]
+    d = beta[..., None] * (v - (S * kh[:, :, None, :]).sum(-1))
+    S = S + d[..., :, None] * kh[:, :, None, :]
+    o = (S * qh[:, :, None, :]).sum(-1)
+    return S, o
+
+
+def _rel(a, ref) -> float:
+    import torch
+
+    den = torch.linalg.vector_norm(ref.double()).item()
+    num = torch.linalg.vector_norm(a.double() - ref.double()).item()
+    return num / den if den > 0 else num
+
+
+def _maxabs(a, b) -> float:
+    return (a.double() - b.double()).abs().max().item()
+
+
+def check_mamba2(stock_fn, ours_fn, geom, L: int, batch: int, device: str, seed: int = 1234) -> Dict[str, Any]:
+    """One flush cycle (L steps from an empty ring) at fp32 state: every kernel's
+    output vs the fp64 recurrence and ours vs stock; the checkpoint after the flush;
+    non-flush steps must leave the checkpoint untouched.  Ring entries past the cursor
+    and outputs are poisoned with NaN beforehand."""
+    import torch
+
+    w = Mamba2Work(geom, batch, L, "fp32", device, 1, seed)
+    H, P, G, N = w.H, w.P, w.G, w.N
+    idx = w.sets[0]["idx"]
+    rows = idx.long()
+    state0 = w.state.clone()
+    ref = state0[rows].double()
+    states = {"stock": state0.clone()} if stock_fn else {}
+    rings = {}
+    for r in ROUTES:
+        states[r] = state0.clone()
+        rings[r] = (torch.full_like(w.x_ring, float("nan")), torch.full_like(w.B_ring, float("nan")),
+                    torch.full_like(w.dt_ring, float("nan")))
+    gen = torch.Generator(device=device).manual_seed(seed + 7)
+    res: Dict[str, Any] = {"family": "mamba2", "geometry": geom, "batch": batch, "L": L, "state_dtype": "fp32",
+                           "steps": L, "ring_poison": "nan"}
+    out_rel = {k: 0.0 for k in states}
+    out_vs_stock = {r: 0.0 for r in ROUTES}
+    all_written = {k: True for k in states}
+    untouched = {r: None for r in ROUTES}
+    for t in range(L):
+        xbc = torch.empty((batch, H * P + 2 * G * N), dtype=torch.bfloat16, device=device).normal_(0, 1, generator=gen)
+        xbc[:, H * P:] *= 0.3
+        x, Bm, Cm = torch.split(xbc, [H * P, G * N, G * N], dim=-1)
+        x, Bm, Cm = x.view(batch, H, P), Bm.view(batch, G, N), Cm.view(batch, G, N)
+        dt = torch.empty((batch, H), dtype=torch.bfloat16, device=device).normal_(0, 0.5, generator=gen)
+        dt_e = dt[:, :, None].expand(-1, -1, P)
+        ref, y_ref = mamba2_ref_step(ref, x, dt, w.A_h, Bm, Cm, w.D_h, w.dt_bias_h)
+        outs = {}
+        if stock_fn:
+            o = torch.full((batch, H, P), float("nan"), dtype=torch.bfloat16, device=device)
+            stock_fn(states["stock"], x, dt_e, w.A, Bm, Cm, w.D, z=None, dt_bias=w.dt_bias, dt_softplus=True,
+                     state_batch_indices=idx, out=o)
+            outs["stock"] = o
+        wp = torch.full((batch,), t, dtype=torch.int32, device=device)
+        for r in ROUTES:
+            o = torch.full((batch, H, P), float("nan"), dtype=torch.bfloat16, device=device)
+            xr, Br, dtr = rings[r]
+            ours_fn(states[r], xr, Br, dtr, x, dt_e, w.A, Bm, Cm, idx, wp, D=w.D, z=None, dt_bias=w.dt_bias,
+                    dt_softplus=True, out=o, route=r)
+            outs[r] = o
+            if t == L - 2:
+                untouched[r] = bool(torch.equal(states[r][rows], state0[rows]))
+        for k, o in outs.items():
+            all_written[k] = all_written[k] and bool(torch.isfinite(o).all())
+            out_rel[k] = max(out_rel[k], _rel(o, y_ref))
+        if "stock" in outs:
+            for r in ROUTES:
+                out_vs_stock[r] = max(out_vs_stock[r], _maxabs(outs[r], outs["stock"]))
+    res["out_rel_err_vs_fp64"] = out_rel
+    res["out_max_abs_diff_vs_stock"] = out_vs_stock if stock_fn else None
+    res["outputs_all_written_finite"] = all_written
+    res["state_rel_err_vs_fp64_after_flush"] = {k: _rel(s[rows], ref) for k, s in states.items()}
+    if stock_fn:
+        res["state_max_abs_diff_vs_stock_after_flush"] = {
+            r: _maxabs(states[r][rows], states["stock"][rows]) for r in ROUTES}
+    res["checkpoint_untouched_before_flush"] = untouched
+    return res
+
+
+def check_gdn(stock_fn, upstream_fn, ours_fn, geom, L: int, batch: int, device: str,
+              seed: int = 4321) -> Dict[str, Any]:
+    """GDN counterpart of :func:`check_mamba2` (ours and upstream's ReplaySSM vs the
+    stock packed decode and the fp64 recurrence)."""
+    import torch
+
+    w = GDNWork(geom, batch, L, "fp32", device, 1, seed, with_upstream=False)
+    HV, Hk, K, V = w.HV, w.Hk, w.K, w.V
+    idx = w.sets[0]["idx"]
+    rows = idx.long()
+    state0 = w.state.clone()
+    ref = state0[rows].double()
+    kinds = (["stock"] if stock_fn else []) + (["upstream"] if upstream_fn else []) + ["ours"]
+    states = {k: state0.clone() for k in kinds}
+    nan = float("nan")
+    ours_ring = (torch.full_like(w.d_ring, nan), torch.full_like(w.k_ring, nan), torch.full_like(w.g_ring, nan))
+    up_ring = (torch.full_like(w.d_ring, nan), torch.full((w.num_slots, Hk, L, K), nan, device=device),
+               torch.full_like(w.g_ring, nan))
+    ff = torch.zeros((batch,), dtype=torch.int32, device=device)
+    gen = torch.Generator(device=device).manual_seed(seed + 7)
+    res: Dict[str, Any] = {"family": "gdn", "geometry": geom, "batch": batch, "L": L, "state_dtype": "fp32",
+                           "steps": L, "ring_poison": "nan"}
+    out_rel = {k: 0.0 for k in kinds}
+    vs_stock = {k: 0.0 for k in kinds if k != "stock"}
+    all_written = {k: True for k in kinds}
+    untouched: Dict[str, Optional[bool]] = {k: None for k in kinds if k != "stock"}
+    width = 2 * Hk * K + HV * V
+    for t in range(L):
+        mq = torch.empty((batch, width), dtype=torch.bfloat16, device=device).normal_(0, 1, generator=gen)
+        a = torch.empty((batch, HV), dtype=torch.bfloat16, device=device).normal_(0, 1, generator=gen)
+        bb = torch.empty((batch, HV), dtype=torch.bfloat16, device=device).normal_(0, 1, generator=gen)
+        ref, o_ref = gdn_ref_step(ref, mq, a, bb, w.A_log, w.dt_bias, Hk, K, V, w.scale)
+        wp = torch.full((batch,), t, dtype=torch.int32, device=device)
+        outs = {}
+        for k in kinds:
+            o = torch.full((batch, 1, HV, V), nan, dtype=torch.bfloat16, device=device)
+            if k == "stock":
+                stock_fn(mixed_qkv=mq, a=a, b=bb, A_log=w.A_log, dt_bias=w.dt_bias, scale=w.scale,
+                         initial_state=states[k], out=o, ssm_state_indices=idx, use_qk_l2norm_in_kernel=True)
+            elif k == "upstream":
+                upstream_fn(mixed_qkv=mq, a=a, b=bb, A_log=w.A_log, dt_bias=w.dt_bias, scale=w.scale,
+                            initial_state=states[k], d_cache=up_ring[0], k_cache=up_ring[1], g_cache=up_ring[2],
+                            out=o, ssm_state_indices=idx, write_pos=wp, force_flush=ff,
+                            use_qk_l2norm_in_kernel=True)
+            else:
+                ours_fn(mq, a, bb, w.A_log, w.dt_bias, states[k], ours_ring[0], ours_ring[1], ours_ring[2], idx, wp,
+                        scale=w.scale, use_qk_l2norm=True, out=o)
+            outs[k] = o[:, 0]
+            if k != "stock" and t == L - 2:
+                untouched[k] = bool(torch.equal(states[k][rows], state0[rows]))
+        for k, o in outs.items():
+            all_written[k] = all_written[k] and bool(torch.isfinite(o).all())
+            out_rel[k] = max(out_rel[k], _rel(o, o_ref))
+            if k != "stock" and "stock" in outs:
+                vs_stock[k] = max(vs_stock[k], _maxabs(o, outs["stock"]))
+    res["out_rel_err_vs_fp64"] = out_rel
+    res["out_max_abs_diff_vs_stock"] = vs_stock if stock_fn else None
+    res["outputs_all_written_finite"] = all_written
+    res["state_rel_err_vs_fp64_after_flush"] = {k: _rel(s[rows], ref) for k, s in states.items()}
+    if stock_fn:
+        res["state_max_abs_diff_vs_stock_after_flush"] = {
+            k: _maxabs(states[k][rows], states["stock"][rows]) for k in kinds if k != "stock"}
+    res["checkpoint_untouched_before_flush"] = untouched
+    return res
+
+
+# ---------------------------------------------------------------------------------
+# one case
+# ---------------------------------------------------------------------------------
+def _replay_timing(timer: Timer, make_fn: Callable[[int, int], Callable], n_sets: int, L: int,
+                   phases: Sequence[int], min_launches: int, bytes_fn: Callable[[int], Dict[str, int]],
+                   copy_bw: Optional[float], with_cycle: bool = True) -> Dict[str, Any]:
+    """Per-phase times (all rows at phase w), their flush-cycle amortisation and the
+    in-order cycle graph, with bytes and bandwidth."""
+    n_launch = max(n_sets, min_launches)
+    phase_us: Dict[int, float] = {}
+    phase_detail: Dict[int, Dict[str, Any]] = {}
+    for w in phases:
+        t = timer([make_fn(i % n_sets, w) for i in range(n_launch)])
+        phase_us[w] = t["us"]
+        nb = bytes_fn(w)["total"]
+        phase_detail[w] = {"us": t["us"], "bytes": nb, "GBps": gbps(nb, t["us"]), "reps": t["reps"],
+                           "launches": t["launches"], "method": t["method"], "spread": t.get("spread")}
+    t_amort = amortise(phase_us, L)
+    nonflush = [t for w, t in phase_us.items() if w != L - 1]
+    cyc = None
+    if with_cycle:
+        n_cyc = L * max(1, math.ceil(max(n_sets, min_launches) / L))
+        c = timer([make_fn(i % n_sets, i % L) for i in range(n_cyc)])
+        cyc = c["us"]
+    bytes_amort = amortised_bytes(bytes_fn, L)
+    out = {
+        "phase_us": phase_us,
+        "phases": phase_detail,
+        "t_nonflush_mean_us": statistics.fmean(nonflush) if nonflush else None,
+        "t_flush_us": phase_us.get(L - 1),
+        "t_amort_us": t_amort,
+        "t_cycle_us": cyc,
+        "bytes_amort": bytes_amort["total"],
+        "bytes_breakdown_amort": bytes_amort,
+        "bytes_nonflush_w0": bytes_fn(0)["total"],
+        "bytes_flush": bytes_fn(L - 1)["total"],
+    }
+    out["GBps"] = gbps(out["bytes_amort"], t_amort)
+    out["bw_fraction"] = report.ratio(out["GBps"], copy_bw)
+    return out
+
+
+def run_mamba2_case(name, geom, batch, L, sdtype, device, stock: Stock, ours, timer: Timer,
+                    phases, copy_bw, min_launches, seed, routes=ROUTES) -> Dict[str, Any]:
+    import torch
+
+    sb = DTYPE_BYTES[sdtype]
+    row = geom["H"] * geom["P"] * geom["N"] * sb
+    n_sets = 2 if device == "cpu" else slot_sets_needed(batch, row)
+    w = Mamba2Work(geom, batch, L, sdtype, device, n_sets, seed)
+    H, P, N, G = w.H, w.P, w.N, w.G
+    case: Dict[str, Any] = {
+        "family": "mamba2", "geometry": name, "shape": dict(geom), "state_dtype": sdtype, "act_dtype": "bf16",
+        "batch": batch, "L": L, "num_slots": w.num_slots, "slot_sets": n_sets,
+        "launches_per_graph": max(n_sets, min_launches),
+        "touched_state_MB_per_graph": max(n_sets, min_launches) * batch * row / 1e6,
+        "pool_state_MB": w.num_slots * row / 1e6, "kernels": {},
+    }
+    if stock.mamba2 is not None:
+        t = timer([w.stock_fn(stock.mamba2, i % n_sets) for i in range(max(n_sets, min_launches))])
+        nb = mamba2_stock_bytes(batch, H, P, N, G, sb)
+        case["kernels"]["stock"] = {"name": "sglang selective_state_update (triton)", "t_us": t["us"],
+                                    "bytes": nb["total"], "bytes_breakdown": nb, "GBps": gbps(nb["total"], t["us"]),
+                                    "timing": t}
+        case["kernels"]["stock"]["bw_fraction"] = report.ratio(case["kernels"]["stock"]["GBps"], copy_bw)
+    if ours is not None:
+        for r in routes:
+            res = _replay_timing(timer, lambda s, ph, r=r: w.ours_fn(ours, s, ph, r), n_sets, L, phases,
+                                 min_launches, lambda ph: mamba2_replay_bytes(batch, H, P, N, G, L, ph, sb), copy_bw,
+                                 with_cycle=True)
+            res["name"] = f"sglang_replayssm mamba2_replay_decode route={r}"
+            case["kernels"][f"replay_{r}"] = res
+    case["finite"] = w.finite()
+    _case_summary(case)
+    del w
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return case
+
+
+def run_gdn_case(name, geom, batch, L, sdtype, device, stock: Stock, ours, timer: Timer,
+                 phases, copy_bw, min_launches, seed) -> Dict[str, Any]:
+    import torch
+
+    sb = DTYPE_BYTES[sdtype]
+    row = geom["HV"] * geom["V"] * geom["K"] * sb
+    n_sets = 2 if device == "cpu" else slot_sets_needed(batch, row)
+    w = GDNWork(geom, batch, L, sdtype, device, n_sets, seed, with_upstream=stock.gdn_upstream is not None)
+    HV, Hk, K, V = w.HV, w.Hk, w.K, w.V
+    case: Dict[str, Any] = {
+        "family": "gdn", "geometry": name, "shape": dict(geom), "state_dtype": sdtype, "act_dtype": "bf16",
+        "batch": batch, "L": L, "num_slots": w.num_slots, "slot_sets": n_sets,
+        "launches_per_graph": max(n_sets, min_launches),
+        "touched_state_MB_per_graph": max(n_sets, min_launches) * batch * row / 1e6,
+        "pool_state_MB": w.num_slots * row / 1e6, "kernels": {},
+    }
+    if stock.gdn is not None:
+        t = timer([w.stock_fn(stock.gdn, i % n_sets) for i in range(max(n_sets, min_launches))])
+        nb = gdn_stock_bytes(batch, HV, Hk, K, V, sb)
+        case["kernels"]["stock"] = {"name": "sglang fused_recurrent_gated_delta_rule_packed_decode", "t_us": t["us"],
+                                    "bytes": nb["total"], "bytes_breakdown": nb, "GBps": gbps(nb["total"], t["us"]),
+                                    "timing": t}
+        case["kernels"]["stock"]["bw_fraction"] = report.ratio(case["kernels"]["stock"]["GBps"], copy_bw)
+    if stock.gdn_upstream is not None:
+        res = _replay_timing(timer, lambda s, ph: w.upstream_fn(stock.gdn_upstream, s, ph), n_sets, L, phases,
+                             min_launches,
+                             lambda ph: gdn_replay_bytes(batch, HV, Hk, K, V, L, ph, sb, d_bytes=sb, k_bytes=sb,
+                                                         extra_row_bytes=4), copy_bw)
+        res["name"] = "sglang fused_recurrent_gdn_replayssm_decode (--enable-linear-replayssm)"
+        case["kernels"]["upstream_replay"] = res
+    if ours is not None:
+        res = _replay_timing(timer, lambda s, ph: w.ours_fn(ours, s, ph), n_sets, L, phases, min_launches,
+                             lambda ph: gdn_replay_bytes(batch, HV, Hk, K, V, L, ph, sb), copy_bw)
+        res["name"] = "sglang_replayssm gdn_replay_decode"
+        case["kernels"]["replay"] = res
+    case["finite"] = w.finite()
+    _case_summary(case)
+    del w
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return case
+
+
+def _case_summary(case: Dict[str, Any]) -> None:
+    """Best ReplaySSM variant, speedups (stock time / ReplaySSM amortised time)."""
+    ks = case["kernels"]
+    stock_t = ks.get("stock", {}).get("t_us")
+    ours = {k: v for k, v in ks.items() if k.startswith("replay")}
+    best_key = None
+    for k, v in ours.items():
+        if report.is_number(v.get("t_amort_us")) and (
+                best_key is None or v["t_amort_us"] < ours[best_key]["t_amort_us"]):
+            best_key = k
+    case["best"] = best_key
+    case["best_route"] = best_key[len("replay_"):] if best_key and best_key.startswith("replay_") else best_key
+    case["speedup_by_variant"] = {k: report.ratio(stock_t, v.get("t_amort_us")) for k, v in ours.items()}
+    best = ours.get(best_key, {}) if best_key else {}
+    case["t_ours_us"] = best.get("t_amort_us")
+    case["speedup"] = report.ratio(stock_t, best.get("t_amort_us"))
+    case["bw_fraction"] = best.get("bw_fraction")
+    case["GBps"] = best.get("GBps")
+    up = ks.get("upstream_replay")
+    if up is not None:
+        case["upstream_speedup"] = report.ratio(stock_t, up.get("t_amort_us"))
+        case["vs_upstream"] = report.ratio(up.get("t_amort_us"), best.get("t_amort_us"))
+
+
+# ---------------------------------------------------------------------------------
+# summary / outputs
+# ---------------------------------------------------------------------------------
+def _find(cases, family, geom, dtype, batch):
+    for c in cases:
+        if c["family"] == family and c["geometry"] == geom and c["state_dtype"] == dtype and c["batch"] == batch:
+            return c
+    return None
+
+
+def _slug(name: str) -> str:
+    return name.replace("-", "_").replace(".", "_")
+
+
+def build_summary(cases: List[Dict[str, Any]], mamba2_geoms: Sequence[str], gdn_geoms: Sequence[str],
+                  headline: Dict[str, str]) -> Dict[str, Any]:
+    s: Dict[str, Any] = {"headline_geometry": dict(headline),
+                         "definitions": {
+                             "speedup": "stock t_us / ReplaySSM t_amort_us (best route for Mamba2)",
+                             "vs_upstream": "upstream ReplaySSM t_amort_us / ours t_amort_us (>1: ours faster)",
+                             "bw_fraction": "ReplaySSM amortised model bytes / t_amort / measured copy bandwidth"}}
+    for fam, geoms in (("mamba2", mamba2_geoms), ("gdn", gdn_geoms)):
+        for g in geoms:
+            prefix = fam if g == headline.get(fam) else f"{fam}_{_slug(g)}"
+            for dt in STATE_DTYPES:
+                for bs in (1, 256):
+                    c = _find(cases, fam, g, dt, bs)
+                    s[f"{prefix}_decode_speedup_bs{bs}_{dt}"] = c.get("speedup") if c else None
+                    s[f"{prefix}_decode_bw_fraction_bs{bs}_{dt}"] = c.get("bw_fraction") if c else None
+                    s[f"{prefix}_stock_bw_fraction_bs{bs}_{dt}"] = (
+                        c["kernels"].get("stock", {}).get("bw_fraction") if c else None)
+                    if fam == "mamba2":
+                        s[f"{prefix}_decode_best_route_bs{bs}_{dt}"] = c.get("best_route") if c else None
+                    if fam == "gdn":
+                        s[f"{prefix}_decode_vs_upstream_bs{bs}_{dt}"] = c.get("vs_upstream") if c else None
+                        s[f"{prefix}_upstream_speedup_bs{bs}_{dt}"] = c.get("upstream_speedup") if c else None
+    by: Dict[str, Any] = {}
+    for c in cases:
+        d = by.setdefault(c["family"], {}).setdefault(c["geometry"], {}).setdefault(c["state_dtype"], {})
+        d[str(c["batch"])] = {k: c.get(k) for k in ("speedup", "best_route", "bw_fraction", "vs_upstream",
+                                                    "upstream_speedup", "t_ours_us")}
+        d[str(c["batch"])]["t_stock_us"] = c["kernels"].get("stock", {}).get("t_us")
+    s["by_geometry"] = by
+    return s
+
+
+def _us(c, key, field="t_amort_us"):
+    k = c["kernels"].get(key)
+    if not k:
+        return None
+    return k.get("t_us") if key == "stock" else k.get(field)
+
+
+def markdown_report(result: Dict[str, Any]) -> List[tuple]:
+    cases = result["cases"]
+    env = {k: result.get(k) for k in ("git_commit", "sglang_version", "gpu", "torch", "triton", "device")}
+    env["copy bandwidth (GB/s)"] = result.get("copy_bw_GBps")
+    env["L"] = result.get("L")
+    env["mode"] = result.get("mode")
+    sections = [("Environment", report.markdown_kv(env))]
+    rows = []
+    for chk in result.get("correctness", []):
+        if "error" in chk:
+            rows.append([chk.get("family"), "error: " + chk["error"][:120], "", "", "", ""])
+            continue
+        for k, rel in chk["out_rel_err_vs_fp64"].items():
+            vs = (chk.get("out_max_abs_diff_vs_stock") or {}).get(k)
+            st = chk["state_rel_err_vs_fp64_after_flush"].get(k)
+            rows.append([f"{chk['family']} bs{chk['batch']}", k, report.fmt(rel, 2), report.fmt(vs, 2),
+                         report.fmt(st, 2), str(chk["outputs_all_written_finite"].get(k))])
+    sections.append(("Correctness spot check (fp32 state, one flush cycle from an empty ring)",
+                     report.markdown_table(["case", "kernel", "out rel err vs fp64", "out max |Δ| vs stock",
+                                            "state rel err after flush", "outputs written & finite"], rows)))
+    m_rows, g_rows = [], []
+    for c in cases:
+        ks = c["kernels"]
+        st = ks.get("stock", {})
+        if c["family"] == "mamba2":
+            oo, so = ks.get("replay_output_only", {}), ks.get("replay_state_and_output", {})
+            best = ks.get(c.get("best") or "", {})
+            m_rows.append([c["geometry"], c["state_dtype"], c["batch"], report.fmt(st.get("t_us"), 1),
+                           report.fmt(oo.get("t_amort_us"), 1), report.fmt(so.get("t_amort_us"), 1),
+                           c.get("best_route") or "—", report.fmt(c.get("speedup"), 2),
+                           report.fmt(best.get("t_nonflush_mean_us"), 1), report.fmt(best.get("t_flush_us"), 1),
+                           report.fmt(best.get("GBps"), 0), report.fmt(c.get("bw_fraction"), pct=True),
+                           report.fmt(st.get("GBps"), 0), report.fmt(st.get("bw_fraction"), pct=True)])
+        else:
+            r, up = ks.get("replay", {}), ks.get("upstream_replay", {})
+            g_rows.append([c["geometry"], c["state_dtype"], c["batch"], report.fmt(st.get("t_us"), 1),
+                           report.fmt(up.get("t_amort_us"), 1), report.fmt(r.get("t_amort_us"), 1),
+                           report.fmt(c.get("speedup"), 2), report.fmt(c.get("vs_upstream"), 2),
+                           report.fmt(c.get("upstream_speedup"), 2),
+                           report.fmt(r.get("t_nonflush_mean_us"), 1), report.fmt(r.get("t_flush_us"), 1),
+                           report.fmt(r.get("GBps"), 0), report.fmt(c.get("bw_fraction"), pct=True),
+                           report.fmt(up.get("GBps"), 0), report.fmt(st.get("GBps"), 0),
+                           report.fmt(st.get("bw_fraction"), pct=True)])
+    if m_rows:
+        sections.append(("Mamba2 decode (µs per launch; ReplaySSM amortised over the flush cycle)",
+                         report.markdown_table(["geometry", "state", "bs", "stock", "ours OO", "ours S&O", "best",
+                                                "speedup", "best non-flush", "best flush", "ours GB/s", "ours %copy",
+                                                "stock GB/s", "stock %copy"], m_rows)))
+    if g_rows:
+        sections.append(("GDN decode (µs per launch; ReplaySSM amortised over the flush cycle)",
+                         report.markdown_table(["geometry", "state", "bs", "stock", "upstream RS", "ours",
+                                                "ours vs stock", "ours vs upstream", "upstream vs stock",
+                                                "ours non-flush", "ours flush", "ours GB/s", "ours %copy",
+                                                "upstream GB/s", "stock GB/s", "stock %copy"], g_rows)))
+    summ = {k: v for k, v in result.get("summary", {}).items() if not isinstance(v, dict)}
+    sections.append(("Summary", report.markdown_kv(summ)))
+    notes = result.get("notes") or []
+    if notes:
+        sections.append(("Notes", "\n".join(f"- {n}" for n in notes)))
+    return sections
+
+
+def plot_report(result: Dict[str, Any], path) -> bool:
+    panels = []
+    for fam, title in (("mamba2", "Mamba2 decode"), ("gdn", "GDN decode")):
+        cs = [c for c in result["cases"] if c["family"] == fam]
+        if not cs:
+            continue
+        series = []
+        for g in dict.fromkeys(c["geometry"] for c in cs):
+            for dt in STATE_DTYPES:
+                sel = sorted((c for c in cs if c["geometry"] == g and c["state_dtype"] == dt), key=lambda c: c["batch"])
+                if not sel:
+                    continue
+                series.append({"label": f"ours/stock {g} {dt}", "x": [c["batch"] for c in sel],
+                               "y": [c.get("speedup") for c in sel], "style": "-"})
+                if fam == "gdn":
+                    series.append({"label": f"upstream RS/stock {g} {dt}", "x": [c["batch"] for c in sel],
+                                   "y": [c.get("upstream_speedup") for c in sel], "style": "--", "marker": "x"})
+        panels.append({"title": title, "xlabel": "batch", "ylabel": "speedup vs stock (amortised)", "xlog2": True,
+                       "hline": 1.0, "series": series})
+    sup = f"{result.get('gpu')}  L={result.get('L')}  commit {str(result.get('git_commit'))[:10]}"
+    return report.plot_panels(path, panels, suptitle=sup)
+
+
+def stdout_table(result: Dict[str, Any]) -> str:
+    rows = []
+    for c in result["cases"]:
+        rows.append([c["family"], c["geometry"], c["state_dtype"], c["batch"],
+                     report.fmt(_us(c, "stock"), 1),
+                     report.fmt(c.get("t_ours_us"), 1), (c.get("best_route") or "—")[:6],
+                     report.fmt(c.get("speedup"), 2), report.fmt(c.get("bw_fraction"), pct=True),
+                     report.fmt(_us(c, "upstream_replay"), 1), report.fmt(c.get("vs_upstream"), 2)])
+    return report.text_table(["fam", "geometry", "state", "bs", "stock us", "ours us", "route", "speedup",
+                              "%copy", "upstr us", "vs upstr"], rows)
+
+
+# ---------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="output JSON path (.md and .png written beside it)")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: headline geometries, batches 1/32/256, phases 0, L/2, L-2, L-1")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                    help="cpu: tiny geometries in the Triton interpreter (harness check only)")
+    ap.add_argument("--family", choices=("mamba2", "gdn", "all"), default="all")
+    ap.add_argument("--geometries", nargs="*", default=None, help="subset of geometry names")
+    ap.add_argument("--batches", type=int, nargs="*", default=None)
+    ap.add_argument("--dtypes", nargs="*", choices=STATE_DTYPES, default=None)
+    ap.add_argument("--L", type=int, default=None, help=f"ring length (default {BUFFER_LEN}; cpu {CPU_BUFFER_LEN})")
+    ap.add_argument("--all-phases", action="store_true", help="time every phase even with --quick")
+    ap.add_argument("--check-batch", type=int, default=None, help="batch of the correctness spot check (8; cpu 2)")
+    ap.add_argument("--no-check", action="store_true", help="skip the correctness spot check")
+    ap.add_argument("--target-ms", type=float, default=None, help="timed milliseconds per measurement")
+    ap.add_argument("--time-budget-s", type=float, default=None,
+                    help="stop starting new cases after this many seconds (default 330 on cuda)")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    t_start = time.time()
+    device = args.device
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+    import triton
+
+    if device == "cuda" and not torch.cuda.is_available():
+        log("!! --device cuda but torch sees no CUDA device")
+        return 2
+    cpu = device == "cpu"
+    L = args.L or (CPU_BUFFER_LEN if cpu else BUFFER_LEN)
+    m_geoms = CPU_MAMBA2_GEOMETRIES if cpu else MAMBA2_GEOMETRIES
+    g_geoms = CPU_GDN_GEOMETRIES if cpu else GDN_GEOMETRIES
+    headline = {"mamba2": next(iter(m_geoms)), "gdn": next(iter(g_geoms))}
+    if args.quick and not args.geometries:
+        m_geoms = {headline["mamba2"]: m_geoms[headline["mamba2"]]}
+        g_geoms = {headline["gdn"]: g_geoms[headline["gdn"]]}
+    if args.geometries:
+        unknown = set(args.geometries) - set(m_geoms) - set(g_geoms)
+        if unknown:
+            log(f"!! unknown geometries {sorted(unknown)}; known: {sorted(m_geoms) + sorted(g_geoms)}")
+            return 2
+        m_geoms = {k: v for k, v in m_geoms.items() if k in args.geometries}
+        g_geoms = {k: v for k, v in g_geoms.items() if k in args.geometries}
+    if args.family == "mamba2":
+        g_geoms = {}
+    elif args.family == "gdn":
+        m_geoms = {}
+    batches = tuple(args.batches) if args.batches else (CPU_BATCHES if cpu else (QUICK_BATCHES if args.quick else BATCHES))
+    dtypes = tuple(args.dtypes) if args.dtypes else STATE_DTYPES
+    phases = list(range(L)) if (args.all_phases or not args.quick) else quick_phases(L)
+    if cpu:
+        phases = list(range(L)) if args.all_phases else quick_phases(L)
+    target_ms = args.target_ms or (10.0 if args.quick else 20.0)
+    budget = args.time_budget_s if args.time_budget_s is not None else (330.0 if not cpu else 1e9)
+    min_launches = 2 if cpu else 4
+
+    log(f"== bench_kernels: device={device} L={L} batches={list(batches)} dtypes={list(dtypes)} "
+        f"phases={phases} mamba2={list(m_geoms)} gdn={list(g_geoms)}")
+    stock = load_stock(device)
+    ours = load_ours()
+    for k, e in ours["errors"].items():
+        log(f"!! our {k} kernel not importable: {e}")
+
+    result: Dict[str, Any] = {
+        "git_commit": git_commit(),
+        "sglang_version": sglang_version(),
+        "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": sys.version.split()[0],
+        "device": device,
+        "mode": "cpu-interpreter" if cpu else ("quick" if args.quick else "full"),
+        "L": L,
+        "phases_timed": phases,
+        "batches": list(batches),
+        "state_dtypes": list(dtypes),
+        "act_dtype": "bf16",
+        "geometries": {"mamba2": m_geoms, "gdn": g_geoms},
+        "l2_bytes_assumed": L2_BYTES,
+        "touch_factor": TOUCH_FACTOR,
+        "stock": stock.info(),
+        "ours": {"errors": ours["errors"], "launch": ours_launch_info()},
+        "timing": {"method": "cpu wall clock" if cpu else "CUDA graph replay, events, median",
+                   "target_ms": target_ms, "min_launches_per_graph": min_launches},
+        "notes": [],
+        "cases": [],
+        "skipped": [],
+    }
+    if cpu:
+        result["notes"].append("CPU interpreter run: times are NOT performance numbers; it checks the harness only.")
+        try:
+            probes = interpreter_probes()
+        except Exception as e:
+            probes = {"error": f"{type(e).__name__}: {e}"}
+        result["interpreter_probes"] = probes
+        if probes.get("bf16_dot_ok") is False:
+            result["notes"].append("Triton interpreter computes bf16 tl.dot wrongly: upstream's GDN ReplaySSM "
+                                   "(bf16 tl.dot on every step) gives garbage on CPU; only the GPU run is meaningful.")
+        if probes.get("bf16_cast_rtne") is False:
+            result["notes"].append("Triton interpreter's fp32->bf16 cast does not round to nearest even: SGLang's "
+                                   "stock GDN (beta rounded to b's dtype) is off by ~1e-3 on CPU.")
+
+    log("-- copy bandwidth")
+    cb = copy_bandwidth(device)
+    result["copy_bw"] = cb
+    result["copy_bw_GBps"] = cb["GBps"]
+    log(f"   copy {cb['bytes_per_copy'] / 2**30:.2f} GiB: {report.fmt(cb['GBps'], 0)} GB/s (read+write)")
+
+    result["correctness"] = []
+    if not args.no_check:
+        cbatch = args.check_batch or (2 if cpu else 8)
+        if m_geoms and ours.get("mamba2") is not None:
+            g = next(iter(m_geoms))
+            log(f"-- correctness mamba2 {g} bs{cbatch} fp32, {L} steps")
+            try:
+                r = check_mamba2(stock.mamba2, ours["mamba2"], m_geoms[g], L, cbatch, device)
+                r["geometry_name"] = g
+            except Exception as e:
+                r = {"family": "mamba2", "geometry_name": g, "error": f"{type(e).__name__}: {e}"}
+            result["correctness"].append(r)
+            log(f"   {_check_line(r)}")
+        if g_geoms and ours.get("gdn") is not None:
+            g = next(iter(g_geoms))
+            log(f"-- correctness gdn {g} bs{cbatch} fp32, {L} steps")
+            try:
+                r = check_gdn(stock.gdn, stock.gdn_upstream, ours["gdn"], g_geoms[g], L, cbatch, device)
+                r["geometry_name"] = g
+            except Exception as e:
+                r = {"family": "gdn", "geometry_name": g, "error": f"{type(e).__name__}: {e}"}
+            result["correctness"].append(r)
+            log(f"   {_check_line(r)}")
+
+    # case order: headline geometries first (fp32 then bf16, families interleaved), then the rest
+    plan = []
+    for dt in dtypes:
+        for fam, geoms in (("mamba2", m_geoms), ("gdn", g_geoms)):
+            if headline[fam] in geoms:
+                plan += [(fam, headline[fam], dt, b) for b in batches]
+    for dt in dtypes:
+        for fam, geoms in (("mamba2", m_geoms), ("gdn", g_geoms)):
+            plan += [(fam, g, dt, b) for g in geoms if g != headline[fam] for b in batches]
+    timer = Timer(device, target_ms=target_ms)
+    log(f"-- {len(plan)} cases")
+    for i, (fam, g, dt, b) in enumerate(_progress(plan, len(plan), "cases")):
+        elapsed = time.time() - t_start
+        if elapsed > budget:
+            result["skipped"].append({"family": fam, "geometry": g, "state_dtype": dt, "batch": b,
+                                      "reason": f"time budget {budget:.0f}s spent"})
+            continue
+        t0 = time.time()
+        try:
+            if fam == "mamba2":
+                c = run_mamba2_case(g, m_geoms[g], b, L, dt, device, stock, ours.get("mamba2"), timer, phases,
+                                    cb["GBps"], min_launches, args.seed + i)
+            else:
+                c = run_gdn_case(g, g_geoms[g], b, L, dt, device, stock, ours.get("gdn"), timer, phases,
+                                 cb["GBps"], min_launches, args.seed + i)
+        except Exception as e:
+            import traceback
+
+            traceback.print_exc()
+            c = {"family": fam, "geometry": g, "state_dtype": dt, "batch": b, "kernels": {},
+                 "error": f"{type(e).__name__}: {e}"}
+            if device == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+        c["wall_s"] = time.time() - t0
+        result["cases"].append(c)
+        log(f"[{i + 1}/{len(plan)}] {fam} {g} {dt} bs{b}: stock {report.fmt(_us(c, 'stock'), 1)} us, "
+            f"ours {report.fmt(c.get('t_ours_us'), 1)} us ({c.get('best_route')}), "
+            f"speedup {report.fmt(c.get('speedup'), 2)}"
+            + (f", upstream {report.fmt(_us(c, 'upstream_replay'), 1)} us, vs upstream "
+               f"{report.fmt(c.get('vs_upstream'), 2)}" if fam == "gdn" else "")
+            + ("" if c.get("finite", True) else "  !! NON-FINITE")
+            + (f"  !! {c['error']}" if "error" in c else "")
+            + f"  [{c['wall_s']:.1f}s]")
+    cb_end = copy_bandwidth(device, warmup_s=0.1)
+    result["copy_bw_end"] = cb_end
+    log(f"-- copy bandwidth again: {report.fmt(cb_end['GBps'], 0)} GB/s (start {report.fmt(cb['GBps'], 0)})")
+    if report.is_number(cb_end["GBps"]) and report.is_number(cb["GBps"]) and cb_end["GBps"] > 1.05 * cb["GBps"]:
+        result["notes"].append(f"copy bandwidth at the end ({cb_end['GBps']:.0f} GB/s) exceeds the start "
+                               f"({cb['GBps']:.0f} GB/s) by >5%: bw_fraction values use the start value")
+    if result["skipped"]:
+        log(f"!! {len(result['skipped'])} cases skipped: time budget")
+    if timer.fallbacks:
+        result["notes"].append(f"CUDA graph capture failed {len(timer.fallbacks)}x, do_bench used: "
+                               f"{timer.fallbacks[0]}")
+    result["summary"] = build_summary(result["cases"], list(m_geoms), list(g_geoms), headline)
+    result["wall_s"] = time.time() - t_start
+
+    out = Path(args.out)
+    report.write_json(out, result)
+    md = out.with_suffix(".md")
+    report.write_markdown(md, f"Kernel decode benchmark ({result['gpu']})", markdown_report(result))
+    png = out.with_suffix(".png")
+    drew = plot_report(result, png)
+    log(f"-- wrote {out}, {md}" + (f", {png}" if drew else " (no plot: matplotlib missing or no data)"))
+    log(stdout_table(result))
+    hs = result["summary"]
+    log("headline: " + ", ".join(f"{k}={report.fmt(hs.get(k), 3)}" for k in (
+        "mamba2_decode_speedup_bs256_fp32", "mamba2_decode_bw_fraction_bs256_fp32", "mamba2_decode_speedup_bs1_fp32",
+        "gdn_decode_speedup_bs256_fp32", "gdn_decode_vs_upstream_bs256_fp32")))
+    log(f"total {result['wall_s']:.0f}s")
+    return 0
+
+
+def _check_line(r: Dict[str, Any]) -> str:
+    if "error" in r:
+        return f"!! check failed: {r['error']}"
+    rel = ", ".join(f"{k} {v:.2e}" for k, v in r["out_rel_err_vs_fp64"].items())
+    vs = r.get("out_max_abs_diff_vs_stock") or {}
+    vs_s = ", ".join(f"{k} {v:.2e}" for k, v in vs.items())
+    bad = [k for k, v in r["outputs_all_written_finite"].items() if not v]
+    return f"out rel err vs fp64: {rel}; max|Δ| vs stock: {vs_s or '—'}" + (f"; !! not written/finite: {bad}" if bad else "")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
