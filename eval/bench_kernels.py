@@ -288,6 +288,23 @@ STOCK_MODULES = {
 }
 
 
+FAIRNESS_NOTES = [
+    "Stock Mamba2 = SGLang's default --mamba-backend triton path (flashinfer's selective_state_update is opt-in); "
+    "its launch table gives BLOCK_SIZE_M=4, num_warps=4 at dstate 128, and it launches with PDL on sm90.",
+    "Stock kernels get SGLang's exact argument forms (stride-0 expanded A/dt/dt_bias/D, x/B/C strided views of "
+    "the conv output, out [b,1,HV,V]); our Mamba2 kernel receives the same tensors.",
+    "Upstream GDN ReplaySSM: ring d and k in the SSM dtype (fp32 at fp32 state) as memory_pool.py allocates them, "
+    "force_flush int32 tensor passed (HAS_FORCE_FLUSH) as the backend does, kernel defaults BV=64, nk=2, 1 warp, "
+    "3 stages; its replay dot runs on bf16 tensor cores (see its flushed-state error in the correctness check).",
+    "Not in any kernel time: the per-forward cursor bookkeeping (upstream: gather/where/unique/scatter on "
+    "write_pos once per step, shared by all layers; ours will have its own).",
+    "ReplaySSM times are per-phase (all rows at the same write_pos) amortised over the L-step flush cycle; "
+    "t_cycle_us is an independent in-order cycle measurement.  Rows desynchronised in phase would mix flush and "
+    "non-flush programs within one launch.",
+    "Bytes are unique DRAM bytes per launch (L2 re-reads and the output_only B.C scratch not counted).",
+]
+
+
 class Stock:
     """SGLang's kernels, or None each with the reason it could not be imported."""
 
@@ -1157,6 +1174,10 @@ def _us(c, key, field="t_amort_us"):
     return k.get("t_us") if key == "stock" else k.get(field)
 
 
+def _sci(x) -> str:
+    return f"{x:.2e}" if report.is_number(x) else report.MISSING
+
+
 def markdown_report(result: Dict[str, Any]) -> List[tuple]:
     cases = result["cases"]
     env = {k: result.get(k) for k in ("git_commit", "sglang_version", "gpu", "torch", "triton", "device")}
@@ -1172,11 +1193,12 @@ def markdown_report(result: Dict[str, Any]) -> List[tuple]:
         for k, rel in chk["out_rel_err_vs_fp64"].items():
             vs = (chk.get("out_max_abs_diff_vs_stock") or {}).get(k)
             st = chk["state_rel_err_vs_fp64_after_flush"].get(k)
-            rows.append([f"{chk['family']} bs{chk['batch']}", k, report.fmt(rel, 2), report.fmt(vs, 2),
-                         report.fmt(st, 2), str(chk["outputs_all_written_finite"].get(k))])
+            rows.append([f"{chk['family']} bs{chk['batch']}", k, _sci(rel), _sci(vs), _sci(st),
+                         str(chk["outputs_all_written_finite"].get(k))])
     sections.append(("Correctness spot check (fp32 state, one flush cycle from an empty ring)",
                      report.markdown_table(["case", "kernel", "out rel err vs fp64", "out max |Δ| vs stock",
-                                            "state rel err after flush", "outputs written & finite"], rows)))
+                                            "state rel err after flush", "outputs written & finite"], rows,
+                                           align=["l", "l", "r", "r", "r", "r"])))
     m_rows, g_rows = [], []
     for c in cases:
         ks = c["kernels"]
@@ -1353,6 +1375,7 @@ def main(argv=None) -> int:
         "timing": {"method": "cpu wall clock" if cpu else "CUDA graph replay, events, median",
                    "target_ms": target_ms, "min_launches_per_graph": min_launches},
         "notes": [],
+        "fairness_notes": FAIRNESS_NOTES,
         "cases": [],
         "skipped": [],
     }
