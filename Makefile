@@ -38,7 +38,7 @@ $(WHEEL_CACHE)/%/.done:
 	touch $@
 
 test: venv sglang-wheels
-	SGLANG_REPLAYSSM_WHEELS=$(WHEEL_CACHE) $(PY) -m pytest -q $(PYTEST_ARGS)
+	REPLAYSSM_TEST_SGLANG_WHEELS=$(WHEEL_CACHE) $(PY) -m pytest -q $(PYTEST_ARGS)
 
 doctor: venv
 	$(PY) -m sglang_replayssm doctor

@@ -10,7 +10,7 @@ from sglang_replayssm.patches.registry import Patch
 from sglang_replayssm.patches.source_check import check
 
 ROOT = Path(__file__).resolve().parents[2]
-WHEELS = Path(os.environ.get("SGLANG_REPLAYSSM_WHEELS", ROOT / ".cache" / "sglang-wheels"))
+WHEELS = Path(os.environ.get("REPLAYSSM_TEST_SGLANG_WHEELS", ROOT / ".cache" / "sglang-wheels"))
 
 
 def wheel_for(version: str) -> Path:
