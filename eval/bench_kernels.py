@@ -1337,7 +1337,10 @@ def main(argv=None) -> int:
         g_geoms = {}
     elif args.family == "gdn":
         m_geoms = {}
-    batches = tuple(args.batches) if args.batches else (CPU_BATCHES if cpu else (QUICK_BATCHES if args.quick else BATCHES))
+    if args.batches:
+        batches = tuple(args.batches)
+    else:
+        batches = CPU_BATCHES if cpu else (QUICK_BATCHES if args.quick else BATCHES)
     dtypes = tuple(args.dtypes) if args.dtypes else STATE_DTYPES
     phases = list(range(L)) if (args.all_phases or not args.quick) else quick_phases(L)
     if cpu:
@@ -1504,7 +1507,8 @@ def _check_line(r: Dict[str, Any]) -> str:
     vs = r.get("out_max_abs_diff_vs_stock") or {}
     vs_s = ", ".join(f"{k} {v:.2e}" for k, v in vs.items())
     bad = [k for k, v in r["outputs_all_written_finite"].items() if not v]
-    return f"out rel err vs fp64: {rel}; max|Δ| vs stock: {vs_s or '—'}" + (f"; !! not written/finite: {bad}" if bad else "")
+    tail = f"; !! not written/finite: {bad}" if bad else ""
+    return f"out rel err vs fp64: {rel}; max|Δ| vs stock: {vs_s or '—'}{tail}"
 
 
 if __name__ == "__main__":
