@@ -1,0 +1,527 @@
+"""ReplaySSM autoregressive decode for Mamba2 (selective state update), Triton.
+
+Math (per row r, head h; slot s = state_indices[r], w = write_pos[r]; see
+docs/replayssm-method.md section 1.1).  The decode window holds positions
+j = 0..w: ring entries 0..w-1 of slot s plus the current token at w.  With
+Δ_j the processed step sizes and Λ_j their inclusive prefix sums,
+
+    s_j   = Δ_j · exp(A (Λ_w − Λ_j))                     (per-token weight)
+    S_w   = exp(A Λ_w) · S_ck + Σ_j s_j x_j B_jᵀ          ("state" form)
+    y_w   = exp(A Λ_w) · (S_ck C) + Σ_j s_j (B_j·C) x_j   ("output-only" form)
+    y    += D x ;  y *= silu(z)
+
+Non-flush step (w < L−1): the output is produced from the checkpoint S_ck and the
+ring, the current token's (x, Δ, B) are appended at ring position w, the state is
+not written.  Flush step (w == L−1): S_w (which includes the current token) is
+stored as the new checkpoint and nothing is appended.  L = 1 flushes every step,
+which is exactly the baseline update.
+
+Routes
+------
+``output_only`` (default), two launches:
+  1. ``_mamba2_bc_kernel``, grid (batch, G): for non-flush rows, bc[r, g, j] = B_j·C
+     in fp32 for j <= w (B_w is the current B from the input, not the ring), into a
+     per-call fp32 scratch [batch, G, WIN].  The N-length dot is done once per group
+     instead of once per (head, P-block).  Trade-off: one extra small launch (a few
+     µs, irrelevant under CUDA graphs) against re-reading [WIN, N] of B per program
+     in the main kernel, which would double its load instructions (L2 hits, but the
+     step is meant to be one streaming read of S_ck).
+  2. ``_mamba2_replay_kernel``, grid (cdiv(P, BLOCK_M), batch, H): loads the S_ck
+     tile [BLOCK_M, N] once.  Non-flush rows: y = e^{AΛ}·(S_ck·C) + Σ_j x_j (s_j bc_j),
+     all element-wise in fp32, no P×N matrix is built.  Flush rows: S_w is rebuilt
+     with one tensor-core dot x_win[BLOCK_M, WIN] @ (s ⊙ B_win)[WIN, N], stored,
+     and y = S_w·C.
+``state_and_output``, one launch of the same kernel with ALWAYS_REBUILD: every
+  step rebuilds S_w with the dot and takes y = S_w·C; S_w is stored on flush only.
+  More FLOPs and a per-head read of the B window, no scratch.
+
+Flush vs non-flush is a per-row runtime branch on device data (write_pos), so one
+CUDA graph serves every cursor phase; rows are freely desynchronised.
+
+Numerics: every reduction is fp32.  The dot operands are the fp32 values of the
+window (activation-dtype x and B upcast exactly, fp32 s_j), multiplied with
+``input_precision`` "tf32x3" (default) or "ieee" — plain tf32 drifts ~1e-2 and is
+refused.  There is no intermediate rounding of the scaled operand to the activation
+dtype, so the PyTorch reference (``mamba2_ref``) is plain fp32 math; the only
+roundings are the stores (ring entries to the ring dtype, the state to the state
+dtype on flush, the output to the out dtype).  Softplus is fp32 with threshold 20,
+as in SGLang's ``selective_state_update``.
+
+Layouts (``ring.py``): state [S, H, P, N], x_ring [S, H, L, P], B_ring [S, G, L, N],
+dt_ring [S, H, L] fp32 (processed Δ).  Every tensor is addressed through all of its
+strides; slot offsets are int64 (slot · stride(0) may exceed 2^31).  Rows whose
+slot is < 0 or == null_slot are skipped entirely: no output, state or ring write.
+write_pos is not range-checked on device (no sync); it is clamped into [0, L−1]
+so that a bad cursor cannot address memory outside the slot.
+
+Reuse: the window helpers (``_load_window_delta``, ``_window_weights``,
+``_load_x_window``, ``_load_B_window``, ``_rebuild_state``) take the window end and
+the number of history entries as runtime scalars, so a speculative-verify kernel
+(T tokens on top of checkpoint + history, no checkpoint write) can call them per
+window token.
+
+Launch parameters come from ``common.launch_config`` with families
+``mamba2_output_only`` / ``mamba2_state_and_output`` (and ``mamba2_route`` for
+route="auto"), keyed by the geometry string ``H{H}_P{P}_N{N}_G{G}_L{L}``.
+No SGLang import here.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import SOFTPLUS_THRESHOLD, launch_config, next_pow2, softplus
+
+__all__ = [
+    "mamba2_replay_decode",
+    "geometry_key",
+    "resolve_route",
+    "ROUTES",
+]
+
+ROUTES = ("output_only", "state_and_output")
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_INT_DTYPES = (torch.int32, torch.int64)
+_DOT_PRECISIONS = ("tf32x3", "ieee")
+
+_SP_THRESHOLD = tl.constexpr(SOFTPLUS_THRESHOLD)
+
+# Fallback launch parameters; the YAML files (kernels/configs/*.yaml) override them.
+LAUNCH_DEFAULTS = {
+    "mamba2_output_only": {
+        "BLOCK_M": 16,
+        "num_warps": 1,
+        "num_stages": 1,
+        "bc_num_warps": 2,
+        "dot_precision": "tf32x3",
+    },
+    "mamba2_state_and_output": {
+        "BLOCK_M": 32,
+        "num_warps": 1,
+        "num_stages": 1,
+        "dot_precision": "tf32x3",
+    },
+    "mamba2_route": {"route": "output_only"},
+}
+
+
+# --------------------------------------------------------------------------------------
+# jit helpers (shared with a later speculative-verify kernel)
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _delta_from_raw(dt_raw, dt_bias, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr):
+    """Processed step size Δ = softplus(dt + dt_bias) (or dt + dt_bias), fp32."""
+    d = dt_raw.to(tl.float32)
+    if HAS_DT_BIAS:
+        d += dt_bias.to(tl.float32)
+    if DT_SOFTPLUS:
+        d = softplus(d, _SP_THRESHOLD)
+    return d
+
+
+@triton.jit
+def _load_window_delta(dtr_ptr, stride_l, offs_w, n_hist, pos_cur, delta_cur):
+    """[WIN] fp32 window of Δ: ring entries j < n_hist, ``delta_cur`` at j == pos_cur, 0 elsewhere.
+
+    ``dtr_ptr`` points at (slot, head) of the Δ ring.  Masked-off entries are never
+    read, so stale or uninitialised ring memory cannot leak in (not even NaN).
+    """
+    hist = tl.load(dtr_ptr + offs_w * stride_l, mask=offs_w < n_hist, other=0.0).to(tl.float32)
+    return tl.where(offs_w == pos_cur, delta_cur, hist)
+
+
+@triton.jit
+def _window_weights(delta_win, A, offs_w, end):
+    """Replay weights over window positions 0..end.
+
+    Returns (s [WIN], total_decay): s_j = Δ_j exp(A (Λ_end − Λ_j)) for j <= end and 0
+    beyond; total_decay = exp(A Λ_end).  Λ is the inclusive prefix sum of ``delta_win``.
+    """
+    valid = offs_w <= end
+    d = tl.where(valid, delta_win, 0.0)
+    lam = tl.cumsum(d, 0)
+    lam_end = tl.sum(d, 0)
+    expo = tl.where(valid, A * (lam_end - lam), 0.0)
+    s = tl.where(valid, d * tl.exp(expo), 0.0)
+    return s, tl.exp(A * lam_end)
+
+
+@triton.jit
+def _load_x_window(xr_ptr, stride_l, stride_p, offs_m, mask_m, offs_w, n_hist, pos_cur, x_cur):
+    """[BLOCK_M, WIN] fp32 tile X[m, j] = x_j[m]: ring for j < n_hist, ``x_cur`` at j == pos_cur."""
+    ptrs = xr_ptr + offs_m[:, None] * stride_p + offs_w[None, :] * stride_l
+    hist = tl.load(ptrs, mask=mask_m[:, None] & (offs_w[None, :] < n_hist), other=0.0).to(tl.float32)
+    return tl.where(offs_w[None, :] == pos_cur, x_cur[:, None], hist)
+
+
+@triton.jit
+def _load_B_window(Br_ptr, stride_l, stride_n, offs_w, offs_n, mask_n, n_hist, pos_cur, B_cur):
+    """[WIN, BLOCK_N] fp32 tile of B_j: ring for j < n_hist, ``B_cur`` at j == pos_cur."""
+    ptrs = Br_ptr + offs_w[:, None] * stride_l + offs_n[None, :] * stride_n
+    hist = tl.load(ptrs, mask=(offs_w[:, None] < n_hist) & mask_n[None, :], other=0.0).to(tl.float32)
+    return tl.where(offs_w[:, None] == pos_cur, B_cur[None, :], hist)
+
+
+@triton.jit
+def _rebuild_state(S_ck, total_decay, x_win, B_win, s, DOT_PRECISION: tl.constexpr):
+    """S = total_decay · S_ck + x_win @ (s ⊙ B_win), fp32 (tensor cores, tf32x3/ieee)."""
+    Bs = B_win * s[:, None]
+    return total_decay * S_ck + tl.dot(x_win, Bs, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _load_row_cursor(slot_ptr, wpos_ptr, row, null_slot, L):
+    """(slot int64, clamped write position, live flag) of a decode row."""
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    live = (slot >= 0) & (slot != null_slot)
+    w = tl.load(wpos_ptr + row).to(tl.int32)
+    w = tl.minimum(tl.maximum(w, 0), L - 1)
+    return slot, w, live
+
+
+# --------------------------------------------------------------------------------------
+# kernels
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _mamba2_bc_kernel(
+    Br_ptr, B_ptr, C_ptr, slot_ptr, wpos_ptr, bc_ptr,
+    null_slot, N, L,
+    s_Br_s, s_Br_g, s_Br_l, s_Br_n,
+    s_B_b, s_B_g, s_B_n,
+    s_C_b, s_C_g, s_C_n,
+    s_bc_b, s_bc_g,
+    BLOCK_N: tl.constexpr, WIN: tl.constexpr,
+):
+    """bc[row, g, j] = B_j · C_cur (fp32) for j <= w on non-flush rows (output_only route)."""
+    row = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1).to(tl.int64)
+    slot, w, live = _load_row_cursor(slot_ptr, wpos_ptr, row, null_slot, L)
+    if live & (w < L - 1):
+        offs_n = tl.arange(0, BLOCK_N)
+        mask_n = offs_n < N
+        offs_w = tl.arange(0, WIN)
+        B_cur = tl.load(B_ptr + row * s_B_b + g * s_B_g + offs_n * s_B_n, mask=mask_n, other=0.0).to(tl.float32)
+        C = tl.load(C_ptr + row * s_C_b + g * s_C_g + offs_n * s_C_n, mask=mask_n, other=0.0).to(tl.float32)
+        B_win = _load_B_window(Br_ptr + slot * s_Br_s + g * s_Br_g, s_Br_l, s_Br_n,
+                               offs_w, offs_n, mask_n, w, w, B_cur)
+        bc = tl.sum(B_win * C[None, :], 1)
+        tl.store(bc_ptr + row * s_bc_b + g * s_bc_g + offs_w, bc)
+
+
+@triton.jit
+def _mamba2_replay_kernel(
+    state_ptr, xr_ptr, Br_ptr, dtr_ptr,
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, dtb_ptr, out_ptr,
+    slot_ptr, wpos_ptr, bc_ptr,
+    null_slot, P, N, L, heads_per_group,
+    s_st_s, s_st_h, s_st_p, s_st_n,
+    s_xr_s, s_xr_h, s_xr_l, s_xr_p,
+    s_Br_s, s_Br_g, s_Br_l, s_Br_n,
+    s_dtr_s, s_dtr_h, s_dtr_l,
+    s_x_b, s_x_h, s_x_p,
+    s_dt_b, s_dt_h,
+    s_A_h,
+    s_B_b, s_B_g, s_B_n,
+    s_C_b, s_C_g, s_C_n,
+    s_D_h, s_D_p,
+    s_z_b, s_z_h, s_z_p,
+    s_dtb_h,
+    s_o_b, s_o_h, s_o_p,
+    s_bc_b, s_bc_g,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    ALWAYS_REBUILD: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WIN: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    # scalar offsets in int64: free at this scale, and no int32 product can overflow
+    row = tl.program_id(1).to(tl.int64)
+    h = tl.program_id(2).to(tl.int64)
+    slot, w, live = _load_row_cursor(slot_ptr, wpos_ptr, row, null_slot, L)
+    if live:
+        g = h // heads_per_group
+        w64 = w.to(tl.int64)
+        is_flush = w == L - 1
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < P
+        offs_n = tl.arange(0, BLOCK_N)
+        mask_n = offs_n < N
+        offs_w = tl.arange(0, WIN)
+
+        # current token
+        if HAS_DT_BIAS:
+            dtb = tl.load(dtb_ptr + h * s_dtb_h)
+        else:
+            dtb = 0.0
+        delta_cur = _delta_from_raw(tl.load(dt_ptr + row * s_dt_b + h * s_dt_h), dtb, HAS_DT_BIAS, DT_SOFTPLUS)
+        A = tl.load(A_ptr + h * s_A_h).to(tl.float32)
+        x_cur = tl.load(x_ptr + row * s_x_b + h * s_x_h + offs_m * s_x_p, mask=mask_m, other=0.0).to(tl.float32)
+        B_cur = tl.load(B_ptr + row * s_B_b + g * s_B_g + offs_n * s_B_n, mask=mask_n, other=0.0).to(tl.float32)
+        C = tl.load(C_ptr + row * s_C_b + g * s_C_g + offs_n * s_C_n, mask=mask_n, other=0.0).to(tl.float32)
+
+        # window (history 0..w-1 from the ring, current token at w)
+        xr_base = xr_ptr + slot * s_xr_s + h * s_xr_h
+        dtr_base = dtr_ptr + slot * s_dtr_s + h * s_dtr_h
+        Br_base = Br_ptr + slot * s_Br_s + g * s_Br_g
+        delta_win = _load_window_delta(dtr_base, s_dtr_l, offs_w, w, w, delta_cur)
+        s_w, decay = _window_weights(delta_win, A, offs_w, w)
+        x_win = _load_x_window(xr_base, s_xr_l, s_xr_p, offs_m, mask_m, offs_w, w, w, x_cur)
+
+        # checkpoint tile: the one large read of the step
+        st_ptrs = state_ptr + slot * s_st_s + h * s_st_h + offs_m[:, None] * s_st_p + offs_n[None, :] * s_st_n
+        st_mask = mask_m[:, None] & mask_n[None, :]
+        S = tl.load(st_ptrs, mask=st_mask, other=0.0).to(tl.float32)
+
+        if ALWAYS_REBUILD:
+            rebuild = w >= 0
+        else:
+            rebuild = is_flush
+        if rebuild:
+            B_win = _load_B_window(Br_base, s_Br_l, s_Br_n, offs_w, offs_n, mask_n, w, w, B_cur)
+            S = _rebuild_state(S, decay, x_win, B_win, s_w, DOT_PRECISION)
+            y = tl.sum(S * C[None, :], 1)
+            if is_flush:
+                tl.store(st_ptrs, S.to(state_ptr.dtype.element_ty), mask=st_mask)
+        else:
+            bc = tl.load(bc_ptr + row * s_bc_b + g * s_bc_g + offs_w, mask=offs_w <= w, other=0.0)
+            y = decay * tl.sum(S * C[None, :], 1) + tl.sum(x_win * (s_w * bc)[None, :], 1)
+
+        if HAS_D:
+            Dv = tl.load(D_ptr + h * s_D_h + offs_m * s_D_p, mask=mask_m, other=0.0).to(tl.float32)
+            y += Dv * x_cur
+        if HAS_Z:
+            zv = tl.load(z_ptr + row * s_z_b + h * s_z_h + offs_m * s_z_p, mask=mask_m, other=0.0).to(tl.float32)
+            y *= zv * tl.sigmoid(zv)
+        tl.store(out_ptr + row * s_o_b + h * s_o_h + offs_m * s_o_p, y.to(out_ptr.dtype.element_ty), mask=mask_m)
+
+        # append the current token's inputs (non-flush only)
+        if w < L - 1:
+            tl.store(xr_base + w64 * s_xr_l + offs_m * s_xr_p, x_cur.to(xr_ptr.dtype.element_ty), mask=mask_m)
+            if pid_m == 0:
+                tl.store(dtr_base + w64 * s_dtr_l, delta_cur.to(dtr_ptr.dtype.element_ty))
+                if h % heads_per_group == 0:
+                    tl.store(Br_base + w64 * s_Br_l + offs_n * s_Br_n, B_cur.to(Br_ptr.dtype.element_ty),
+                             mask=mask_n)
+
+
+# --------------------------------------------------------------------------------------
+# Python wrapper
+# --------------------------------------------------------------------------------------
+
+
+def geometry_key(H: int, P: int, N: int, G: int, L: int) -> str:
+    return f"H{H}_P{P}_N{N}_G{G}_L{L}"
+
+
+def resolve_route(route: str, key: str) -> str:
+    if route == "auto":
+        route = launch_config("mamba2_route", key, LAUNCH_DEFAULTS["mamba2_route"])["route"]
+        if route not in ROUTES:
+            raise ValueError(f"launch config [mamba2_route][{key}] names unknown route {route!r}; accepted: {ROUTES}")
+        return route
+    if route not in ROUTES:
+        raise ValueError(f"route must be one of {ROUTES + ('auto',)}, got {route!r}")
+    return route
+
+
+def _err(msg: str):
+    raise ValueError(f"mamba2_replay_decode: {msg}")
+
+
+def _check_float(name, t):
+    if t.dtype not in _FLOAT_DTYPES:
+        _err(f"{name} must be float32/bfloat16/float16, got {t.dtype}")
+
+
+def _check_shape(name, t, shape):
+    if tuple(t.shape) != tuple(shape):
+        _err(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+
+
+def _head_param(name, t, H, P, N=None, tie=True):
+    """Stride over the head axis of a per-head parameter given as [H], [H, P] or [H, P, N].
+
+    With ``tie`` the trailing axes must have stride 0 (the value is per head); without
+    it ([H, P] D) the P stride is returned as well.
+    """
+    if t.dim() == 1:
+        _check_shape(name, t, (H,))
+        return t.stride(0), 0
+    if t.dim() == 2:
+        _check_shape(name, t, (H, P))
+        if tie and P > 1 and t.stride(1) != 0:
+            _err(f"{name} [H, P] must be tied over P (stride 0 over P), got strides {t.stride()}")
+        return t.stride(0), t.stride(1)
+    if t.dim() == 3 and N is not None:
+        _check_shape(name, t, (H, P, N))
+        if (P > 1 and t.stride(1) != 0) or (N > 1 and t.stride(2) != 0):
+            _err(f"{name} [H, P, N] must be tied over P and N (stride 0), got strides {t.stride()}")
+        return t.stride(0), 0
+    shapes = "[H], [H, P]" + (" or [H, P, N]" if N is not None else "")
+    _err(f"{name} must be {shapes}, got shape {tuple(t.shape)}")
+
+
+def mamba2_replay_decode(
+    state,
+    x_ring,
+    B_ring,
+    dt_ring,
+    x,
+    dt,
+    A,
+    B,
+    C,
+    state_indices,
+    write_pos,
+    *,
+    D=None,
+    z=None,
+    dt_bias=None,
+    dt_softplus=True,
+    out=None,
+    route="auto",
+    null_slot=0,
+):
+    """One ReplaySSM decode step for a batch of rows (see the module docstring).
+
+    state [S, H, P, N] checkpoint (fp32/bf16/fp16, any strides); x_ring [S, H, L, P],
+    B_ring [S, G, L, N] (activation dtype), dt_ring [S, H, L] fp32; x [batch, H, P];
+    dt [batch, H] or [batch, H, P] tied over P; A [H] or [H, P, N] tied; B, C
+    [batch, G, N]; state_indices, write_pos [batch] int32/int64; D [H] or [H, P];
+    z [batch, H, P]; dt_bias [H] or [H, P] tied.  Rows with slot < 0 or == null_slot
+    are skipped (nothing written).  Returns ``out`` [batch, H, P].
+    """
+    tensors = dict(state=state, x_ring=x_ring, B_ring=B_ring, dt_ring=dt_ring, x=x, dt=dt, A=A, B=B, C=C,
+                   state_indices=state_indices, write_pos=write_pos, D=D, z=z, dt_bias=dt_bias, out=out)
+    for name, t in tensors.items():
+        if t is not None and not isinstance(t, torch.Tensor):
+            _err(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    dev = state.device
+    for name, t in tensors.items():
+        if t is not None and t.device != dev:
+            _err(f"{name} is on {t.device} but state is on {dev}")
+
+    if state.dim() != 4:
+        _err(f"state must be [S, H, P, N], got shape {tuple(state.shape)}")
+    S_slots, H, P, N = state.shape
+    if x.dim() != 3:
+        _err(f"x must be [batch, H, P], got shape {tuple(x.shape)}")
+    batch = x.shape[0]
+    _check_shape("x", x, (batch, H, P))
+    if x_ring.dim() != 4:
+        _err(f"x_ring must be [S, H, L, P], got shape {tuple(x_ring.shape)}")
+    L = x_ring.shape[2]
+    if L < 1:
+        _err("ring length L = x_ring.shape[2] must be >= 1")
+    _check_shape("x_ring", x_ring, (S_slots, H, L, P))
+    if B.dim() != 3:
+        _err(f"B must be [batch, G, N], got shape {tuple(B.shape)}")
+    G = B.shape[1]
+    if G < 1 or H % G:
+        _err(f"number of heads H={H} must be a multiple of the number of groups G={G}")
+    _check_shape("B", B, (batch, G, N))
+    _check_shape("C", C, (batch, G, N))
+    _check_shape("B_ring", B_ring, (S_slots, G, L, N))
+    _check_shape("dt_ring", dt_ring, (S_slots, H, L))
+    if dt_ring.dtype != torch.float32:
+        _err(f"dt_ring must be float32 (processed Δ), got {dt_ring.dtype}")
+    for name in ("state", "x_ring", "B_ring", "x", "dt", "A", "B", "C"):
+        _check_float(name, tensors[name])
+
+    if dt.dim() == 2:
+        _check_shape("dt", dt, (batch, H))
+    elif dt.dim() == 3:
+        _check_shape("dt", dt, (batch, H, P))
+        if P > 1 and dt.stride(2) != 0:
+            _err(f"dt [batch, H, P] must be tied over P (stride 0 over P), got strides {dt.stride()}")
+    else:
+        _err(f"dt must be [batch, H] or [batch, H, P], got shape {tuple(dt.shape)}")
+    s_A_h, _ = _head_param("A", A, H, P, N)
+    if dt_bias is not None:
+        _check_float("dt_bias", dt_bias)
+        s_dtb_h, _ = _head_param("dt_bias", dt_bias, H, P)
+    else:
+        s_dtb_h = 0
+    if D is not None:
+        _check_float("D", D)
+        s_D_h, s_D_p = _head_param("D", D, H, P, tie=False)
+    else:
+        s_D_h = s_D_p = 0
+    if z is not None:
+        _check_float("z", z)
+        _check_shape("z", z, (batch, H, P))
+    for name, t in (("state_indices", state_indices), ("write_pos", write_pos)):
+        if t.dtype not in _INT_DTYPES:
+            _err(f"{name} must be int32 or int64, got {t.dtype}")
+        _check_shape(name, t, (batch,))
+    if out is None:
+        out = torch.empty_like(x)
+    else:
+        _check_float("out", out)
+        _check_shape("out", out, (batch, H, P))
+    if null_slot is None:
+        null_slot = -1
+    null_slot = int(null_slot)
+
+    key = geometry_key(H, P, N, G, L)
+    route = resolve_route(route, key)
+    family = "mamba2_" + route
+    cfg = launch_config(family, key, LAUNCH_DEFAULTS[family])
+    BLOCK_M = int(cfg["BLOCK_M"])
+    if BLOCK_M < 16 or BLOCK_M & (BLOCK_M - 1):
+        raise ValueError(f"launch config [{family}][{key}]: BLOCK_M must be a power of two >= 16, got {BLOCK_M}")
+    if cfg["dot_precision"] not in _DOT_PRECISIONS:
+        raise ValueError(f"launch config [{family}][{key}]: dot_precision must be one of {_DOT_PRECISIONS}, "
+                         f"got {cfg['dot_precision']!r}")
+    if batch == 0:
+        return out
+
+    BLOCK_N = max(16, next_pow2(N))
+    WIN = max(16, next_pow2(L))
+    heads_per_group = H // G
+    output_only = route == "output_only"
+
+    if output_only:
+        bc = torch.empty((batch, G, WIN), dtype=torch.float32, device=dev)
+        _mamba2_bc_kernel[(batch, G)](
+            B_ring, B, C, state_indices, write_pos, bc,
+            null_slot, N, L,
+            *B_ring.stride(), *B.stride(), *C.stride(),
+            bc.stride(0), bc.stride(1),
+            BLOCK_N=BLOCK_N, WIN=WIN,
+            num_warps=int(cfg["bc_num_warps"]),
+        )
+        s_bc_b, s_bc_g = bc.stride(0), bc.stride(1)
+    else:
+        bc = dt_ring  # never read (ALWAYS_REBUILD)
+        s_bc_b = s_bc_g = 0
+
+    grid = (triton.cdiv(P, BLOCK_M), batch, H)
+    _mamba2_replay_kernel[grid](
+        state, x_ring, B_ring, dt_ring,
+        x, dt, A, B, C,
+        D if D is not None else x, z if z is not None else x, dt_bias if dt_bias is not None else dt,
+        out, state_indices, write_pos, bc,
+        null_slot, P, N, L, heads_per_group,
+        *state.stride(), *x_ring.stride(), *B_ring.stride(), *dt_ring.stride(),
+        *x.stride(), dt.stride(0), dt.stride(1), s_A_h,
+        *B.stride(), *C.stride(),
+        s_D_h, s_D_p,
+        *(z.stride() if z is not None else (0, 0, 0)),
+        s_dtb_h,
+        *out.stride(),
+        s_bc_b, s_bc_g,
+        HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
+        DT_SOFTPLUS=bool(dt_softplus), ALWAYS_REBUILD=not output_only,
+        DOT_PRECISION=cfg["dot_precision"],
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, WIN=WIN,
+        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]),
+    )
+    return out
