@@ -553,11 +553,14 @@ def config_file(tmp_path, monkeypatch):
 
 
 def test_launch_config_and_auto_route(device, config_file):
-    H, P, N, G = 4, 80, 32, 2
+    """P=80 over 3 P-blocks (last one partial), N=40 over 16-column rebuild chunks (last one
+    partial, and with the unrolled loop one fully masked), both flush-loop forms, ieee dot."""
+    H, P, N, G = 4, 80, 40, 2
     key = geometry_key(H, P, N, G, 4)
     config_file(
-        "mamba2_output_only:\n  default: {BLOCK_M: 32, num_warps: 2}\n"
-        "mamba2_state_and_output:\n  default: {BLOCK_M: 64, dot_precision: ieee}\n"
+        "mamba2_output_only:\n  default: {BLOCK_M: 32, num_warps: 2, BLOCK_NC: 16, flush_unroll: 1}\n"
+        "mamba2_state_and_output:\n  default: {BLOCK_M: 64, dot_precision: ieee, BLOCK_NC: 16, flush_unroll: 0,"
+        " num_stages: 2}\n"
         f"mamba2_route:\n  default: {{route: output_only}}\n  {key}: {{route: state_and_output}}\n"
     )
     assert resolve_route("auto", key) == "state_and_output"
@@ -576,6 +579,12 @@ def test_bad_launch_config_raises(device, config_file):
     config_file("mamba2_output_only:\n  default: {dot_precision: tf32}\n")
     with pytest.raises(ValueError, match="dot_precision"):
         h.step([0], "output_only")
+    config_file("mamba2_state_and_output:\n  default: {BLOCK_NC: 24}\n")
+    with pytest.raises(ValueError, match="BLOCK_NC"):
+        h.step([0], "state_and_output")
+    config_file("mamba2_state_and_output:\n  default: {BLOCK_K: 24}\n")
+    with pytest.raises(ValueError, match="unknown parameters"):
+        h.step([0], "state_and_output")
 
 
 def test_out_none_allocates_like_x(device):
@@ -609,8 +618,8 @@ def test_real_geometries(device, route, geom, config_file):
     geometry); fp32 state with bf16 activations, as served."""
     if common.interpreting():
         # fewer, larger programs in the CPU interpreter (same math; BLOCK_M=64 covers P in one tile)
-        config_file("mamba2_output_only:\n  default: {BLOCK_M: 64}\n"
-                    "mamba2_state_and_output:\n  default: {BLOCK_M: 64}\n")
+        config_file("mamba2_output_only:\n  default: {BLOCK_M: 64, BLOCK_NC: 128}\n"
+                    "mamba2_state_and_output:\n  default: {BLOCK_M: 64, BLOCK_NC: 128}\n")
     h = Harness(device, geom, 2, F32, BF16, n_req=2, check_ref=False)
     for _ in range(3 if geom[0] == 128 and route == "output_only" else 2):
         h.step([0, 1], route, pads=())
