@@ -77,7 +77,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import L2NORM_EPS, SOFTPLUS_THRESHOLD, launch_config, next_pow2, softplus
+from .common import L2NORM_EPS, SOFTPLUS_THRESHOLD, interpreting, launch_config, next_pow2, softplus
 
 __all__ = ["gdn_replay_decode", "gdn_launch_params", "GDN_DEFAULT_LAUNCH"]
 
@@ -85,9 +85,16 @@ GDN_DEFAULT_LAUNCH: Dict[str, Any] = {
     "BV": 32,
     "num_warps": 4,
     "num_stages": 1,
+    "v_tiles": 1,
+    "maxnreg": 0,
+    "scores": "inline",
+    "scores_num_warps": 1,
+    "flush": "rank1",
     "dot_precision": "tf32x3",
 }
 _DOT_PRECISIONS = ("tf32x3", "ieee")
+_FLUSH_MODES = ("rank1", "dot")
+_SCORE_MODES = ("inline", "pre")
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -110,13 +117,11 @@ def _cast_rtne(x, dtype: tl.constexpr):
 
 
 @triton.jit
-def _gdn_gate(a_row, b_row, A_log, dt_bias, i_hv, SOFTPLUS_THRESHOLD: tl.constexpr):
-    """(g, beta) of value head ``i_hv`` for one token; beta rounded to b's dtype."""
-    a_val = tl.load(a_row + i_hv).to(tl.float32)
-    b_val = tl.load(b_row + i_hv)
-    A_log_val = tl.load(A_log + i_hv).to(tl.float32)
-    dt_bias_val = tl.load(dt_bias + i_hv).to(tl.float32)
-    g = -tl.exp(A_log_val) * softplus(a_val + dt_bias_val, SOFTPLUS_THRESHOLD)
+def _gdn_gate(a_val, b_val, A_log_val, dt_bias_val, SOFTPLUS_THRESHOLD: tl.constexpr):
+    """(g, beta) of one value head for one token from the loaded scalars; beta is
+    rounded to b's dtype like the stock kernel."""
+    x = a_val.to(tl.float32) + dt_bias_val.to(tl.float32)
+    g = -tl.exp(A_log_val.to(tl.float32)) * softplus(x, SOFTPLUS_THRESHOLD)
     beta = _cast_rtne(tl.sigmoid(b_val.to(tl.float32)), b_val.dtype).to(tl.float32)
     return g, beta
 
@@ -129,47 +134,182 @@ def _l2norm_vec(x, USE_L2NORM: tl.constexpr, EPS: tl.constexpr):
 
 
 @triton.jit
-def _history_weights(g_head, n_hist, LP: tl.constexpr):
-    """Replay weights of the cached positions j < n_hist of one (slot, v-head).
-
-    c_j = e^{G - G_j} (0 for j >= n_hist) and e^G; exponents are suffix sums of the
-    cached g, so no large prefix sums are subtracted.
-    """
+def _load_history(g_head, k_head, stride_kl, d_head, stride_dl, o_v, mask_v, n_hist,
+                  K: tl.constexpr, LP: tl.constexpr, BK: tl.constexpr):
+    """Issue the loads of the cached positions j < n_hist of one (slot, v-head):
+    g [LP] fp32, raw k [LP, BK] (its k-head), d slice [BV, LP]; zeros past n_hist."""
     o_j = tl.arange(0, LP)
+    o_k = tl.arange(0, BK)
     valid = o_j < n_hist
-    g = tl.load(g_head + o_j, mask=valid, other=0.0).to(tl.float32)
+    g = tl.load(g_head + o_j, mask=valid, other=0.0)
+    kr = tl.load(k_head + o_j[:, None] * stride_kl + o_k[None, :], mask=valid[:, None] & (o_k < K)[None, :],
+                 other=0)
+    d = tl.load(d_head + o_j[None, :] * stride_dl + o_v[:, None], mask=mask_v[:, None] & valid[None, :], other=0)
+    return g, kr, d
+
+
+@triton.jit
+def _history_weights(g, n_hist, LP: tl.constexpr):
+    """Replay weights from the cached log-decays g [LP] (zeros past n_hist):
+    c_j = e^{G - G_j} (0 for j >= n_hist) and e^G. The exponents are suffix sums, so
+    no two large prefix sums are subtracted."""
+    o_j = tl.arange(0, LP)
+    g = g.to(tl.float32)
     suffix = tl.cumsum(g, axis=0, reverse=True)  # sum_{i >= j}
-    c = tl.where(valid, tl.exp(suffix - g), 0.0)
+    c = tl.where(o_j < n_hist, tl.exp(suffix - g), 0.0)
     eG = tl.exp(tl.sum(g, axis=0))
     return c, eG
 
 
 @triton.jit
-def _history_keys(k_head, stride_l, n_hist, K: tl.constexpr, LP: tl.constexpr, BK: tl.constexpr,
-                  USE_L2NORM: tl.constexpr, EPS: tl.constexpr):
-    """Cached raw keys of one (slot, k-head) -> normalised fp32 tile [LP, BK] (0 past n_hist)."""
-    o_j = tl.arange(0, LP)
-    o_k = tl.arange(0, BK)
-    m = (o_j < n_hist)[:, None] & (o_k < K)[None, :]
-    kr = tl.load(k_head + o_j[:, None] * stride_l + o_k[None, :], mask=m, other=0).to(tl.float32)
+def _normalise_rows(kr, USE_L2NORM: tl.constexpr, EPS: tl.constexpr):
+    """Raw cached keys [LP, BK] -> k^ rows in fp32 (same formula as the current k)."""
+    kr = kr.to(tl.float32)
     if USE_L2NORM:
         kr = kr / tl.sqrt(tl.sum(kr * kr, axis=1) + EPS)[:, None]
     return kr
 
 
 @triton.jit
-def _history_deltas(d_head, stride_l, o_v, mask_v, n_hist, LP: tl.constexpr):
-    """Cached d slice of one (slot, v-head): fp32 tile [BV, LP] (0 past n_hist)."""
-    o_j = tl.arange(0, LP)
-    m = mask_v[:, None] & (o_j < n_hist)[None, :]
-    return tl.load(d_head + o_j[None, :] * stride_l + o_v[:, None], mask=m, other=0).to(tl.float32)
+def _history_coeffs(k_hist, c, x):
+    """Per cached position j: c_j (k^_j . x) [LP]; k_hist [LP, BK] normalised."""
+    return c * tl.sum(k_hist * x[None, :], axis=1)
 
 
 @triton.jit
-def _replay_matvec(s_ck_x, eG, d_hist, c, k_hist, x):
-    """S x for S = e^G S_ck + sum_j c_j d_j k^_j^T, given s_ck_x = S_ck x (never builds S)."""
-    score = tl.sum(k_hist * x[None, :], axis=1)  # [LP]  k^_j . x
-    return eG * s_ck_x + tl.sum(d_hist * (c * score)[None, :], axis=1)
+def _replay_apply(s_ck_x, eG, d_hist, cx):
+    """S x = e^G (S_ck x) + sum_j cx_j d_j for S = e^G S_ck + sum_j c_j d_j k^_j^T, where
+    cx = _history_coeffs(k_hist, c, x): the output-only replay (S is never built)."""
+    return eG * s_ck_x + tl.sum(d_hist * cx[None, :], axis=1)
+
+
+@triton.jit
+def _replay_state_rank1(s_prev, c, k_head, stride_kl, d_head, stride_dl, o_v, mask_v, o_k, mask_k,
+                        N_HIST: tl.constexpr, LP: tl.constexpr, USE_L2NORM: tl.constexpr, EPS: tl.constexpr):
+    """s_prev + sum_{j < N_HIST} c_j d_j k^_j^T as N_HIST element-wise fp32 rank-1 updates
+    (exact fp32, no tensor cores; d_j and k_j are re-read, L1/L2-resident)."""
+    o_j = tl.arange(0, LP)
+    for j in tl.static_range(N_HIST):
+        c_j = tl.sum(tl.where(o_j == j, c, 0.0), axis=0)
+        d_j = tl.load(d_head + j * stride_dl + o_v, mask=mask_v, other=0).to(tl.float32)
+        k_j = _l2norm_vec(tl.load(k_head + j * stride_kl + o_k, mask=mask_k, other=0).to(tl.float32),
+                          USE_L2NORM, EPS)
+        s_prev += (c_j * d_j)[:, None] * k_j[None, :]
+    return s_prev
+
+
+@triton.jit
+def _replay_state_rank1_raw(s_prev, coef, k_head, stride_kl, d_head, stride_dl, o_v, mask_v, o_k, mask_k,
+                            N_HIST: tl.constexpr, LP: tl.constexpr):
+    """As _replay_state_rank1 with coef_j = c_j / |k_j| precomputed: raw k_j rows."""
+    o_j = tl.arange(0, LP)
+    for j in tl.static_range(N_HIST):
+        coef_j = tl.sum(tl.where(o_j == j, coef, 0.0), axis=0)
+        d_j = tl.load(d_head + j * stride_dl + o_v, mask=mask_v, other=0).to(tl.float32)
+        k_j = tl.load(k_head + j * stride_kl + o_k, mask=mask_k, other=0).to(tl.float32)
+        s_prev += (coef_j * d_j)[:, None] * k_j[None, :]
+    return s_prev
+
+
+@triton.jit
+def _gdn_history_scores_kernel(
+    qkv, k_ring, state_indices, write_pos, scores,
+    scale, null_slot,
+    stride_idx, stride_wp, stride_qkv, stride_k0, stride_k1, stride_k2,
+    HK: tl.constexpr, K: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, LP: tl.constexpr,
+    USE_L2NORM: tl.constexpr, EPS: tl.constexpr,
+):
+    """Per (row, k-head), once instead of once per (v-head, V tile): the scores of the
+    cached keys against the current token, scores[row, hk] = (k^_j . q^, k^_j . k^,
+    1/|k_j|) for j < write_pos, so the decode kernel never holds the [LP, K] key tile."""
+    i_n = tl.program_id(0).to(tl.int64)
+    i_hk = tl.program_id(1)
+    slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
+    w = tl.load(write_pos + i_n * stride_wp).to(tl.int32)
+    if (slot < 0) | (slot == null_slot):
+        return
+    w = tl.minimum(tl.maximum(w, 0), L - 1)
+    o_k = tl.arange(0, BK)
+    mask_k = o_k < K
+    o_j = tl.arange(0, LP)
+    valid = o_j < w
+    k_head = k_ring + slot * stride_k0 + i_hk * stride_k1
+    kr = tl.load(k_head + o_j[:, None] * stride_k2 + o_k[None, :], mask=valid[:, None] & mask_k[None, :], other=0)
+    row = qkv + i_n * stride_qkv
+    q = tl.load(row + i_hk * K + o_k, mask=mask_k, other=0)
+    k = tl.load(row + HK * K + i_hk * K + o_k, mask=mask_k, other=0)
+    q = _l2norm_vec(q.to(tl.float32), USE_L2NORM, EPS) * scale
+    k = _l2norm_vec(k.to(tl.float32), USE_L2NORM, EPS)
+    kr = kr.to(tl.float32)
+    if USE_L2NORM:
+        rn = 1.0 / tl.sqrt(tl.sum(kr * kr, axis=1) + EPS)
+    else:
+        rn = tl.full([LP], 1.0, tl.float32)
+    kh = _normalise_rows(kr, USE_L2NORM, EPS)
+    p = scores + (i_n * HK + i_hk) * (3 * LP) + o_j
+    tl.store(p, tl.sum(kh * q[None, :], axis=1))
+    tl.store(p + LP, tl.sum(kh * k[None, :], axis=1))
+    tl.store(p + 2 * LP, rn)
+
+
+@triton.jit
+def _tile_load(s_head, stride_s2, d_head, stride_dl, v_row, t, o_b, o_k, mask_k, o_j, valid,
+               V: tl.constexpr, BV: tl.constexpr, L: tl.constexpr):
+    """Loads of V tile ``t``: checkpoint rows [BV, BK], cached d [BV, LP], current v [BV]."""
+    o_v = t * BV + o_b
+    mask_v = o_v < V
+    s = tl.load(s_head + o_v[:, None] * stride_s2 + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :], other=0)
+    v = tl.load(v_row + o_v, mask=mask_v, other=0)
+    if L > 1:
+        d = tl.load(d_head + o_j[None, :] * stride_dl + o_v[:, None], mask=mask_v[:, None] & valid[None, :],
+                    other=0)
+    else:
+        d = 0.0
+    return s, d, v
+
+
+@triton.jit
+def _tile_finish(s_ck, d_hist, v, t, o_b, o_k, mask_k, q, k, kq, alpha, beta, eG, c, cq, ck, k_hist,
+                 is_flush, w, out_row, s_head, stride_s2, d_head, stride_dl, k_head, stride_kl, rn,
+                 V: tl.constexpr, BV: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
+                 PRE_SCORES: tl.constexpr, FLUSH_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 USE_L2NORM: tl.constexpr, EPS: tl.constexpr):
+    """Output of V tile ``t``, then either the flushed checkpoint rows or the appended d_w."""
+    o_v = t * BV + o_b
+    mask_v = o_v < V
+    s_ck = s_ck.to(tl.float32)
+    sq = tl.sum(s_ck * q[None, :], axis=1)
+    sk = tl.sum(s_ck * k[None, :], axis=1)
+    if L > 1:
+        d_hist = d_hist.to(tl.float32)
+        sq = _replay_apply(sq, eG, d_hist, cq)
+        sk = _replay_apply(sk, eG, d_hist, ck)
+    d_cur = beta * (v.to(tl.float32) - alpha * sk)
+    o = alpha * sq + d_cur * kq
+    tl.store(out_row + o_v, _cast_rtne(o, out_row.dtype.element_ty), mask=mask_v)
+    if is_flush:
+        # S_{w-1} from the tile already in registers (no second read), then the new checkpoint
+        if L > 1:
+            if FLUSH_DOT:
+                if PRE_SCORES:  # the key tile is only needed here: load it now
+                    o_j = tl.arange(0, LP)
+                    k_hist = tl.load(k_head + o_j[:, None] * stride_kl + o_k[None, :],
+                                     mask=(o_j < w)[:, None] & mask_k[None, :], other=0).to(tl.float32)
+                    k_hist = k_hist * rn[:, None]
+                s_prev = eG * s_ck + tl.dot(d_hist * c[None, :], k_hist, input_precision=DOT_PRECISION)
+            elif PRE_SCORES:
+                s_prev = _replay_state_rank1_raw(eG * s_ck, c * rn, k_head, stride_kl, d_head, stride_dl, o_v,
+                                                 mask_v, o_k, mask_k, L - 1, LP)
+            else:
+                s_prev = _replay_state_rank1(eG * s_ck, c, k_head, stride_kl, d_head, stride_dl, o_v, mask_v,
+                                             o_k, mask_k, L - 1, LP, USE_L2NORM, EPS)
+        else:
+            s_prev = s_ck
+        s_new = alpha * s_prev + d_cur[:, None] * k[None, :]
+        tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :], _cast_rtne(s_new, s_head.dtype.element_ty),
+                 mask=mask_v[:, None] & mask_k[None, :])
+    else:
+        tl.store(d_head + w * stride_dl + o_v, _cast_rtne(d_cur, d_head.dtype.element_ty), mask=mask_v)
 
 
 # ----------------------------------------------------------------------------------
@@ -179,7 +319,7 @@ def _replay_matvec(s_ck_x, eG, d_hist, c, k_hist, x):
 def _gdn_replay_decode_kernel(
     qkv, a, b, A_log, dt_bias,
     state, d_ring, k_ring, g_ring,
-    state_indices, write_pos, out,
+    state_indices, write_pos, out, scores,
     scale, null_slot,
     stride_idx, stride_wp,
     stride_qkv, stride_a, stride_b,
@@ -189,73 +329,98 @@ def _gdn_replay_decode_kernel(
     stride_g0, stride_g1,
     stride_o0, stride_o1,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr,
-    USE_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, V_TILES: tl.constexpr, NUM_STAGES: tl.constexpr,
+    USE_L2NORM: tl.constexpr, PRE_SCORES: tl.constexpr, FLUSH_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr,
 ):
-    i_v = tl.program_id(0)
+    # program: V_TILES consecutive V tiles of BV rows, of one (row, v-head)
+    i_vp = tl.program_id(0)
     i_n = tl.program_id(1).to(tl.int64)
     i_hv = tl.program_id(2)
     i_hk = i_hv // (HV // HK)
 
     slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
+    w = tl.load(write_pos + i_n * stride_wp).to(tl.int32)
     if (slot < 0) | (slot == null_slot):
         return  # padded / null row: nothing is written
-
-    w = tl.load(write_pos + i_n * stride_wp).to(tl.int32)
     w = tl.minimum(tl.maximum(w, 0), L - 1)
     is_flush = w == L - 1
 
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
-    o_v = i_v * BV + tl.arange(0, BV)
-    mask_v = o_v < V
-
-    # current token
-    row = qkv + i_n * stride_qkv
-    q = tl.load(row + i_hk * K + o_k, mask=mask_k, other=0).to(tl.float32)
-    k_raw = tl.load(row + HK * K + i_hk * K + o_k, mask=mask_k, other=0)
-    v = tl.load(row + 2 * HK * K + i_hv * V + o_v, mask=mask_v, other=0).to(tl.float32)
-    q = _l2norm_vec(q, USE_L2NORM, EPS) * scale
-    k = _l2norm_vec(k_raw.to(tl.float32), USE_L2NORM, EPS)
-    g, beta = _gdn_gate(a + i_n * stride_a, b + i_n * stride_b, A_log, dt_bias, i_hv, SOFTPLUS_THRESHOLD)
-    alpha = tl.exp(g)
-
-    # one streaming read of the checkpoint tile [BV, K]
+    o_b = tl.arange(0, BV)
+    o_j = tl.arange(0, LP)
+    valid = o_j < w
     s_head = state + slot * stride_s0 + i_hv * stride_s1
-    p_s = s_head + o_v[:, None] * stride_s2 + o_k[None, :]
-    mask_s = mask_v[:, None] & mask_k[None, :]
-    s_ck = tl.load(p_s, mask=mask_s, other=0).to(tl.float32)
-    sq = tl.sum(s_ck * q[None, :], axis=1)
-    sk = tl.sum(s_ck * k[None, :], axis=1)
-
     d_head = d_ring + slot * stride_d0 + i_hv * stride_d1
+    k_head = k_ring + slot * stride_k0 + i_hk * stride_k1
+    g_head = g_ring + slot * stride_g0 + i_hv * stride_g1
+    row = qkv + i_n * stride_qkv
+    v_row = row + 2 * HK * K + i_hv * V
+    t0 = i_vp * V_TILES
+
+    # ---- every load of the first tile is issued before any arithmetic ----
+    s_ck, d_hist, v = _tile_load(s_head, stride_s2, d_head, stride_d2, v_row, t0, o_b, o_k, mask_k, o_j, valid,
+                                 V, BV, L)
     if L > 1:
-        c, eG = _history_weights(g_ring + slot * stride_g0 + i_hv * stride_g1, w, LP)
-        k_hist = _history_keys(k_ring + slot * stride_k0 + i_hk * stride_k1, stride_k2, w, K, LP, BK,
-                               USE_L2NORM, EPS)
-        d_hist = _history_deltas(d_head, stride_d2, o_v, mask_v, w, LP)
-        sq = _replay_matvec(sq, eG, d_hist, c, k_hist, q)
-        sk = _replay_matvec(sk, eG, d_hist, c, k_hist, k)
-
-    d_cur = beta * (v - alpha * sk)
-    o = alpha * sq + d_cur * tl.sum(k * q)
-    tl.store(out + i_n * stride_o0 + i_hv * stride_o1 + o_v, _cast_rtne(o, out.dtype.element_ty), mask=mask_v)
-
-    if is_flush:
-        if L > 1:
-            s_prev = eG * s_ck + tl.dot(d_hist * c[None, :], k_hist, input_precision=DOT_PRECISION)
+        g_hist = tl.load(g_head + o_j, mask=valid, other=0.0)
+        if PRE_SCORES:
+            p_sc = scores + (i_n * HK + i_hk) * (3 * LP) + o_j
+            sc_q = tl.load(p_sc, mask=valid, other=0.0)
+            sc_k = tl.load(p_sc + LP, mask=valid, other=0.0)
+            rn = tl.load(p_sc + 2 * LP, mask=valid, other=0.0)
         else:
-            s_prev = s_ck
-        s_new = alpha * s_prev + d_cur[:, None] * k[None, :]
-        tl.store(p_s, _cast_rtne(s_new, state.dtype.element_ty), mask=mask_s)
+            k_hist = tl.load(k_head + o_j[:, None] * stride_k2 + o_k[None, :],
+                             mask=valid[:, None] & mask_k[None, :], other=0)
+    q = tl.load(row + i_hk * K + o_k, mask=mask_k, other=0)
+    k_raw = tl.load(row + HK * K + i_hk * K + o_k, mask=mask_k, other=0)
+    a_val = tl.load(a + i_n * stride_a + i_hv)
+    b_val = tl.load(b + i_n * stride_b + i_hv)
+    A_log_val = tl.load(A_log + i_hv)
+    dt_bias_val = tl.load(dt_bias + i_hv)
+
+    # ---- per (row, v-head): current token and history coefficients ----
+    q = _l2norm_vec(q.to(tl.float32), USE_L2NORM, EPS) * scale
+    k = _l2norm_vec(k_raw.to(tl.float32), USE_L2NORM, EPS)
+    kq = tl.sum(k * q)
+    g, beta = _gdn_gate(a_val, b_val, A_log_val, dt_bias_val, SOFTPLUS_THRESHOLD)
+    alpha = tl.exp(g)
+    if L > 1:
+        c, eG = _history_weights(g_hist, w, LP)
+        if PRE_SCORES:
+            cq = c * sc_q
+            ck = c * sc_k
+            k_hist = 0.0
+        else:
+            rn = 0.0
+            k_hist = _normalise_rows(k_hist, USE_L2NORM, EPS)
+            cq = _history_coeffs(k_hist, c, q)
+            ck = _history_coeffs(k_hist, c, k)
     else:
-        tl.store(d_head + w * stride_d2 + o_v, _cast_rtne(d_cur, d_ring.dtype.element_ty), mask=mask_v)
-        if i_v == 0:
-            tl.store(g_ring + slot * stride_g0 + i_hv * stride_g1 + w, g)
-            if i_hv % (HV // HK) == 0:  # one writer per (row, k-head)
-                p_k = k_ring + slot * stride_k0 + i_hk * stride_k1 + w * stride_k2 + o_k
-                tl.store(p_k, k_raw.to(k_ring.dtype.element_ty), mask=mask_k)
+        rn = 0.0
+        c = 0.0
+        eG = 1.0
+        cq = 0.0
+        ck = 0.0
+        k_hist = 0.0
+    out_row = out + i_n * stride_o0 + i_hv * stride_o1
+
+    # ---- V tiles: output-only replay, then flush or append ----
+    _tile_finish(s_ck, d_hist, v, t0, o_b, o_k, mask_k, q, k, kq, alpha, beta, eG, c, cq, ck, k_hist,
+                 is_flush, w, out_row, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, rn,
+                 V, BV, L, LP, PRE_SCORES, FLUSH_DOT, DOT_PRECISION, USE_L2NORM, EPS)
+    for t in tl.range(t0 + 1, t0 + V_TILES, num_stages=NUM_STAGES):
+        s_t, d_t, v_t = _tile_load(s_head, stride_s2, d_head, stride_d2, v_row, t, o_b, o_k, mask_k, o_j, valid,
+                                   V, BV, L)
+        _tile_finish(s_t, d_t, v_t, t, o_b, o_k, mask_k, q, k, kq, alpha, beta, eG, c, cq, ck, k_hist,
+                     is_flush, w, out_row, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, rn,
+                     V, BV, L, LP, PRE_SCORES, FLUSH_DOT, DOT_PRECISION, USE_L2NORM, EPS)
+
+    # ---- append g_w (per v-head) and raw k_w (one writer per (row, k-head)) ----
+    if (i_vp == 0) & (w < L - 1):
+        tl.store(g_head + w, g)
+        if i_hv % (HV // HK) == 0:
+            tl.store(k_head + w * stride_k2 + o_k, k_raw.to(k_ring.dtype.element_ty), mask=mask_k)
 
 
 # ----------------------------------------------------------------------------------
@@ -277,7 +442,13 @@ def gdn_launch_params(HV: int, Hk: int, K: int, V: int, L: int) -> Dict[str, Any
             raise ValueError(
                 f"gdn_decode launch config: dot_precision must be one of {_DOT_PRECISIONS} "
                 f"(plain tf32 drifts ~1e-2 from fp32), got {cfg['dot_precision']!r}")
-        for name in ("BV", "num_warps", "num_stages"):
+        if cfg["flush"] not in _FLUSH_MODES:
+            raise ValueError(f"gdn_decode launch config: flush must be one of {_FLUSH_MODES}, got {cfg['flush']!r}")
+        if cfg["scores"] not in _SCORE_MODES:
+            raise ValueError(f"gdn_decode launch config: scores must be one of {_SCORE_MODES}, got {cfg['scores']!r}")
+        if not isinstance(cfg["maxnreg"], int) or cfg["maxnreg"] < 0:
+            raise ValueError(f"gdn_decode launch config: maxnreg must be an int >= 0 (0: none), got {cfg['maxnreg']!r}")
+        for name in ("BV", "v_tiles", "num_warps", "num_stages", "scores_num_warps"):
             val = cfg[name]
             if not isinstance(val, int) or val < 1:
                 raise ValueError(f"gdn_decode launch config: {name} must be a positive int, got {val!r}")
@@ -411,12 +582,30 @@ def gdn_replay_decode(
     BK = max(16, next_pow2(K))
     BV = max(16, min(cfg["BV"], next_pow2(V)))
     LP = max(16, next_pow2(max(L - 1, 1)))
-    grid = (triton.cdiv(V, BV), B, HV)
+    n_tiles = triton.cdiv(V, BV)
+    v_tiles = min(cfg["v_tiles"], n_tiles)
+    grid = (triton.cdiv(n_tiles, v_tiles), B, HV)
+    null = -1 if null_slot is None else int(null_slot)
+    use_l2 = bool(use_qk_l2norm)
+    pre = cfg["scores"] == "pre" and L > 1
+    extra = {"maxnreg": cfg["maxnreg"]} if cfg["maxnreg"] and not interpreting() else {}
+    if pre:  # per (row, k-head) scores of the cached keys; scratch is per call (graph-safe)
+        scores = torch.empty(B * Hk * 3 * LP, dtype=torch.float32, device=dev)
+        _gdn_history_scores_kernel[(B, Hk)](
+            mixed_qkv, k_ring, state_indices, write_pos, scores,
+            float(scale), null,
+            state_indices.stride(0), write_pos.stride(0), mixed_qkv.stride(0),
+            k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
+            HK=Hk, K=K, L=L, BK=BK, LP=LP, USE_L2NORM=use_l2, EPS=L2NORM_EPS,
+            num_warps=cfg["scores_num_warps"], num_stages=1,
+        )
+    else:
+        scores = g_ring  # unused placeholder pointer
     _gdn_replay_decode_kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias,
         state, d_ring, k_ring, g_ring,
-        state_indices, write_pos, out3,
-        float(scale), -1 if null_slot is None else int(null_slot),
+        state_indices, write_pos, out3, scores,
+        float(scale), null,
         state_indices.stride(0), write_pos.stride(0),
         mixed_qkv.stride(0), a.stride(0), b.stride(0),
         state.stride(0), state.stride(1), state.stride(2),
@@ -424,9 +613,9 @@ def gdn_replay_decode(
         k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
         g_ring.stride(0), g_ring.stride(1),
         out3.stride(0), out3.stride(1),
-        HK=Hk, HV=HV, K=K, V=V, L=L, BK=BK, BV=BV, LP=LP,
-        USE_L2NORM=bool(use_qk_l2norm), DOT_PRECISION=cfg["dot_precision"],
-        SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        HK=Hk, HV=HV, K=K, V=V, L=L, BK=BK, BV=BV, LP=LP, V_TILES=v_tiles, NUM_STAGES=cfg["num_stages"],
+        USE_L2NORM=use_l2, PRE_SCORES=pre, FLUSH_DOT=cfg["flush"] == "dot",
+        DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **extra,
     )
     return out

@@ -590,12 +590,12 @@ def test_real_geometries(device, seed, interp_launch, geom):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("prec", ["s32-a16b", "s16b-a16b"])
-def test_qwen3_next_large_batch_gpu(device, seed, prec):
-    """Full L=16 cycles at batch 64 with the default launch config (CUDA only)."""
+def test_qwen3_next_full_cycles_gpu(device, seed, prec):
+    """Full L=16 cycles at batch 16 with the default launch config (CUDA only)."""
     sd, ad = PRECISIONS[prec]
     L = 16
-    sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, Hk=16, HV=32, K=128, V=128, L=L, n_slots=80)
-    rows = list(range(1, 65))
+    sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, Hk=16, HV=32, K=128, V=128, L=L, n_slots=20)
+    rows = list(range(3, 19))
     for s in rows:
         sim.activate(s)
     for _ in range(2 * L + 1):
