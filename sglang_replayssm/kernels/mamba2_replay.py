@@ -45,6 +45,12 @@ graphs): SGLang's selective_state_update 720 us per step; output_only 289 us on 
 non-flush step (87% of copy bandwidth for the checkpoint read), 724 us on the flush
 step, 327 us amortised over the flush cycle (2.2x); state_and_output 536 / 767 us.
 
+Known limits: at batch 1 the two launches cost more than SGLang's one (7.8 vs 6.3 us);
+with a bf16 checkpoint the same tiles move half the bytes per program and reach only
+~60% of copy bandwidth (still 3.2x at batch 256) — per-dtype tuning (larger BLOCK_M)
+is open; the BLOCK_M 32 / BLOCK_NC 64 fp32 flush path keeps 255 registers with a few
+spills.
+
 Flush vs non-flush is a per-row runtime branch on device data (write_pos), so one
 CUDA graph serves every cursor phase; rows are freely desynchronised.
 
