@@ -159,6 +159,10 @@ def plot_panels(path, panels: List[Dict[str, Any]], suptitle: Optional[str] = No
     "series": [{"label", "x": [...], "y": [...], "style": "-"|"--"|...}]}``.
     Points whose y is missing are dropped.  Returns False when matplotlib is missing
     or there is nothing to draw.
+
+    A panel with ``"kind": "bar"`` draws grouped bars instead: ``"categories": [...]``
+    and series whose ``"y"`` holds one value per category (``"ylog": True`` for a log
+    axis).
     """
     if not panels:
         return False
@@ -175,6 +179,9 @@ def plot_panels(path, panels: List[Dict[str, Any]], suptitle: Optional[str] = No
     fig, axes = plt.subplots(1, n, figsize=(6.2 * n, 4.4), squeeze=False)
     drew = False
     for ax, panel in zip(axes[0], panels):
+        if panel.get("kind") == "bar":
+            drew = _draw_bars(ax, panel) or drew
+            continue
         for s in panel.get("series", []):
             pts = [(x, y) for x, y in zip(s.get("x", []), s.get("y", [])) if is_number(x) and is_number(y)]
             if not pts:
@@ -203,3 +210,29 @@ def plot_panels(path, panels: List[Dict[str, Any]], suptitle: Optional[str] = No
         fig.savefig(p, dpi=110)
     plt.close(fig)
     return drew
+
+
+def _draw_bars(ax, panel: Dict[str, Any]) -> bool:
+    """Grouped bar chart on ``ax`` (see :func:`plot_panels`); True if anything was drawn."""
+    cats = list(panel.get("categories", []))
+    series = [s for s in panel.get("series", []) if any(is_number(v) and v for v in s.get("y", []))]
+    if not cats or not series:
+        ax.set_title(panel.get("title", ""))
+        ax.text(0.5, 0.5, panel.get("empty_text", "no data"), ha="center", va="center", transform=ax.transAxes)
+        return False
+    width = 0.8 / len(series)
+    for j, s in enumerate(series):
+        ys = [v if is_number(v) else 0 for v in s.get("y", [])][: len(cats)]
+        xs = [i - 0.4 + width * (j + 0.5) for i in range(len(ys))]
+        ax.bar(xs, ys, width=width, label=s.get("label"))
+    ax.set_xticks(range(len(cats)))
+    ax.set_xticklabels(cats, rotation=panel.get("xrotation", 0), fontsize=8)
+    if panel.get("ylog"):
+        ax.set_yscale("log")
+    ax.set_title(panel.get("title", ""))
+    ax.set_xlabel(panel.get("xlabel", ""))
+    ax.set_ylabel(panel.get("ylabel", ""))
+    ax.grid(True, axis="y", alpha=0.3)
+    if len(series) > 1 or series[0].get("label"):
+        ax.legend(fontsize=7)
+    return True
