@@ -1,0 +1,1183 @@
+"""A/B harness: stock SGLang vs ``sglang_replayssm`` on real SGLang servers.
+
+One command starts, one after another and with identical SGLang flags,
+
+* ``python -m sglang.launch_server ...``            (arm ``stock``)
+* ``python -m sglang_replayssm.launch_server ...``  (arm ``patched``)
+
+waits for ``/health``, drives each with SGLang's own ``sglang.bench_serving`` (token-id
+prompts: ``--dataset-name random-ids --tokenize-prompt``; one run per batch size with
+``--max-concurrency B``), sends the same greedy parity prompts (N generated tokens, top-k
+logprobs) to every server, records ``/server_info`` (max running requests, memory, spec
+accept length), ``/metrics`` and the GPU's peak memory (``nvidia-smi``), and stops each
+server (SIGTERM to its process group, SIGKILL after a grace period), also on failure.
+
+    python -m eval.ab --model nemotron-h-8b --batch 1,32,128,256
+    python -m eval.ab --model tiny-nemotron-h --arms stock,stock,patched   # + noise floor
+    python -m eval.ab --model tiny-qwen3-next --spec nextn --sim-acc-len 2.5
+    python -m eval.ab --render eval/results/ab-....json                   # re-draw md/png
+    python -m eval.ab --list-models
+
+``--arms`` lists the servers in order; every later arm is compared with the first one
+(``stock,stock,patched`` gives ``stock-vs-stock``, the noise floor, and
+``stock-vs-patched``).  Results: ``<out-dir>/ab-<model>[-<spec>]-<a>-vs-<b>.{json,md,png}``.
+
+Models: a built-in geometry (``eval/models.py``; ``--load-format dummy`` with scaled random
+weights from ``eval/weights.py``, the same seed on every server) or a model directory.
+The harness writes the plugin entry points it needs (``eval/entry_points.py``) into a
+temporary directory on the servers' ``PYTHONPATH``, so no ``pip install`` is needed.
+
+Speculative decoding (``--spec nextn``; ``eagle`` with ``--spec-draft-model``): speed runs
+use ``SGLANG_SIMULATE_ACC_LEN`` when ``--sim-acc-len`` is given (controlled acceptance).
+Simulated acceptance replaces target tokens, so parity then runs on extra servers without
+simulation: each arm with spec, and a non-spec stock reference (spec vs non-spec greedy
+equality).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import math
+import os
+import queue
+import random
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = "replayssm-ab/1"
+
+STOCK_MODULE = "sglang.launch_server"
+PATCHED_MODULE = "sglang_replayssm.launch_server"
+ARM_KINDS = ("stock", "patched")
+SPEC_ALGOS = {"none": None, "nextn": "NEXTN", "eagle": "EAGLE"}
+BENCH_KEYS = (
+    "completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
+    "input_throughput", "output_throughput", "total_throughput",
+    "mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",
+    "mean_tpot_ms", "median_tpot_ms", "p90_tpot_ms", "p95_tpot_ms", "p99_tpot_ms",
+    "mean_itl_ms", "median_itl_ms", "p90_itl_ms", "p95_itl_ms", "p99_itl_ms",
+    "mean_e2e_latency_ms", "median_e2e_latency_ms", "p99_e2e_latency_ms",
+    "concurrency", "accept_length", "max_output_tokens_per_s", "max_concurrent_requests",
+)
+METRIC_NAMES = ("spec_accept_length", "spec_accept_rate", "num_running_reqs", "gen_throughput",
+                "token_usage", "num_queue_reqs", "generation_tokens_total", "prompt_tokens_total")
+DLOGPROB_BINS = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+DLOGPROB_LABELS = ("0", "≤1e-6", "≤1e-5", "≤1e-4", "≤1e-3", "≤1e-2", "≤0.1", ">0.1")
+
+
+def log(msg: str) -> None:
+    print(f"[ab {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------------------------
+# plan
+# ---------------------------------------------------------------------------------
+@dataclass
+class Phase:
+    label: str                  # unique: "stock", "stock-2", "patched", "patched-spec-parity", ...
+    kind: str                   # "stock" | "patched"
+    spec: bool                  # speculative flags on
+    sim_acc_len: Optional[float]
+    bench: bool
+    parity: bool
+    role: str = "arm"           # "arm" | "spec-parity" | "reference"
+
+
+def parse_arms(text: str) -> List[Tuple[str, str]]:
+    """``"stock,stock,patched"`` -> [("stock", "stock"), ("stock-2", "stock"), ("patched", "patched")]."""
+    kinds = [a.strip() for a in text.split(",") if a.strip()]
+    if not kinds:
+        raise ValueError("--arms is empty")
+    out, seen = [], {}
+    for k in kinds:
+        if k not in ARM_KINDS:
+            raise ValueError(f"unknown arm {k!r}; accepted: {', '.join(ARM_KINDS)}")
+        seen[k] = seen.get(k, 0) + 1
+        out.append((k if seen[k] == 1 else f"{k}-{seen[k]}", k))
+    return out
+
+
+def parse_batches(text: str) -> List[int]:
+    try:
+        b = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--batch takes comma-separated integers, got {text!r}") from None
+    if not b or any(x < 1 for x in b):
+        raise ValueError(f"--batch takes positive integers, got {text!r}")
+    return sorted(set(b))
+
+
+def plan_phases(args) -> List[Phase]:
+    spec = args.spec != "none"
+    sim = args.sim_acc_len if spec and args.sim_acc_len else None
+    phases = [Phase(label, kind, spec, sim, bench=not args.no_bench,
+                    parity=(not args.no_parity) and sim is None)
+              for label, kind in parse_arms(args.arms)]
+    if spec and not args.no_parity and args.spec_parity:
+        if sim is not None:
+            for kind in dict.fromkeys(p.kind for p in phases):
+                phases.append(Phase(f"{kind}-spec-parity", kind, True, None, bench=False, parity=True,
+                                    role="spec-parity"))
+        phases.append(Phase("stock-nospec-reference", "stock", False, None, bench=False, parity=True,
+                            role="reference"))
+    return phases
+
+
+# ---------------------------------------------------------------------------------
+# command lines
+# ---------------------------------------------------------------------------------
+@dataclass
+class ModelSpec:
+    name: str
+    path: str                   # directory passed as --model-path
+    tokenizer: str              # directory with the (synthetic) tokenizer
+    builtin: bool
+    config: Dict[str, Any] = field(default_factory=dict)
+    size: str = "real"
+    source: str = ""
+    notes: str = ""
+    attention_backend: Optional[str] = None
+    server_flags: Tuple[str, ...] = ()
+    spec_server_flags: Tuple[str, ...] = ()
+    env: Dict[str, str] = field(default_factory=dict)
+
+
+def prepare_model(args, workdir: Path, spec: bool) -> ModelSpec:
+    from eval import models
+
+    if args.model in models.GEOMETRIES:
+        g = models.get(args.model)
+        path = models.materialize(args.model, root=workdir, spec=spec)
+        return ModelSpec(g.name, path, path, True, g.config_json(spec=spec), g.size, g.source, g.notes,
+                         g.attention_backend, g.server_flags, g.spec_server_flags, dict(g.env))
+    d = Path(args.model)
+    if not (d / "config.json").is_file():
+        raise SystemExit(f"--model {args.model!r}: neither a built-in geometry ({', '.join(models.names())}) "
+                         "nor a directory with config.json")
+    cfg = json.loads((d / "config.json").read_text())
+    tok = str(d)
+    if not any((d / f).exists() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
+        tdir = Path(tempfile.mkdtemp(prefix="replayssm-ab-tok-", dir=workdir))
+        models.write_tokenizer(tdir, int(cfg["vocab_size"]))
+        tok = str(tdir)
+    return ModelSpec(d.name, str(d), tok, False, cfg, "real", f"model directory {d}")
+
+
+def common_server_flags(args, model: ModelSpec, spec: bool) -> List[str]:
+    """SGLang flags shared by every arm of a run (the port is added per server)."""
+    f = ["--model-path", model.path]
+    if model.tokenizer != model.path:
+        f += ["--tokenizer-path", model.tokenizer]
+    load_format = args.load_format or ("dummy" if model.builtin else None)
+    if load_format:
+        f += ["--load-format", load_format]
+    backend = args.attention_backend or model.attention_backend
+    if backend:
+        f += ["--attention-backend", backend]
+    mem = args.mem_fraction_static or (0.25 if model.builtin and model.size == "tiny" else 0.85)
+    f += ["--sampling-backend", args.sampling_backend, "--disable-radix-cache",
+          "--mem-fraction-static", str(mem),
+          "--context-length", str(args.context_length), "--random-seed", str(args.seed),
+          "--enable-metrics"]
+    if args.max_running_requests:
+        f += ["--max-running-requests", str(args.max_running_requests)]
+    if args.cuda_graph == "off":
+        f += ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
+    else:
+        f += ["--cuda-graph-max-bs-decode", str(args.cuda_graph_max_bs or max(parse_batches(args.batch)))]
+        if args.prefill_graph == "off":
+            f += ["--cuda-graph-backend-prefill", "disabled"]
+    f += list(model.server_flags)
+    if spec:
+        algo = SPEC_ALGOS[args.spec]
+        n = args.spec_steps
+        f += ["--speculative-algorithm", algo, "--speculative-num-steps", str(n),
+              "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(n + 1)]
+        if args.spec_draft_model:
+            f += ["--speculative-draft-model-path", args.spec_draft_model]
+        elif args.spec == "eagle":
+            raise SystemExit("--spec eagle needs --spec-draft-model (built-in geometries ship NEXTN/MTP drafts)")
+        f += list(model.spec_server_flags)
+    for extra in args.server_arg or []:
+        f += shlex.split(extra)
+    return f
+
+
+def launch_cmd(python: str, module: str, flags: Sequence[str], host: str, port: int,
+               extra: Sequence[str] = ()) -> List[str]:
+    return [python, "-m", module, *flags, "--host", host, "--port", str(port), *extra]
+
+
+def bench_serving_argv(base_url: str, model: ModelSpec, batch: int, args, out_file: str) -> List[str]:
+    """Arguments of one ``python -m sglang.bench_serving`` run (one batch size)."""
+    n = max(batch * args.rounds, args.min_prompts)
+    return ["--backend", "sglang", "--base-url", base_url, "--model", model.path, "--tokenizer", model.tokenizer,
+            "--dataset-name", "random-ids", "--tokenize-prompt",
+            "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
+            "--random-range-ratio", "1.0", "--num-prompts", str(n), "--max-concurrency", str(batch),
+            "--request-rate", "inf", "--seed", str(args.seed), "--warmup-requests", str(args.warmup_requests),
+            "--ready-check-timeout-sec", "30", "--disable-tqdm", "--output-file", out_file]
+
+
+def server_env(base: Dict[str, str], args, phase: Phase, model: ModelSpec, pythonpath: Sequence[str]) -> Dict[str, str]:
+    from eval import weights
+
+    env = dict(base)
+    if phase.kind == "stock":  # plain SGLang: the replayssm plugin must stay inert
+        for k in [k for k in env if k.startswith("SGLANG_REPLAYSSM_")]:
+            env.pop(k)
+    env["PYTHONPATH"] = os.pathsep.join([*pythonpath, *(x for x in [base.get("PYTHONPATH", "")] if x)])
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(model.env)
+    if args.random_weights:
+        env[weights.ENABLE_ENV] = "1"
+        env[weights.SEED_ENV] = str(args.weight_seed)
+    else:
+        env.pop(weights.ENABLE_ENV, None)
+    for k in ("SGLANG_SIMULATE_ACC_LEN", "SGLANG_SIMULATE_ACC_METHOD", "SGLANG_SIMULATE_ACC_TOKEN_MODE"):
+        env.pop(k, None)
+    if phase.spec and phase.sim_acc_len is not None:
+        env["SGLANG_SIMULATE_ACC_LEN"] = str(phase.sim_acc_len)
+        env["SGLANG_SIMULATE_ACC_METHOD"] = args.sim_acc_method
+        env["SGLANG_SIMULATE_ACC_TOKEN_MODE"] = args.sim_acc_token_mode
+    return env
+
+
+def env_delta(env: Dict[str, str], base: Dict[str, str]) -> Dict[str, str]:
+    """What the harness set or changed for a server (for the record)."""
+    return {k: v for k, v in sorted(env.items()) if base.get(k) != v and k != "PYTHONPATH"}
+
+
+# ---------------------------------------------------------------------------------
+# HTTP
+# ---------------------------------------------------------------------------------
+def http_json(url: str, payload: Optional[dict] = None, timeout: float = 30.0) -> Any:
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read().decode() or "null")
+
+
+def http_text(url: str, timeout: float = 10.0) -> Tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return 0, ""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------------
+# processes
+# ---------------------------------------------------------------------------------
+_LIVE: "set[Server]" = set()
+
+
+def _stop_all(*_a) -> None:
+    for s in list(_LIVE):
+        s.stop(grace=10)
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+class Server:
+    """One SGLang server process (own session/process group), its log and lifecycle."""
+
+    def __init__(self, label: str, cmd: List[str], env: Dict[str, str], log_path: Path, host: str, port: int):
+        self.label, self.cmd, self.env, self.log_path = label, cmd, env, Path(log_path)
+        self.host, self.port = host, port
+        self.url = f"http://{host}:{port}"
+        self.proc: Optional[subprocess.Popen] = None
+        self._log = None
+        self.t0 = 0.0
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "w")
+        self._log.write("+ " + shlex.join(self.cmd) + "\n")
+        self._log.flush()
+        self.t0 = time.time()
+        self.proc = subprocess.Popen(self.cmd, env=self.env, cwd=str(ROOT), stdout=self._log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        _LIVE.add(self)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout: float) -> float:
+        """Poll ``/health`` until 200; returns seconds since start."""
+        end = time.time() + timeout
+        while time.time() < end:
+            if not self.alive():
+                raise ServerError(f"{self.label}: server exited (rc={self.proc.returncode}) before it was "
+                                  f"healthy; last log lines:\n{self.tail()}")
+            code, _ = http_text(self.url + "/health", timeout=5)
+            if code == 200:
+                return time.time() - self.t0
+            time.sleep(1.0)
+        raise ServerError(f"{self.label}: not healthy after {timeout:.0f} s; last log lines:\n{self.tail()}")
+
+    def stop(self, grace: float = 30.0) -> Dict[str, Any]:
+        res: Dict[str, Any] = {"stopped": False}
+        if self.proc is None:
+            return res
+        t = time.time()
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=grace)
+                res["how"] = "SIGTERM"
+            except subprocess.TimeoutExpired:
+                res["how"] = "SIGKILL"
+        # reap what the server left in its group (scheduler/detokenizer children)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        res.update(stopped=True, rc=self.proc.returncode, seconds=round(time.time() - t, 1))
+        if self._log:
+            self._log.close()
+            self._log = None
+        _LIVE.discard(self)
+        return res
+
+
+class GpuMemSampler:
+    """Peak ``memory.used`` of one GPU (nvidia-smi polling; None without nvidia-smi)."""
+
+    def __init__(self, index: Optional[str], period: float = 0.5):
+        self.index, self.period = index, period
+        self.peak: Optional[float] = None
+        self.baseline: Optional[float] = self.read()
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def read(self) -> Optional[float]:
+        cmd = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]
+        if self.index is not None:
+            cmd += ["-i", str(self.index)]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip().splitlines()
+            return float(out[0]) if out else None
+        except (OSError, ValueError, subprocess.SubprocessError):
+            return None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            v = self.read()
+            if v is not None:
+                self.peak = v if self.peak is None else max(self.peak, v)
+
+    def __enter__(self):
+        if self.baseline is not None:
+            self._t.start()
+        return self
+
+    def __exit__(self, *a):
+        self._stop.set()
+        if self._t.is_alive():
+            self._t.join(timeout=5)
+
+
+class BenchDriver:
+    """``python -m eval.bench_sweep --serve``: SGLang's bench_serving, imported once."""
+
+    def __init__(self, python: str, env: Dict[str, str], log_path: Path):
+        from eval import bench_sweep
+
+        self._parse = bench_sweep.parse_event
+        self.log_path = Path(log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "w")
+        self.events: "queue.Queue[dict]" = queue.Queue()
+        self.proc = subprocess.Popen([python, "-m", "eval.bench_sweep", "--serve"], env=env, cwd=str(ROOT),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, bufsize=1, start_new_session=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.ready: Optional[dict] = None
+        self._n = 0
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self._log.write(line)
+            self._log.flush()
+            ev = self._parse(line)
+            if ev is not None:
+                self.events.put(ev)
+        self.events.put({"event": "eof"})
+
+    def _next(self, timeout: float) -> dict:
+        try:
+            return self.events.get(timeout=min(3600.0, max(1.0, timeout)))
+        except queue.Empty:
+            return {"event": "timeout"}
+
+    def wait_ready(self, timeout: float) -> dict:
+        if self.ready is None:
+            ev = self._next(timeout)
+            self.ready = ev if ev.get("event") == "ready" else {"ok": False, "error": f"bench driver: {ev}"}
+        return self.ready
+
+    def run(self, argv: List[str], timeout: float) -> dict:
+        if not (self.ready or {}).get("ok") or self.proc.poll() is not None:
+            return {"ok": False, "error": "bench driver not running"}
+        self._n += 1
+        self.proc.stdin.write(json.dumps({"id": self._n, "argv": argv}) + "\n")
+        self.proc.stdin.flush()
+        end = time.time() + timeout
+        while time.time() < end:
+            ev = self._next(end - time.time())
+            if ev.get("event") == "done" and ev.get("id") == self._n:
+                return ev
+            if ev.get("event") == "eof":
+                return {"ok": False, "error": "bench driver exited"}
+        self.close(kill=True)
+        return {"ok": False, "error": f"bench_serving did not finish in {timeout:.0f} s"}
+
+    def close(self, kill: bool = False) -> None:
+        if self.proc.poll() is None and not kill:
+            try:
+                self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired, ValueError):
+                pass
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=10)
+        self._reader.join(timeout=5)
+        self._log.close()
+
+
+# ---------------------------------------------------------------------------------
+# parity
+# ---------------------------------------------------------------------------------
+def parity_prompts(n: int, vocab: int, seed: int) -> List[List[int]]:
+    """Deterministic random token-id prompts of varied length (ids 3..vocab-1)."""
+    rng = random.Random(seed)
+    lengths = [7, 33, 64, 100, 128, 200, 257, 300]
+    return [[rng.randrange(3, vocab) for _ in range(lengths[i % len(lengths)])] for i in range(n)]
+
+
+def _top_dict(entry) -> Dict[int, float]:
+    out: Dict[int, float] = {}
+    for item in entry or []:
+        if item and len(item) >= 2 and item[1] is not None and item[0] is not None:
+            out[int(item[1])] = float(item[0])
+    return out
+
+
+def parse_generate_output(item: dict) -> Dict[str, Any]:
+    """tokens, chosen-token logprobs and top-k dicts from one ``/generate`` result."""
+    meta = item.get("meta_info", {}) or {}
+    otl = meta.get("output_token_logprobs") or []
+    tokens = [int(t[1]) for t in otl] if otl else [int(t) for t in item.get("output_ids", [])]
+    lps = [None if t[0] is None else float(t[0]) for t in otl] if otl else [None] * len(tokens)
+    top = [_top_dict(e) for e in (meta.get("output_top_logprobs") or [])]
+    out = {"tokens": tokens, "logprobs": lps, "top": top}
+    if "spec_accept_length" in meta:
+        out["spec_accept_length"] = meta["spec_accept_length"]
+    return out
+
+
+def run_parity(url: str, prompts: List[List[int]], n_tokens: int, topk: int, timeout: float,
+               sample_path: Optional[Path] = None) -> Dict[str, Any]:
+    payload = {"input_ids": prompts,
+               "sampling_params": {"temperature": 0.0, "max_new_tokens": n_tokens, "ignore_eos": True},
+               "return_logprob": True, "top_logprobs_num": topk}
+    t0 = time.time()
+    res = http_json(url + "/generate", payload, timeout=timeout)
+    if isinstance(res, dict):
+        res = [res]
+    if sample_path is not None and res:  # a short raw sample of the server's answer, for the tests
+        try:
+            sample_path.write_text(json.dumps(_truncate_generate(res[0], 8), indent=1))
+        except OSError:
+            pass
+    outs = [parse_generate_output(r) for r in res]
+    return {"seconds": round(time.time() - t0, 2), "outputs": outs}
+
+
+def _truncate_generate(item: dict, n: int) -> dict:
+    out = {k: v for k, v in item.items() if k != "meta_info"}
+    if isinstance(out.get("output_ids"), list):
+        out["output_ids"] = out["output_ids"][:n]
+    if isinstance(out.get("text"), str):
+        out["text"] = " ".join(out["text"].split()[:n])
+    meta = dict(item.get("meta_info") or {})
+    for k in ("output_token_logprobs", "output_top_logprobs", "input_token_logprobs", "input_top_logprobs"):
+        if isinstance(meta.get(k), list):
+            meta[k] = meta[k][:n]
+    out["meta_info"] = meta
+    return out
+
+
+def slim_outputs(outs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """What the result JSON keeps of a parity run: tokens and chosen-token logprobs (8 digits)."""
+    return [{"tokens": o["tokens"], "logprobs": [None if x is None else float(f"{x:.8g}") for x in o["logprobs"]]}
+            for o in outs]
+
+
+def _bin_index(d: float) -> int:
+    if d == 0.0:
+        return 0
+    for i, edge in enumerate(DLOGPROB_BINS[1:], start=1):
+        if d <= edge:
+            return i
+    return len(DLOGPROB_BINS)
+
+
+def compare_parity(ref: List[Dict[str, Any]], other: List[Dict[str, Any]], near_tie_tol: float,
+                   expected_tokens: Optional[int] = None) -> Dict[str, Any]:
+    """Token-by-token comparison of two parity runs (same prompts, greedy).
+
+    Per prompt, tokens are compared up to the first divergence (after it the sequences
+    condition on different text).  A divergence where each side's top-2 gap between the two
+    tokens is <= ``near_tie_tol`` is a logged near-tie, not a mismatch.  |Δlogprob| is taken
+    over the common prefix, for the chosen token and for top-k tokens present on both sides.
+    """
+    hist = [0] * len(DLOGPROB_LABELS)
+    max_d = 0.0
+    max_dk = 0.0
+    compared = identical = mismatches = 0
+    near, diverged, first = [], [], []
+    missing_lp = 0
+    for p, (a, b) in enumerate(zip(ref, other)):
+        ta, tb = a["tokens"], b["tokens"]
+        n = min(len(ta), len(tb))
+        div = next((i for i in range(n) if ta[i] != tb[i]), None)
+        if div is None and len(ta) != len(tb):
+            div = n
+        upto = n if div is None else min(div, n)
+        compared += upto
+        for i in range(upto):
+            la = a["logprobs"][i] if i < len(a["logprobs"]) else None
+            lb = b["logprobs"][i] if i < len(b["logprobs"]) else None
+            if la is None or lb is None:
+                missing_lp += 1
+                continue
+            d = abs(la - lb)
+            max_d = max(max_d, d)
+            hist[_bin_index(d)] += 1
+            if i < len(a["top"]) and i < len(b["top"]):
+                for tok in set(a["top"][i]) & set(b["top"][i]):
+                    max_dk = max(max_dk, abs(a["top"][i][tok] - b["top"][i][tok]))
+        first.append(div)
+        if div is None:
+            identical += 1
+            continue
+        rec = {"prompt": p, "pos": div}
+        if div < n:
+            ta_i, tb_i = ta[div], tb[div]
+            topa = a["top"][div] if div < len(a["top"]) else {}
+            topb = b["top"][div] if div < len(b["top"]) else {}
+            gap_a = topa.get(ta_i, math.inf) - topa.get(tb_i, -math.inf)
+            gap_b = topb.get(tb_i, math.inf) - topb.get(ta_i, -math.inf)
+            rec.update(a_token=ta_i, b_token=tb_i, gap_a=gap_a if math.isfinite(gap_a) else None,
+                       gap_b=gap_b if math.isfinite(gap_b) else None)
+            if math.isfinite(gap_a) and math.isfinite(gap_b) and gap_a <= near_tie_tol and gap_b <= near_tie_tol:
+                rec["kind"] = "near-tie"
+                near.append(rec)
+                continue
+        else:
+            rec["kind"] = "length"
+        rec.setdefault("kind", "mismatch")
+        mismatches += 1
+        diverged.append(rec)
+    total = sum(len(a["tokens"]) for a in ref)
+    exact = (mismatches == 0 and not near and identical == len(ref) == len(other) and max_d == 0.0 and max_dk == 0.0
+             and (expected_tokens is None or all(len(a["tokens"]) == expected_tokens for a in ref + other)))
+    return {
+        "prompts": len(ref), "tokens_per_prompt": expected_tokens, "tokens_total": total,
+        "tokens_compared": compared, "identical_prompts": identical, "mismatches": mismatches,
+        "near_ties": near, "mismatch_details": diverged, "first_divergence": first,
+        "max_abs_dlogprob": max_d, "max_abs_dlogprob_topk": max_dk,
+        "dlogprob_hist": {"labels": list(DLOGPROB_LABELS), "counts": hist}, "missing_logprobs": missing_lp,
+        "near_tie_tol": near_tie_tol, "exact": exact,
+    }
+
+
+# ---------------------------------------------------------------------------------
+# server facts
+# ---------------------------------------------------------------------------------
+def parse_metrics(text: str, names: Sequence[str] = METRIC_NAMES) -> Dict[str, float]:
+    """Sum of each ``sglang:<name>`` sample over its label sets (Prometheus text format)."""
+    out: Dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("sglang:"):
+            continue
+        try:
+            key, val = line.rsplit(None, 1)
+            v = float(val)
+        except ValueError:
+            continue
+        base = key[len("sglang:"):].split("{", 1)[0]
+        if base in names and math.isfinite(v):
+            out[base] = out.get(base, 0.0) + v
+    return out
+
+
+def server_facts(info: Optional[dict]) -> Dict[str, Any]:
+    """The numbers the report needs from ``/server_info``."""
+    if not isinstance(info, dict):
+        return {}
+    states = info.get("internal_states") or [{}]
+    st = states[0] if states else {}
+    mem = st.get("memory_usage") or {}
+    return {
+        "version": info.get("version"),
+        "max_running_requests": st.get("effective_max_running_requests_per_dp", info.get("max_running_requests")),
+        "max_total_num_tokens": info.get("max_total_num_tokens"),
+        "token_capacity": mem.get("token_capacity"),
+        "memory_usage": mem,
+        "avg_spec_accept_length": st.get("avg_spec_accept_length"),
+        "attention_backend": info.get("attention_backend"),
+        "cuda_graph_max_bs": info.get("cuda_graph_max_bs_decode", info.get("cuda_graph_max_bs")),
+    }
+
+
+def trim_bench(res: dict) -> dict:
+    return {k: res.get(k) for k in BENCH_KEYS if k in res}
+
+
+# ---------------------------------------------------------------------------------
+# environment facts
+# ---------------------------------------------------------------------------------
+def git_commit() -> str:
+    c = os.environ.get("GIT_COMMIT")
+    if c:
+        return c
+    try:
+        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=str(ROOT), capture_output=True, text=True, timeout=10)
+        if r.returncode == 0:
+            return r.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+def dist_version(name: str) -> Optional[str]:
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:
+        return None
+
+
+def gpu_info() -> Dict[str, Any]:
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                            "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=15)
+        rows = [x.strip() for x in r.stdout.strip().splitlines() if x.strip()]
+        if r.returncode == 0 and rows:
+            name, drv, mem = [s.strip() for s in rows[0].split(",")]
+            return {"name": name, "driver": drv, "memory_mib": float(mem), "count": len(rows)}
+    except (OSError, ValueError, subprocess.SubprocessError):
+        pass
+    return {"name": "none", "driver": None, "memory_mib": None, "count": 0}
+
+
+def save_jitcache(dest: Path) -> Dict[str, Any]:
+    """Tarballs of ``$SGLANG_CACHE_ROOT/{triton}`` and ``{flashinfer,tvm-ffi}`` (bundle README)."""
+    root = Path(os.environ.get("SGLANG_CACHE_ROOT", "/tmp/sglang-cache"))
+    out: Dict[str, Any] = {"root": str(root)}
+    if not root.is_dir():
+        out["error"] = "no cache root"
+        return out
+    dest.mkdir(parents=True, exist_ok=True)
+    for fname, parts in (("jit-triton.tgz", ["triton"]), ("jit-other.tgz", ["flashinfer", "tvm-ffi"])):
+        present = [p for p in parts if (root / p).is_dir()]
+        if not present:
+            continue
+        path = dest / fname
+        with tarfile.open(path, "w:gz") as tf:
+            for p in present:
+                tf.add(str(root / p), arcname=p)
+        out[fname] = round(path.stat().st_size / 2**20, 2)
+    return out
+
+
+# ---------------------------------------------------------------------------------
+# the run
+# ---------------------------------------------------------------------------------
+class Progress:
+    def __init__(self, total: int, enable: bool):
+        self.bar = None
+        if enable:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, desc="A/B", unit="step", dynamic_ncols=True, file=sys.stderr)
+            except ImportError:
+                self.bar = None
+
+    def step(self, what: str, n: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(what[:40])
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run_phase(phase: Phase, args, model: ModelSpec, flags: List[str], base_env: Dict[str, str],
+              pythonpath: List[str], workdir: Path, logdir: Path, driver: Optional["BenchDriver"],
+              prompts: List[List[int]], deadline: float, progress: Progress) -> Dict[str, Any]:
+    from eval import weights
+
+    batches = parse_batches(args.batch)
+    port = free_port(args.host)
+    module = args.stock_module if phase.kind == "stock" else args.patched_module
+    extra = list(args.patched_arg or []) if phase.kind == "patched" else []
+    extra = [x for e in extra for x in shlex.split(e)]
+    cmd = launch_cmd(args.python, module, flags, args.host, port, extra)
+    env = server_env(base_env, args, phase, model, pythonpath)
+    rec: Dict[str, Any] = {"label": phase.label, "phase": asdict(phase), "launcher": module,
+                           "command": shlex.join(cmd), "env": env_delta(env, base_env), "status": "started",
+                           "log": str(logdir / f"server-{phase.label}.log")}
+    server = Server(phase.label, cmd, env, logdir / f"server-{phase.label}.log", args.host, port)
+    sampler = GpuMemSampler(args.gpu_index)
+    rec["gpu_mem_baseline_mib"] = sampler.baseline
+    with sampler:
+        try:
+            log(f"{phase.label}: starting {module} on port {port}")
+            server.start()
+            remaining = deadline - time.time()
+            rec["startup_s"] = round(server.wait_ready(min(args.server_timeout, max(10.0, remaining))), 1)
+            log(f"{phase.label}: healthy after {rec['startup_s']} s")
+            progress.step(f"{phase.label} up")
+            try:
+                rec["server_info"] = http_json(server.url + "/server_info", timeout=30)
+            except Exception as e:  # noqa: BLE001
+                rec["server_info_error"] = str(e)
+            rec["facts"] = server_facts(rec.get("server_info"))
+            if phase.bench:
+                rec["bench"] = []
+                if driver is None:
+                    rec["bench_error"] = "no bench driver"
+                else:
+                    ready = driver.wait_ready(max(30.0, deadline - time.time()))
+                    rec["bench_driver"] = {k: v for k, v in ready.items() if k != "event"}
+                    for b in batches:
+                        if time.time() > deadline - args.reserve_s:
+                            rec["bench"].append({"batch": b, "skipped": "deadline"})
+                            continue
+                        out_file = str(logdir / f"bench-{phase.label}-b{b}.jsonl")
+                        argv = bench_serving_argv(server.url, model, b, args, out_file)
+                        entry = {"batch": b, "command": "python -m sglang.bench_serving " + shlex.join(argv)}
+                        res = driver.run(argv, timeout=min(args.bench_timeout, max(10.0, deadline - time.time())))
+                        entry.update(ok=res.get("ok"), seconds=res.get("seconds"), error=res.get("error"))
+                        try:
+                            lines = Path(out_file).read_text().strip().splitlines()
+                            entry["result"] = trim_bench(json.loads(lines[-1])) if lines else None
+                        except (OSError, ValueError) as e:
+                            entry["result"] = None
+                            entry.setdefault("error", f"no bench_serving output: {e}")
+                        r = entry.get("result") or {}
+                        log(f"{phase.label}: batch {b}: {r.get('output_throughput', float('nan')):.1f} tok/s, "
+                            f"TPOT p50 {r.get('median_tpot_ms', float('nan')):.2f} ms "
+                            f"({'ok' if entry['ok'] else entry.get('error')})")
+                        rec["bench"].append(entry)
+                        progress.step(f"{phase.label} b{b}")
+            if phase.parity:
+                if time.time() > deadline - args.reserve_s:
+                    rec["parity"] = {"skipped": "deadline"}
+                else:
+                    try:
+                        rec["parity"] = run_parity(server.url, prompts, args.parity_tokens, args.parity_topk,
+                                                   timeout=min(args.parity_timeout, max(10.0, deadline - time.time())),
+                                                   sample_path=logdir / f"generate-sample-{phase.label}.json")
+                        log(f"{phase.label}: parity {len(prompts)} x {args.parity_tokens} tokens in "
+                            f"{rec['parity']['seconds']} s")
+                    except Exception as e:  # noqa: BLE001
+                        rec["parity"] = {"error": f"{type(e).__name__}: {e}"}
+                progress.step(f"{phase.label} parity")
+            try:
+                rec["server_info_after"] = server_facts(http_json(server.url + "/server_info", timeout=30))
+            except Exception:  # noqa: BLE001
+                pass
+            code, text = http_text(server.url + "/metrics")
+            if code == 200:
+                rec["metrics"] = parse_metrics(text)
+            rec["status"] = "ok"
+        except Exception as e:  # noqa: BLE001 - record and continue with the next arm
+            rec["status"] = "error"
+            rec["error"] = f"{type(e).__name__}: {e}"
+            log(f"{phase.label}: ERROR {rec['error'][:2000]}")
+        finally:
+            rec["shutdown"] = server.stop(grace=args.shutdown_grace)
+    rec["peak_gpu_mem_mib"] = sampler.peak
+    try:
+        text = server.log_path.read_text(errors="replace")
+        rec["random_weights_confirmed"] = weights.LOG_MARKER in text
+        rec["replayssm_active"] = "sglang_replayssm active" in text
+    except OSError:
+        pass
+    return rec
+
+
+def comparisons(phases: List[Dict[str, Any]]) -> List[Tuple[Dict[str, Any], Dict[str, Any]]]:
+    arms = [p for p in phases if p["phase"]["role"] == "arm"]
+    return [(arms[0], b) for b in arms[1:]]
+
+
+def compare(a: Dict[str, Any], b: Dict[str, Any], phases: List[Dict[str, Any]], args) -> Dict[str, Any]:
+    """Summary of arm ``b`` against arm ``a``."""
+    def by_batch(rec):
+        return {e["batch"]: (e.get("result") or {}) for e in rec.get("bench", []) if e.get("result")}
+
+    ba, bb = by_batch(a), by_batch(b)
+    rows = {}
+    for bs in sorted(set(ba) & set(bb)):
+        ra, rb = ba[bs], bb[bs]
+
+        def rat(num, den):
+            x, y = num, den
+            return (x / y) if isinstance(x, (int, float)) and isinstance(y, (int, float)) and y else None
+
+        rows[bs] = {
+            "throughput_ratio": rat(rb.get("output_throughput"), ra.get("output_throughput")),
+            "tpot_speedup": rat(ra.get("median_tpot_ms"), rb.get("median_tpot_ms")),
+            "itl_p99_ratio": rat(rb.get("p99_itl_ms"), ra.get("p99_itl_ms")),
+        }
+    ratios = [r["throughput_ratio"] for r in rows.values() if r["throughput_ratio"]]
+    geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else None
+    out: Dict[str, Any] = {
+        "a": a["label"], "b": b["label"], "by_batch": rows,
+        "throughput_ratio_geomean": geo,
+        "throughput_ratio_min": min(ratios) if ratios else None,
+        "throughput_ratio_max": max(ratios) if ratios else None,
+        "max_running_requests": {a["label"]: (a.get("facts") or {}).get("max_running_requests"),
+                                 b["label"]: (b.get("facts") or {}).get("max_running_requests")},
+        "peak_gpu_mem_mib": {a["label"]: a.get("peak_gpu_mem_mib"), b["label"]: b.get("peak_gpu_mem_mib")},
+        "accept_length": {a["label"]: (a.get("server_info_after") or {}).get("avg_spec_accept_length"),
+                          b["label"]: (b.get("server_info_after") or {}).get("avg_spec_accept_length")},
+        "status": {a["label"]: a.get("status"), b["label"]: b.get("status")},
+        "random_weights_confirmed": bool(a.get("random_weights_confirmed") and b.get("random_weights_confirmed"))
+        if args.random_weights else None,
+        "replayssm_active": {a["label"]: a.get("replayssm_active"), b["label"]: b.get("replayssm_active")},
+    }
+    pa, pb = a.get("parity") or {}, b.get("parity") or {}
+    if "outputs" in pa and "outputs" in pb:
+        out["parity"] = compare_parity(pa["outputs"], pb["outputs"], args.near_tie_tol, args.parity_tokens)
+    else:
+        out["parity"] = {"skipped": pa.get("skipped") or pb.get("skipped") or pa.get("error") or pb.get("error")
+                         or "no parity outputs (simulated acceptance or --no-parity)"}
+    ref = next((p for p in phases if p["phase"]["role"] == "reference"), None)
+    if ref is not None and "outputs" in (ref.get("parity") or {}):
+        sp = {}
+        for arm in (a, b):
+            src = next((p for p in phases
+                        if p["phase"]["role"] == "spec-parity" and p["phase"]["kind"] == arm["phase"]["kind"]), arm)
+            if "outputs" in (src.get("parity") or {}):
+                sp[arm["label"]] = dict(compare_parity(ref["parity"]["outputs"], src["parity"]["outputs"],
+                                                       args.near_tie_tol, args.parity_tokens),
+                                        spec_server=src["label"])
+        out["spec_vs_nonspec"] = sp
+    par = out["parity"]
+    noise = args.noise_band
+    parts = []
+    if geo is not None:
+        parts.append(f"throughput ratio {b['label']}/{a['label']} geomean {geo:.3f} "
+                     f"(min {out['throughput_ratio_min']:.3f}, max {out['throughput_ratio_max']:.3f})"
+                     + (" within the noise band" if abs(geo - 1) <= noise else ""))
+    if "exact" in par:
+        parts.append("parity exact" if par["exact"] else
+                     f"parity: {par['mismatches']} mismatching prompt(s), {len(par['near_ties'])} near-tie(s), "
+                     f"max |dlogprob| {par['max_abs_dlogprob']:.3g}")
+    out["verdict"] = "; ".join(parts) if parts else "no comparable numbers"
+    return out
+
+
+def slim_phase(rec: Dict[str, Any]) -> Dict[str, Any]:
+    q = dict(rec)
+    par = q.get("parity")
+    if isinstance(par, dict) and "outputs" in par:
+        q["parity"] = dict(par, outputs=slim_outputs(par["outputs"]))
+    return q
+
+
+def build_result(run: Dict[str, Any], a: Dict[str, Any], b: Dict[str, Any], args) -> Dict[str, Any]:
+    summary = compare(a, b, run["phases"], args)
+    extra = [p for p in run["phases"] if p["phase"]["role"] != "arm"]
+    res = {k: v for k, v in run.items() if k != "phases"}
+    res.update(comparison=f"{a['phase']['kind']}-vs-{b['phase']['kind']}",
+               arms={a["label"]: slim_phase(a), b["label"]: slim_phase(b)},
+               extra_servers={p["label"]: slim_phase(p) for p in extra}, summary=summary)
+    other = [p["label"] for p in run["phases"]
+             if p["phase"]["role"] == "arm" and p["label"] not in (a["label"], b["label"])]
+    if other:
+        res["note_shared_baseline"] = (f"arm {a['label']} is the baseline shared with the other comparison(s) of this "
+                                       f"run (arms {', '.join(other)}); all arms ran one after another on one GPU")
+    return res
+
+
+def result_stem(model: str, spec: str, a_kind: str, b_kind: str, tag: Optional[str]) -> str:
+    parts = ["ab", model] + ([spec] if spec != "none" else []) + [f"{a_kind}-vs-{b_kind}"] + ([tag] if tag else [])
+    return "-".join(parts)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m eval.ab", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("what to run")
+    g.add_argument("--model", default="tiny-nemotron-h", help="built-in geometry (--list-models) or a model dir")
+    g.add_argument("--arms", default="stock,patched", help="servers in order; later arms are compared with the first")
+    g.add_argument("--batch", default="1,8,32,64", help="bench_serving --max-concurrency values")
+    g.add_argument("--input-len", type=int, default=128)
+    g.add_argument("--output-len", type=int, default=256)
+    g.add_argument("--rounds", type=int, default=2, help="prompts per batch size = batch x rounds")
+    g.add_argument("--min-prompts", type=int, default=4)
+    g.add_argument("--warmup-requests", type=int, default=1)
+    g.add_argument("--no-bench", action="store_true", help="parity only")
+    g.add_argument("--no-parity", action="store_true", help="speed only")
+    g.add_argument("--list-models", action="store_true")
+    g.add_argument("--render", metavar="JSON", nargs="+", help="re-draw the .md/.png of result JSON files, exit")
+    g.add_argument("--dry-run", action="store_true", help="print the plan and the command lines, start nothing")
+    s = p.add_argument_group("SGLang server flags (identical on every arm)")
+    s.add_argument("--attention-backend", default=None, help="default: the geometry's (flashinfer/triton)")
+    s.add_argument("--load-format", default=None, help="default: dummy for built-in geometries")
+    s.add_argument("--sampling-backend", default="pytorch")
+    s.add_argument("--mem-fraction-static", type=float, default=0.0,
+                   help="default: 0.25 for tiny built-in geometries, 0.85 otherwise")
+    s.add_argument("--context-length", type=int, default=4096)
+    s.add_argument("--max-running-requests", type=int, default=0, help="0: SGLang decides (reported)")
+    s.add_argument("--cuda-graph", choices=("on", "off"), default="on")
+    s.add_argument("--cuda-graph-max-bs", type=int, default=0, help="default: the largest --batch")
+    s.add_argument("--prefill-graph", choices=("default", "off"), default="off")
+    s.add_argument("--server-arg", action="append", help="extra SGLang flags for every server (shell-split)")
+    s.add_argument("--patched-arg", action="append", help="extra flags for the patched launcher only, e.g. "
+                   "'--replayssm-buffer-len 16'")
+    s.add_argument("--seed", type=int, default=0, help="SGLang --random-seed, bench and parity prompt seed")
+    s.add_argument("--host", default="127.0.0.1")
+    w = p.add_argument_group("weights")
+    w.add_argument("--random-weights", dest="random_weights", action="store_true", default=True,
+                   help="scaled random weights via eval/weights.py (default with dummy load format)")
+    w.add_argument("--no-random-weights", dest="random_weights", action="store_false")
+    w.add_argument("--weight-seed", type=int, default=0)
+    sp = p.add_argument_group("speculative decoding")
+    sp.add_argument("--spec", choices=sorted(SPEC_ALGOS), default="none")
+    sp.add_argument("--spec-steps", type=int, default=3, help="draft steps; draft tokens = steps + 1, topk 1")
+    sp.add_argument("--spec-draft-model", default=None)
+    sp.add_argument("--sim-acc-len", type=float, default=None, help="SGLANG_SIMULATE_ACC_LEN for the speed runs")
+    sp.add_argument("--sim-acc-method", default="match-expected")
+    sp.add_argument("--sim-acc-token-mode", default="real-draft-token")
+    sp.add_argument("--no-spec-parity", dest="spec_parity", action="store_false", default=True,
+                    help="skip the extra parity servers of a spec run")
+    pa = p.add_argument_group("parity")
+    pa.add_argument("--parity-prompts", type=int, default=8)
+    pa.add_argument("--parity-tokens", type=int, default=1024)
+    pa.add_argument("--parity-topk", type=int, default=5)
+    pa.add_argument("--near-tie-tol", type=float, default=0.05, help="nats; top-2 gap under which a flip is a near-tie")
+    o = p.add_argument_group("run control and output")
+    o.add_argument("--out-dir", default=str(ROOT / "eval" / "results"))
+    o.add_argument("--tag", default=None, help="suffix for the result file names")
+    o.add_argument("--log-dir", default=None, help="server and bench logs (default: <out-dir>/logs-<stem>)")
+    o.add_argument("--python", default=sys.executable, help="interpreter for the servers and bench_serving")
+    o.add_argument("--stock-module", default=STOCK_MODULE)
+    o.add_argument("--patched-module", default=PATCHED_MODULE)
+    o.add_argument("--entry-points", choices=("auto", "skip"), default="auto",
+                   help="auto: write the plugin dist-infos into a temp dir on the servers' PYTHONPATH")
+    o.add_argument("--server-timeout", type=float, default=600.0)
+    o.add_argument("--bench-timeout", type=float, default=600.0)
+    o.add_argument("--parity-timeout", type=float, default=600.0)
+    o.add_argument("--shutdown-grace", type=float, default=30.0)
+    o.add_argument("--deadline-s", type=float, default=0.0, help="stop starting work after this many seconds")
+    o.add_argument("--reserve-s", type=float, default=20.0, help="time kept for shutdown/reporting under a deadline")
+    o.add_argument("--min-phase-s", type=float, default=60.0, help="skip a server if less time than this is left")
+    o.add_argument("--save-jitcache", default=None, metavar="DIR", help="tar the JIT caches after the first server")
+    o.add_argument("--gpu-index", default=None, help="GPU for peak-memory sampling (default: first visible)")
+    o.add_argument("--noise-band", type=float, default=0.03, help="|ratio-1| reported as noise")
+    o.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    from eval import ab_report, entry_points, models
+
+    if args.list_models:
+        return models.main()
+    if args.render:
+        for path in args.render:
+            print(ab_report.render(path))
+        return 0
+    try:
+        phases = plan_phases(args)
+        parse_batches(args.batch)
+    except ValueError as e:
+        print(f"python -m eval.ab: error: {e}", file=sys.stderr)
+        return 2
+    if args.gpu_index is None:
+        args.gpu_index = (os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",") or ["0"])[0] or "0"
+    t_start = time.time()
+    deadline = t_start + args.deadline_s if args.deadline_s > 0 else math.inf
+    workdir = Path(tempfile.mkdtemp(prefix="replayssm-ab-"))
+    spec_models = {False: None, True: None}
+    for ph in phases:
+        if spec_models[ph.spec] is None:
+            spec_models[ph.spec] = prepare_model(args, workdir, ph.spec)
+    model0 = spec_models[phases[0].spec]
+    flags = {k: common_server_flags(args, m, k) for k, m in spec_models.items() if m is not None}
+    out_dir = Path(args.out_dir)
+    stem0 = "-".join(["ab", model0.name] + ([args.spec] if args.spec != "none" else [])
+                     + ([args.tag] if args.tag else []))
+    logdir = Path(args.log_dir) if args.log_dir else out_dir / f"logs-{stem0}"
+    pythonpath = [str(ROOT)]
+    if args.entry_points == "auto":
+        ep = entry_points.install(workdir / "entry-points", package=None, eval_weights=args.random_weights)
+        pythonpath.insert(0, str(ep))
+    base_env = dict(os.environ)
+    if args.dry_run:
+        for ph in phases:
+            module = args.stock_module if ph.kind == "stock" else args.patched_module
+            extra = [x for e in (args.patched_arg or []) if ph.kind == "patched" for x in shlex.split(e)]
+            cmd = launch_cmd(args.python, module, flags[ph.spec], args.host, 30000, extra)
+            env = env_delta(server_env(base_env, args, ph, spec_models[ph.spec], pythonpath), base_env)
+            print(f"# {ph.label} ({ph.role}): bench={ph.bench} parity={ph.parity}")
+            print("  env: " + " ".join(f"{k}={v}" for k, v in env.items()))
+            print("  " + shlex.join(cmd))
+            if ph.bench:
+                for b in parse_batches(args.batch):
+                    print("  python -m sglang.bench_serving "
+                          + shlex.join(bench_serving_argv("http://127.0.0.1:30000", spec_models[ph.spec], b, args,
+                                                          f"bench-{ph.label}-b{b}.jsonl")))
+        return 0
+
+    atexit.register(_stop_all)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: (_stop_all(), sys.exit(130)))
+    vocab = int(model0.config.get("vocab_size", 1024))
+    prompts = parity_prompts(args.parity_prompts, vocab, args.seed)
+    run: Dict[str, Any] = {
+        "schema": SCHEMA, "kind": "ab", "git_commit": git_commit(),
+        "sglang_version": dist_version("sglang"), "sglang_replayssm_version": entry_points.package_version(),
+        "gpu": gpu_info(), "python": sys.version.split()[0], "host": socket.gethostname(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)),
+        "model": {"name": model0.name, "builtin": model0.builtin, "source": model0.source, "notes": model0.notes,
+                  "config": model0.config},
+        "flags": {"argv": sys.argv[1:] if argv is None else list(argv), "harness": vars(args).copy(),
+                  "server_flags": flags[phases[0].spec], "server_flags_spec": flags.get(True),
+                  "launchers": {"stock": args.stock_module, "patched": args.patched_module},
+                  "patched_extra": args.patched_arg or []},
+        "bench": {"tool": "sglang.bench_serving", "dataset": "random-ids (token ids, --tokenize-prompt)",
+                  "batches": parse_batches(args.batch), "input_len": args.input_len, "output_len": args.output_len,
+                  "prompts_per_batch": f"max(batch x {args.rounds}, {args.min_prompts})"},
+        "parity_setup": {"prompts": args.parity_prompts, "prompt_lens": [len(x) for x in prompts],
+                         "tokens": args.parity_tokens, "topk": args.parity_topk, "near_tie_tol": args.near_tie_tol,
+                         "greedy": True},
+        "phases": [],
+    }
+    run["flags"]["harness"].pop("render", None)
+    driver = None
+    if any(ph.bench for ph in phases):
+        denv = dict(base_env)
+        denv["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [x for x in [base_env.get("PYTHONPATH", "")] if x])
+        driver = BenchDriver(args.python, denv, logdir / "bench_serving.log")
+    n_steps = sum(1 + (len(parse_batches(args.batch)) if ph.bench else 0) + (1 if ph.parity else 0) for ph in phases)
+    progress = Progress(n_steps, enable=not args.no_progress)
+    try:
+        for i, ph in enumerate(phases):
+            left = deadline - time.time()
+            if left < args.min_phase_s:
+                run["phases"].append({"label": ph.label, "phase": asdict(ph), "status": "skipped",
+                                      "error": f"deadline: {left:.0f} s left"})
+                log(f"{ph.label}: skipped ({left:.0f} s left)")
+                continue
+            rec = run_phase(ph, args, spec_models[ph.spec], flags[ph.spec], base_env, pythonpath, workdir, logdir,
+                            driver, prompts, deadline, progress)
+            run["phases"].append(rec)
+            if i == 0 and args.save_jitcache:
+                rec["jitcache"] = save_jitcache(Path(args.save_jitcache))
+                log(f"jit caches saved: {rec['jitcache']}")
+            partial = out_dir / f"{stem0}-partial.json"
+            _write_partial(partial, run)
+    finally:
+        progress.close()
+        if driver is not None:
+            driver.close()
+        _stop_all()
+    run["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    run["wall_s"] = round(time.time() - t_start, 1)
+    if run["sglang_version"] is None:
+        run["sglang_version"] = next((((p.get("facts") or {}).get("version")) for p in run["phases"]
+                                      if (p.get("facts") or {}).get("version")), None)
+    written = []
+    pairs = comparisons(run["phases"])
+    for a, b in pairs:
+        res = build_result(run, a, b, args)
+        stem = result_stem(model0.name, args.spec, a["phase"]["kind"], b["phase"]["kind"], args.tag)
+        written += ab_report.write_all(res, out_dir, stem)
+        log(f"{res['comparison']}: {res['summary']['verdict']}")
+    if not pairs:  # one arm: its numbers alone
+        arms = [p for p in run["phases"] if p["phase"]["role"] == "arm"]
+        if arms:
+            res = {k: v for k, v in run.items() if k != "phases"}
+            res.update(comparison=f"{arms[0]['phase']['kind']}-only", arms={arms[0]["label"]: slim_phase(arms[0])},
+                       extra_servers={p["label"]: slim_phase(p) for p in run["phases"][1:]},
+                       summary={"a": arms[0]["label"], "b": None, "verdict": "single arm: no comparison"})
+            written += ab_report.write_all(res, out_dir, f"{stem0}-{arms[0]['phase']['kind']}-only")
+    partial = out_dir / f"{stem0}-partial.json"
+    if partial.exists():
+        partial.unlink()
+    for w in written:
+        log(f"wrote {w}")
+    ok = all(p.get("status") == "ok" for p in run["phases"])
+    print(ab_report.stdout_summary(run, pairs, args), flush=True)
+    return 0 if ok else 1
+
+
+def _write_partial(path: Path, run: Dict[str, Any]) -> None:
+    from eval import report
+
+    slim = dict(run)
+    slim["phases"] = [{k: v for k, v in p.items() if k != "parity"} for p in run["phases"]]
+    report.write_json(path, slim)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

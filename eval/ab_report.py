@@ -1,0 +1,229 @@
+"""Reports of the A/B harness (``eval/ab.py``): JSON, Markdown, PNG, stdout table.
+
+Works from the result dict alone, so ``python -m eval.ab --render FILE.json`` re-draws the
+Markdown and PNG of a committed result; nothing here starts a server.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from eval import report
+
+
+def _bench_rows(arm: Dict[str, Any]) -> Dict[int, Dict[str, Any]]:
+    return {int(e["batch"]): (e.get("result") or {}) for e in arm.get("bench", []) if e.get("result")}
+
+
+def _labels(res: Dict[str, Any]) -> List[str]:
+    s = res.get("summary", {})
+    a, b = s.get("a"), s.get("b")
+    return [x for x in (a, b) if x]
+
+
+def speed_table(res: Dict[str, Any]) -> str:
+    labels = _labels(res)
+    arms = res["arms"]
+    if len(labels) < 2:
+        a = labels[0]
+        rows = [[bs, r.get("output_throughput"), r.get("median_tpot_ms"), r.get("p99_tpot_ms"),
+                 r.get("median_itl_ms"), r.get("p99_itl_ms"), r.get("median_ttft_ms"), r.get("accept_length")]
+                for bs, r in sorted(_bench_rows(arms[a]).items())]
+        return report.markdown_table(["batch", "tok/s", "TPOT p50 ms", "TPOT p99 ms", "ITL p50 ms", "ITL p99 ms",
+                                      "TTFT p50 ms", "accept len"], rows)
+    a, b = labels
+    ra, rb = _bench_rows(arms[a]), _bench_rows(arms[b])
+    by = res["summary"].get("by_batch", {})
+    rows = []
+    for bs in sorted(set(ra) | set(rb)):
+        x, y = ra.get(bs, {}), rb.get(bs, {})
+        s = by.get(bs) or by.get(str(bs)) or {}
+        rows.append([bs, x.get("output_throughput"), y.get("output_throughput"), _r(s.get("throughput_ratio")),
+                     x.get("median_tpot_ms"), y.get("median_tpot_ms"), _r(s.get("tpot_speedup")),
+                     x.get("median_itl_ms"), y.get("median_itl_ms"),
+                     x.get("p99_itl_ms"), y.get("p99_itl_ms"), x.get("median_ttft_ms"), y.get("median_ttft_ms"),
+                     x.get("accept_length"), y.get("accept_length")])
+    return report.markdown_table(
+        ["batch", f"{a} tok/s", f"{b} tok/s", f"{b}/{a}", f"{a} TPOT p50 ms", f"{b} TPOT p50 ms", "TPOT speedup",
+         f"{a} ITL p50", f"{b} ITL p50", f"{a} ITL p99", f"{b} ITL p99", f"{a} TTFT p50", f"{b} TTFT p50",
+         f"{a} accept", f"{b} accept"], rows)
+
+
+def _r(x: Any) -> Any:
+    return report.fmt(x, 3) if report.is_number(x) else x
+
+
+def server_table(res: Dict[str, Any]) -> str:
+    rows = []
+    servers = dict(res.get("arms", {}))
+    servers.update(res.get("extra_servers", {}))
+    for label, p in servers.items():
+        f = p.get("facts") or {}
+        after = p.get("server_info_after") or {}
+        sd = p.get("shutdown") or {}
+        rows.append([label, p.get("launcher", ""), p.get("status", ""), p.get("startup_s"),
+                     f.get("max_running_requests"), f.get("token_capacity"), p.get("peak_gpu_mem_mib"),
+                     after.get("avg_spec_accept_length"), _yn(p.get("random_weights_confirmed")),
+                     _yn(p.get("replayssm_active")), f"{sd.get('how', '—')} {sd.get('seconds', '')}".strip()])
+    return report.markdown_table(["server", "launcher", "status", "startup s", "max running reqs", "token capacity",
+                                  "peak GPU MiB", "accept len", "random weights", "replayssm log", "shutdown"],
+                                 rows, align=["l", "l", "l"] + ["r"] * 5 + ["l"] * 3)
+
+
+def _yn(x: Any) -> str:
+    return "—" if x is None else ("yes" if x else "no")
+
+
+def parity_section(res: Dict[str, Any]) -> str:
+    s = res.get("summary", {})
+    par = s.get("parity") or {}
+    lines = []
+    if "exact" not in par:
+        lines.append(f"Parity not run: {par.get('skipped', 'n/a')}.")
+    else:
+        lines.append(_parity_lines(par, s.get("a"), s.get("b")))
+    sv = s.get("spec_vs_nonspec") or {}
+    for label, p in sv.items():
+        lines.append(f"\n**Speculative vs non-speculative greedy** ({label}, spec server `{p.get('spec_server')}` vs "
+                     f"the non-spec stock reference):\n\n" + _parity_lines(p, "non-spec", label))
+    return "\n".join(lines)
+
+
+def _parity_lines(par: Dict[str, Any], a: Optional[str], b: Optional[str]) -> str:
+    head = [
+        ("prompts x generated tokens", f"{par['prompts']} x {par.get('tokens_per_prompt')}"),
+        ("tokens compared (up to each first divergence)", par["tokens_compared"]),
+        ("identical prompts", f"{par['identical_prompts']} / {par['prompts']}"),
+        ("token mismatches (prompts diverging, near-ties excluded)", par["mismatches"]),
+        ("near-ties (logged, excluded)", len(par.get("near_ties", []))),
+        ("max abs dlogprob, chosen token", report.fmt(par["max_abs_dlogprob"], 3)),
+        ("max abs dlogprob, shared top-k", report.fmt(par["max_abs_dlogprob_topk"], 3)),
+        ("exact", "yes" if par.get("exact") else "no"),
+    ]
+    out = [report.markdown_table(["", f"{b} vs {a}"], head, align=["l", "r"])]
+    h = par.get("dlogprob_hist") or {}
+    if h:
+        out.append("\nChosen-token |Δlogprob| over the compared prefix (tokens per bin):\n")
+        out.append(report.markdown_table(h["labels"], [h["counts"]], align=["r"] * len(h["labels"])))
+    details = (par.get("near_ties") or []) + (par.get("mismatch_details") or [])
+    if details:
+        rows = [[d.get("kind"), d.get("prompt"), d.get("pos"), d.get("a_token"), d.get("b_token"),
+                 d.get("gap_a"), d.get("gap_b")] for d in details[:20]]
+        out.append("\nDivergences (first per prompt):\n")
+        out.append(report.markdown_table(["kind", "prompt", "position", f"{a} token", f"{b} token",
+                                          f"{a} top gap", f"{b} top gap"], rows))
+    return "\n".join(out)
+
+
+def markdown(res: Dict[str, Any]) -> str:
+    s = res.get("summary", {})
+    m = res.get("model", {})
+    gpu = res.get("gpu", {})
+    info = {
+        "comparison": res.get("comparison"),
+        "verdict": s.get("verdict", ""),
+        "git commit": res.get("git_commit"),
+        "SGLang": str(res.get("sglang_version")),
+        "GPU": f"{gpu.get('name')} (driver {gpu.get('driver')})",
+        "started": f"{res.get('started')} (wall {res.get('wall_s')} s)",
+        "model": f"{m.get('name')}: {m.get('source')}" + (f" — {m['notes']}" if m.get("notes") else ""),
+        "weights": "dummy + scaled random (eval/weights.py), same seed on every server"
+        if (res.get("flags", {}).get("harness", {}) or {}).get("random_weights") else "as loaded",
+        "bench": f"{res.get('bench', {}).get('tool')} {res.get('bench', {}).get('dataset')}, "
+                 f"input {res.get('bench', {}).get('input_len')}, output {res.get('bench', {}).get('output_len')}, "
+                 f"prompts per batch {res.get('bench', {}).get('prompts_per_batch')}",
+    }
+    if res.get("note_shared_baseline"):
+        info["note"] = res["note_shared_baseline"]
+    sections = [("Run", report.markdown_kv(info)),
+                ("Speed (sglang.bench_serving)", speed_table(res)),
+                ("Servers", server_table(res)),
+                ("Parity (greedy, same prompts)", parity_section(res))]
+    cmds = []
+    for label, p in {**res.get("arms", {}), **res.get("extra_servers", {})}.items():
+        env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in (p.get("env") or {}).items())
+        cmds.append(f"# {label}\n{env + ' ' if env else ''}{p.get('command', '')}")
+        bench = [e for e in p.get("bench", []) if e.get("command")]
+        if bench:
+            cmds.append(bench[0]["command"] + f"   # one per batch size: {[e['batch'] for e in bench]}")
+    sections.append(("Commands", "```\n" + "\n".join(cmds) + "\n```"))
+    return _doc(res.get("comparison", "A/B"), m.get("name"), sections)
+
+
+def _doc(title: str, model: Optional[str], sections) -> str:
+    parts = [f"# A/B {model}: {title}", ""]
+    for heading, body in sections:
+        parts += [f"## {heading}", "", body.rstrip(), ""]
+    return "\n".join(parts)
+
+
+def panels(res: Dict[str, Any]) -> List[Dict[str, Any]]:
+    labels = _labels(res)
+    arms = res["arms"]
+    s = res.get("summary", {})
+    out = []
+    if len(labels) == 2:
+        by = s.get("by_batch", {})
+        bs = sorted(int(k) for k in by)
+        get = lambda k: [(by.get(b) or by.get(str(b)) or {}).get(k) for b in bs]  # noqa: E731
+        out.append({"title": f"{labels[1]} / {labels[0]}", "xlabel": "batch (max concurrency)",
+                    "ylabel": "ratio", "xlog2": True, "hline": 1.0,
+                    "series": [{"label": "output tokens/s ratio", "x": bs, "y": get("throughput_ratio")},
+                               {"label": "TPOT p50 speedup", "x": bs, "y": get("tpot_speedup"), "style": "--"}]})
+    series = []
+    for label in labels:
+        rows = _bench_rows(arms[label])
+        b = sorted(rows)
+        series.append({"label": label, "x": b, "y": [rows[x].get("output_throughput") for x in b]})
+    out.append({"title": "output tokens/s (bench_serving)", "xlabel": "batch (max concurrency)",
+                "ylabel": "tokens/s", "xlog2": True, "series": series})
+    par = s.get("parity") or {}
+    h = par.get("dlogprob_hist")
+    bars = []
+    if h:
+        bars.append({"label": f"{labels[-1]} vs {labels[0]}", "y": h["counts"]})
+    for label, p in (s.get("spec_vs_nonspec") or {}).items():
+        if p.get("dlogprob_hist"):
+            bars.append({"label": f"{label} spec vs non-spec", "y": p["dlogprob_hist"]["counts"]})
+    exact = par.get("exact")
+    out.append({"kind": "bar", "title": "parity: |Δlogprob| per token" + (" (exact)" if exact else ""),
+                "xlabel": "|Δlogprob| bin (nats)", "ylabel": "tokens", "ylog": True,
+                "categories": (h or {}).get("labels", []), "series": bars, "xrotation": 30,
+                "empty_text": f"parity not run: {par.get('skipped', 'n/a')}"})
+    return out
+
+
+def write_all(res: Dict[str, Any], out_dir, stem: str) -> List[Path]:
+    out_dir = Path(out_dir)
+    paths = [report.write_json(out_dir / f"{stem}.json", res)]
+    md = out_dir / f"{stem}.md"
+    md.write_text(markdown(res))
+    paths.append(md)
+    png = out_dir / f"{stem}.png"
+    m = res.get("model", {}).get("name")
+    title = f"{m}: {res.get('comparison')} — {res.get('summary', {}).get('verdict', '')}"[:160]
+    if report.plot_panels(png, panels(res), suptitle=title):
+        paths.append(png)
+    return paths
+
+
+def render(path) -> str:
+    """Re-write the .md and .png beside a result JSON; returns a one-line status."""
+    p = Path(path)
+    res = report.read_json(p)
+    written = write_all(res, p.parent, p.stem)
+    return f"{p}: {', '.join(x.name for x in written)}"
+
+
+def stdout_summary(run: Dict[str, Any], pairs, args) -> str:
+    rows = []
+    for ph in run["phases"]:
+        b = {e["batch"]: (e.get("result") or {}) for e in ph.get("bench", []) if e.get("result")}
+        tps = " ".join(f"{k}:{report.fmt(v.get('output_throughput'), 0)}" for k, v in sorted(b.items()))
+        rows.append([ph["label"], ph.get("status"), ph.get("startup_s"),
+                     (ph.get("facts") or {}).get("max_running_requests"), ph.get("peak_gpu_mem_mib"), tps or "—"])
+    heads = ["server", "status", "startup s", "max running", "peak MiB", "tok/s by batch"]
+    lines = ["", report.text_table(heads, rows)]
+    return "\n".join(lines)

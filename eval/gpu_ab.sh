@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# A/B harness on a GPU host: stock SGLang vs sglang_replayssm (python -m eval.ab).
+# Usage (repo root; SGLang installed, or the offline bundle in .sglang-bundle/):
+#   GIT_COMMIT=<sha> bash eval/gpu_ab.sh [python -m eval.ab flags...]      # -> eval/results/
+# Knobs (environment):
+#   OUT=<dir>       where results go (default eval/results)
+#   PACK=1          write results + logs to a temp dir, then pack them as $OUT/ab-results.tgz
+#                   (for hosts that return few files)
+#   JITCACHE=1      after the first server, tar the JIT caches into $OUT (jit-triton.tgz,
+#                   jit-other.tgz: copy them to .sglang-bundle/jitcache/ for warm starts)
+# The plugin entry points are written by the harness itself (no pip install needed).
+set -uo pipefail
+OUT="${OUT:-eval/results}"
+mkdir -p "$OUT"
+if [ -f .sglang-bundle/bootstrap.sh ] && ! python3 -c "import sglang" 2>/dev/null; then
+  SGLANG_BUNDLE_HTTP=1 source .sglang-bundle/bootstrap.sh
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export GIT_COMMIT="${GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
+RESULTS="$OUT"
+[ "${PACK:-0}" = 1 ] && RESULTS="$(mktemp -d /tmp/ab-results.XXXXXX)"
+extra=()
+[ "${JITCACHE:-0}" = 1 ] && extra+=(--save-jitcache "$OUT")
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader || true
+python3 -m eval.ab --out-dir "$RESULTS" --python python3 "${extra[@]}" "$@" 2>&1 | tee "$RESULTS/ab-console.log"
+rc=${PIPESTATUS[0]}
+if [ "${PACK:-0}" = 1 ]; then
+  tar -C "$RESULTS" -czf "$OUT/ab-results.tgz" . && echo "packed $(du -h "$OUT/ab-results.tgz" | cut -f1) -> $OUT/ab-results.tgz"
+  cp "$RESULTS"/ab-*.md "$OUT"/ 2>/dev/null || true
+fi
+exit "$rc"
