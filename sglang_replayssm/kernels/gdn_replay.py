@@ -1,4 +1,4 @@
-"""Gated DeltaNet (GDN) ReplaySSM decode: Triton kernel and wrapper.
+"""Gated DeltaNet (GDN) ReplaySSM decode: Triton kernels and wrapper.
 
 Per live decode row (slot s, ring fill w = write_pos, buffer length L), per value head:
 
@@ -13,25 +13,46 @@ from the raw cached k_j.)  L = 1 is the stock packed decode on every step.
 
 Routes
 ------
-*Output-only (every step).*  The output never builds the V x K state: one streaming
-pass over the S_ck tile gives (S_ck q^, S_ck k^); the history adds w ring dot
-products k^_j . q^, k^_j . k^ (K-long, per k-head) and a weighted sum of w cached d
-vectors. All of it is element-wise fp32 (no tensor cores, so no TF32 drift), and
-flush and non-flush rows produce their outputs with the same arithmetic.
+*Output-only replay (every step).*  The output never builds the V x K state: one
+streaming pass over the S_ck tile gives (S_ck q^, S_ck k^); the history adds, per
+cached position, the coefficients c_j (k^_j . q^) and c_j (k^_j . k^) and a weighted
+sum of the w cached d vectors. All element-wise fp32 (no tensor cores, no TF32
+drift); flush and non-flush rows produce their outputs with the same arithmetic.
 
-*Flush (w == L-1, per-row runtime branch).*  The S_ck tile already sits in registers
-from the output pass, so the flush re-reads nothing: it rebuilds
-S_{w-1} = e^G S_ck + (d * c)[BV, LP] @ k^[LP, K] with one tensor-core ``tl.dot``
-(``input_precision`` "tf32x3" by default, or "ieee"; plain "tf32" is refused since
-it drifts ~1e-2 from fp32) and stores alpha S_{w-1} + d_w k^^T. So a flush step costs
-one read and one write of the state, and a non-flush step one read.
+*Flush (w == L-1, a per-row runtime branch: CUDA-graph safe).*  The S_ck tile is
+still in registers from the output pass, so nothing is re-read: the kernel adds
+sum_j c_j d_j k^_j^T to e^G S_ck and stores alpha S_{w-1} + d_w k^^T. ``flush=rank1``
+(default) does that as L-1 exact fp32 rank-1 updates on CUDA cores; ``flush=dot`` as
+one ``tl.dot`` [BV, LP] x [LP, K] with ``dot_precision`` "tf32x3" or "ieee" (plain
+"tf32" is refused: it drifts ~1e-2; measured 6e-4 vs 2e-7 for tf32x3 on a flushed
+Qwen3-Next state).
 
-Grid ``(cdiv(V, BV), batch, HV)``; each program holds a [BV, K] state tile (whole K).
-Per program and step it reads: the S_ck tile (BV*K*state bytes), q, k (K each), the
-v slice, the cached g (w fp32), raw k (w x K act) and d slice (BV x w, state dtype);
-it writes: out slice; non-flush: d_w slice, and g_w (one program per (row, v-head)),
-raw k_w (one program per (row, k-head)); flush: the state tile. Rows whose slot is
-< 0 or == null_slot write nothing at all.
+Launches and tiles
+------------------
+``scores=pre`` (default): a small pre-kernel, grid (batch, Hk), computes per (row,
+k-head) (k^_j . q^, k^_j . k^, 1/|k_j|) for j < w into a per-call fp32 scratch
+[batch, Hk, 3, LP] (LP = max(16, next_pow2(L-1))); the decode kernel then never
+holds the [LP, K] key tile (``scores=inline`` computes the same per program).
+Decode grid ``(cdiv(V, BV * v_tiles), batch, HV)``: each program owns ``v_tiles``
+tiles of BV value rows x the whole K row of one (row, v-head).
+
+Per decode program and step it reads: the S_ck tile (BV*K state-dtype elements), the
+d slice of the w cached positions (BV*w, state dtype), the w cached g (fp32), the
+scores (3*LP fp32), q, k (K each), the v slice and four gate scalars; it writes the
+out slice, and then either (non-flush) d_w's slice + g_w (one program per (row,
+v-head)) + raw k_w (one program per (row, k-head)), or (flush) the state tile.
+Rows whose slot is < 0 or == null_slot write nothing at all (no out, state or ring).
+DRAM bytes per (row, v-head) at Qwen3-Next with an fp32 state: non-flush 64 KiB of
+S_ck + 0.5*w KiB of d + (0.25*w KiB of raw k per k-head, i.e. /2 per v-head);
+flush: + a 64 KiB write. Stock decode: 128 KiB every step.
+
+Measured on an H200 (Qwen3-Next, L=16, batch 256, fp32 state, bf16 activations,
+CUDA-graph replays, all rows in one phase; default config): non-flush w=0 158 us,
+w=7 186 us, w=14 190 us, flush 454 us, amortised 195 us, against SGLang's stock packed
+decode 275 us (1.41x) and upstream's ``--enable-linear-replayssm`` kernel 185 us
+(0.95x). The design goals (1.8x stock, 1.15x upstream) are not met yet; see the
+report for what limits it (history cost grows with w, the fp32 rank-1 flush is
+compute-bound at ~2x a state read+write).
 
 Why this ring (d in the state dtype + raw k in the activation dtype + g fp32)
 ---------------------------------------------------------------------------
@@ -42,31 +63,32 @@ fp32 state (2 MiB per slot per layer):
   = 322 KiB per slot (+15.7 %). A raw (k, v, g, beta) ring: k 64 + v (bf16) 128
   + g 2 + beta 2 = 196 KiB (+9.6 %). Per decode step and v-head at the fullest fill
   (w = 15) a step reads 64 KiB of S_ck plus 7.5 KiB of d (ours) vs 3.75 KiB of v
-  (raw) plus 1.9 KiB of k either way (k is shared by 2 v-heads): the raw ring would
-  save <= 3.75 KiB of a ~73 KiB step (~5 %, ~2.6 % on average over the cycle), and
-  appends 256 B of v instead of 512 B of d.
+  (raw), plus 1.9 KiB of k either way (shared by 2 v-heads): the raw ring would save
+  <= 3.75 KiB of a ~73 KiB step (~5 %, ~2.6 % averaged over the cycle), and appends
+  256 B of v instead of 512 B of d. With a bf16/fp16 state d is 2 bytes like v: no
+  byte difference at all.
 * Compute. A raw ring cannot be replayed by a rank-1 sum: every d_j depends on
-  S_{j-1}. Each step would have to redo the whole chain, i.e. S_ck k^_j for all
-  w cached keys (w+2 mat-vecs over the streamed state instead of 2, 8.5 flop/byte
-  at w=15, past the fp32 CUDA-core roofline of H200's ~14 flop/byte once tf32x3's
-  3 passes are counted) plus a w x w triangular (UT) solve, every step.
+  S_{j-1}, so each step would redo the chain: S_ck k^_j for all w cached keys (w+2
+  mat-vecs over the streamed state instead of 2: ~8.5 flop/byte at w=15, past the
+  fp32 CUDA-core roofline of an H200, ~14 flop/byte, once tf32x3's 3 passes or fp32
+  FMAs are counted) plus a w x w triangular (UT) solve, on every step.
 * Accuracy. With d cached at state precision the replay is an exact re-association
-  of the sequential recurrence: measured with :mod:`gdn_ref` (random Qwen3-Next-like
-  inputs, 33 steps, fp32 state, bf16 activations) the max output error vs an fp64
-  sequential oracle is ~1e-6, the flushed state ~1e-6. The same
-  run with d rounded to bf16 (the activation-dtype d ring of other implementations)
-  gives ~1e-3 output error and folds ~1e-3 into S_ck at every flush, and
-  a chunked UT solve for a raw ring orders the fp32 arithmetic differently from the
-  recurrence (a ~1e-3 gap is reported for the spec-window UT kernels).
-  Raw k costs nothing in accuracy: it is exactly the kernel input, re-normalised on
-  read with the same fp32 formula as the current step.
-  So d in the state dtype buys fp32-exact replay for +126 KiB per slot; with a
-  bf16/fp16 state it is 2 bytes like v, and the raw ring has no byte advantage.
+  of the sequential recurrence. Measured with :mod:`gdn_ref` (Qwen3-Next geometry,
+  batch 4, 33 steps, fp32 state, bf16 activations, random realistic gates) against
+  an fp64 sequential oracle: max output error 1.5e-7 (|o| <= 0.34), flushed state
+  6.6e-7 (|S| <= 3.4). The same run with d rounded to bf16 (an activation-dtype d
+  ring): output 2.4e-4, state 2.9e-3, and that error is folded into S_ck at every
+  flush. A raw ring's UT solve in fp32 orders the arithmetic differently from the
+  recurrence (a ~1e-3 gap is reported for the spec-window UT kernels). Raw k costs
+  nothing in accuracy: it is exactly the kernel input, re-normalised on read with the
+  same fp32 formula as the current step.
+  So d in the state dtype buys fp32-exact replay for +126 KiB per slot (fp32 state).
 
-Launch parameters come from ``common.launch_config("gdn_decode", key, ...)`` with
-key ``HV{HV}_HK{Hk}_K{K}_V{V}_L{L}``. The verify (speculative) variant can reuse the
-``_history_*`` / ``_replay_matvec`` jit helpers: they replay a checkpoint plus a
-cached history for arbitrary query vectors.
+Launch parameters come from ``common.launch_config("gdn_decode", key, ...)`` with key
+``HV{HV}_HK{Hk}_K{K}_V{V}_L{L}``. A speculative-verify kernel can reuse the history
+helpers (``_history_weights``, ``_normalise_rows``, ``_history_coeffs``,
+``_replay_apply``, ``_replay_state_rank1``) and the score pre-kernel's layout: they
+replay a checkpoint plus a cached history for arbitrary query vectors.
 """
 
 from __future__ import annotations
@@ -82,14 +104,14 @@ from .common import L2NORM_EPS, SOFTPLUS_THRESHOLD, interpreting, launch_config,
 __all__ = ["gdn_replay_decode", "gdn_launch_params", "GDN_DEFAULT_LAUNCH"]
 
 GDN_DEFAULT_LAUNCH: Dict[str, Any] = {
-    "BV": 32,
-    "num_warps": 4,
-    "num_stages": 1,
-    "v_tiles": 1,
-    "maxnreg": 0,
-    "scores": "inline",
+    "BV": 16,  # value rows per V tile (power of two)
+    "num_warps": 1,
+    "num_stages": 1,  # software pipelining of the V-tile loop (v_tiles > 1 only)
+    "v_tiles": 1,  # V tiles per program
+    "maxnreg": 0,  # register cap (0: none)
+    "scores": "pre",  # "pre": key scores per (row, k-head) in a small pre-kernel; "inline": per program
     "scores_num_warps": 1,
-    "flush": "rank1",
+    "flush": "rank1",  # flush rebuild: "rank1" (fp32 CUDA-core FMAs) or "dot" (tensor cores, dot_precision)
     "dot_precision": "tf32x3",
 }
 _DOT_PRECISIONS = ("tf32x3", "ieee")
@@ -293,10 +315,12 @@ def _tile_finish(s_ck, d_hist, v, t, o_b, o_k, mask_k, q, k, kq, alpha, beta, eG
             if FLUSH_DOT:
                 if PRE_SCORES:  # the key tile is only needed here: load it now
                     o_j = tl.arange(0, LP)
-                    k_hist = tl.load(k_head + o_j[:, None] * stride_kl + o_k[None, :],
-                                     mask=(o_j < w)[:, None] & mask_k[None, :], other=0).to(tl.float32)
-                    k_hist = k_hist * rn[:, None]
-                s_prev = eG * s_ck + tl.dot(d_hist * c[None, :], k_hist, input_precision=DOT_PRECISION)
+                    kh = tl.load(k_head + o_j[:, None] * stride_kl + o_k[None, :],
+                                 mask=(o_j < w)[:, None] & mask_k[None, :], other=0).to(tl.float32)
+                    kh = kh * rn[:, None]
+                else:
+                    kh = k_hist
+                s_prev = eG * s_ck + tl.dot(d_hist * c[None, :], kh, input_precision=DOT_PRECISION)
             elif PRE_SCORES:
                 s_prev = _replay_state_rank1_raw(eG * s_ck, c * rn, k_head, stride_kl, d_head, stride_dl, o_v,
                                                  mask_v, o_k, mask_k, L - 1, LP)

@@ -75,8 +75,8 @@ def interp_launch(tmp_path, monkeypatch):
     tile there; small ones keep BV small enough to have several V tiles.
     """
 
-    def use(**params):
-        if not INTERP:
+    def use(always=False, **params):
+        if not (INTERP or always):
             return
         f = tmp_path / "gdn_launch.yaml"
         body = "".join(f"    {k}: {v}\n" for k, v in params.items())
@@ -262,7 +262,7 @@ class Sim:
                                 ULP_RTOL[self.sd], f"{n} pool vs reference")
                 self.note(f"{n}_vs_ref", e)
             assert torch.equal(bits(self.bases["k"]), bits(ref_bases["k"])), "k ring differs from reference"
-            check_close(self.bases["g"], ref_bases["g"], 1e-6, 1e-6, "g ring vs reference")
+            check_close(self.bases["g"], ref_bases["g"], 1e-5, 1e-5, "g ring vs reference")
         # slots without a live row are bit-identical (null slot, unused slots)
         pools_now, pools_before = self.pools(), self.pools(before)
         untouched = [s for s in range(self.S) if s not in live_slots]
@@ -327,6 +327,30 @@ def test_decode_matches_oracle_and_reference(device, seed, interp_launch, L, pre
 
 
 # ----------------------------------------------------------------------------------
+# every launch variant (score pre-kernel or inline, rank-1 or dot flush, V-tile loop)
+# ----------------------------------------------------------------------------------
+VARIANTS = {
+    "inline-rank1": dict(scores="inline", flush="rank1"),
+    "pre-rank1": dict(scores="pre", flush="rank1"),
+    "inline-dot": dict(scores="inline", flush="dot"),
+    "pre-dot-ieee": dict(scores="pre", flush="dot", dot_precision="ieee"),
+    "vtiles2-stages2": dict(scores="pre", flush="rank1", v_tiles=2, num_stages=2),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_launch_variants(device, seed, interp_launch, variant):
+    interp_launch(always=True, BV=32, num_warps=4 if "dot" in variant else 1, **VARIANTS[variant])
+    L = 4
+    sim = Sim(device, seed, state_dtype=F32, act_dtype=BF16, **small_geom(L))
+    rows = [2, 5]
+    for s in rows:
+        sim.activate(s)
+    for _ in range(L + 1):
+        sim.step(rows)
+
+
+# ----------------------------------------------------------------------------------
 # 2: kernel vs reference at every write position in one launch (realistic ring data)
 # ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("prec", ["s32-a16b", "s16b-a16b"])
@@ -352,7 +376,7 @@ def test_every_write_position_matches_reference(device, seed, interp_launch, pre
     check_close(sim.bases["state"], before["state"], 1e-5 if sd == F32 else 1e-6, ULP_RTOL[sd], "state")
     check_close(sim.bases["d"], before["d"], 1e-5 if sd == F32 else 1e-6, ULP_RTOL[sd], "d ring")
     assert torch.equal(bits(sim.bases["k"]), bits(before["k"]))
-    check_close(sim.bases["g"], before["g"], 1e-6, 1e-6, "g ring")
+    check_close(sim.bases["g"], before["g"], 1e-5, 1e-5, "g ring")
     # exactly one state written (the flush row's slot), exactly L-1 ring appends
     changed = [s for s in range(sim.S) if not torch.equal(bits(sim.pools()["state"][s]),
                                                             bits(sim.pools(before)["state"][s]))]
