@@ -284,10 +284,19 @@ def http_text(url: str, timeout: float = 10.0) -> Tuple[int, str]:
         return 0, ""
 
 
+_PORTS_GIVEN: "set[int]" = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A free TCP port, never the same one twice in this process (servers may start together)."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(port)
+            return port
+    raise RuntimeError("no free port")
 
 
 # ---------------------------------------------------------------------------------
@@ -381,40 +390,69 @@ class Server:
 
 
 class GpuMemSampler:
-    """Peak ``memory.used`` of one GPU (nvidia-smi polling; None without nvidia-smi)."""
+    """Peak GPU memory while a server runs (nvidia-smi polling; None without nvidia-smi).
 
-    def __init__(self, index: Optional[str], period: float = 0.5):
-        self.index, self.period = index, period
+    ``peak`` is the whole GPU's ``memory.used``; ``peak_own`` sums the compute processes in
+    the server's process group (its scheduler), which stays right when servers share a GPU.
+    """
+
+    def __init__(self, index: Optional[str], pgid: Optional[int] = None, period: float = 0.5):
+        self.index, self.pgid, self.period = index, pgid, period
         self.peak: Optional[float] = None
+        self.peak_own: Optional[float] = None
         self.baseline: Optional[float] = self.read()
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
 
-    def read(self) -> Optional[float]:
-        cmd = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]
+    def _smi(self, query: List[str]) -> List[str]:
+        cmd = ["nvidia-smi", *query, "--format=csv,noheader,nounits"]
         if self.index is not None:
             cmd += ["-i", str(self.index)]
         try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip().splitlines()
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+            return [x.strip() for x in r.stdout.strip().splitlines() if x.strip()] if r.returncode == 0 else []
+        except (OSError, subprocess.SubprocessError):
+            return []
+
+    def read(self) -> Optional[float]:
+        out = self._smi(["--query-gpu=memory.used"])
+        try:
             return float(out[0]) if out else None
-        except (OSError, ValueError, subprocess.SubprocessError):
+        except ValueError:
             return None
+
+    def read_own(self) -> Optional[float]:
+        if self.pgid is None:
+            return None
+        total, found = 0.0, False
+        for row in self._smi(["--query-compute-apps=pid,used_memory"]):
+            try:
+                pid, mem = [int(float(x)) for x in row.split(",")[:2]]
+                if os.getpgid(pid) == self.pgid:
+                    total += mem
+                    found = True
+            except (ValueError, ProcessLookupError, PermissionError, OSError):
+                continue
+        return total if found else None
 
     def _run(self) -> None:
         while not self._stop.wait(self.period):
             v = self.read()
             if v is not None:
                 self.peak = v if self.peak is None else max(self.peak, v)
+            o = self.read_own()
+            if o is not None:
+                self.peak_own = o if self.peak_own is None else max(self.peak_own, o)
 
-    def __enter__(self):
-        if self.baseline is not None:
+    def start(self) -> "GpuMemSampler":
+        if self.baseline is not None and not self._t.is_alive():
             self._t.start()
         return self
 
-    def __exit__(self, *a):
+    def stop(self) -> None:
         self._stop.set()
         if self._t.is_alive():
-            self._t.join(timeout=5)
+            self._t.join(timeout=15)
 
 
 class BenchDriver:
@@ -764,65 +802,61 @@ class Progress:
             self.bar.close()
 
 
-def run_phase(phase: Phase, args, model: ModelSpec, flags: List[str], base_env: Dict[str, str],
-              pythonpath: List[str], workdir: Path, logdir: Path, driver: Optional["BenchDriver"],
-              prompts: List[List[int]], deadline: float, progress: Progress) -> Dict[str, Any]:
-    from eval import weights
+class PhaseRun:
+    """One server of the plan: start, wait for health, measure, stop (``run_phase`` chains them;
+    ``--concurrent-start`` starts every server first and measures them one at a time)."""
 
-    batches = parse_batches(args.batch)
-    port = free_port(args.host)
-    module = args.stock_module if phase.kind == "stock" else args.patched_module
-    extra = list(args.patched_arg or []) if phase.kind == "patched" else []
-    extra = [x for e in extra for x in shlex.split(e)]
-    cmd = launch_cmd(args.python, module, flags, args.host, port, extra)
-    env = server_env(base_env, args, phase, model, pythonpath)
-    rec: Dict[str, Any] = {"label": phase.label, "phase": asdict(phase), "launcher": module,
-                           "command": shlex.join(cmd), "env": env_delta(env, base_env), "status": "started",
-                           "log": str(logdir / f"server-{phase.label}.log")}
-    server = Server(phase.label, cmd, env, logdir / f"server-{phase.label}.log", args.host, port)
-    sampler = GpuMemSampler(args.gpu_index)
-    rec["gpu_mem_baseline_mib"] = sampler.baseline
-    with sampler:
+    def __init__(self, phase: Phase, args, model: ModelSpec, flags: List[str], base_env: Dict[str, str],
+                 pythonpath: List[str], logdir: Path):
+        self.phase, self.args, self.model, self.logdir = phase, args, model, logdir
+        port = free_port(args.host)
+        module = args.stock_module if phase.kind == "stock" else args.patched_module
+        extra = [x for e in (args.patched_arg or []) if phase.kind == "patched" for x in shlex.split(e)]
+        cmd = launch_cmd(args.python, module, flags, args.host, port, extra)
+        env = server_env(base_env, args, phase, model, pythonpath)
+        log_path = logdir / f"server-{phase.label}.log"
+        self.rec: Dict[str, Any] = {"label": phase.label, "phase": asdict(phase), "launcher": module,
+                                    "command": shlex.join(cmd), "env": env_delta(env, base_env),
+                                    "status": "created", "log": str(log_path)}
+        self.server = Server(phase.label, cmd, env, log_path, args.host, port)
+        self.sampler: Optional[GpuMemSampler] = None
+        self.failed = False
+
+    def start(self) -> None:
+        log(f"{self.phase.label}: starting {self.rec['launcher']} on port {self.server.port}")
+        self.server.start()
+        self.sampler = GpuMemSampler(self.args.gpu_index, pgid=self.server.proc.pid).start()
+        self.rec["gpu_mem_baseline_mib"] = self.sampler.baseline
+        self.rec["status"] = "started"
+
+    def wait(self, deadline: float, progress: Progress) -> None:
         try:
-            log(f"{phase.label}: starting {module} on port {port}")
-            server.start()
             remaining = deadline - time.time()
-            rec["startup_s"] = round(server.wait_ready(min(args.server_timeout, max(10.0, remaining))), 1)
-            log(f"{phase.label}: healthy after {rec['startup_s']} s")
-            progress.step(f"{phase.label} up")
+            self.rec["startup_s"] = round(self.server.wait_ready(min(self.args.server_timeout, max(10.0, remaining))), 1)
+            log(f"{self.phase.label}: healthy after {self.rec['startup_s']} s")
+            progress.step(f"{self.phase.label} up")
             try:
-                rec["server_info"] = http_json(server.url + "/server_info", timeout=30)
+                self.rec["server_info"] = http_json(self.server.url + "/server_info", timeout=30)
             except Exception as e:  # noqa: BLE001
-                rec["server_info_error"] = str(e)
-            rec["facts"] = server_facts(rec.get("server_info"))
+                self.rec["server_info_error"] = str(e)
+            self.rec["facts"] = server_facts(self.rec.get("server_info"))
+        except Exception as e:  # noqa: BLE001
+            self._fail(e)
+
+    def _fail(self, e: BaseException) -> None:
+        self.failed = True
+        self.rec["status"] = "error"
+        self.rec["error"] = f"{type(e).__name__}: {e}"
+        log(f"{self.phase.label}: ERROR {self.rec['error'][:2000]}")
+
+    def work(self, driver: Optional["BenchDriver"], prompts: List[List[int]], deadline: float,
+             progress: Progress) -> None:
+        if self.failed:
+            return
+        args, phase, server, rec = self.args, self.phase, self.server, self.rec
+        try:
             if phase.bench:
-                rec["bench"] = []
-                if driver is None:
-                    rec["bench_error"] = "no bench driver"
-                else:
-                    ready = driver.wait_ready(max(30.0, deadline - time.time()))
-                    rec["bench_driver"] = {k: v for k, v in ready.items() if k != "event"}
-                    for b in batches:
-                        if time.time() > deadline - args.reserve_s:
-                            rec["bench"].append({"batch": b, "skipped": "deadline"})
-                            continue
-                        out_file = str(logdir / f"bench-{phase.label}-b{b}.jsonl")
-                        argv = bench_serving_argv(server.url, model, b, args, out_file)
-                        entry = {"batch": b, "command": "python -m sglang.bench_serving " + shlex.join(argv)}
-                        res = driver.run(argv, timeout=min(args.bench_timeout, max(10.0, deadline - time.time())))
-                        entry.update(ok=res.get("ok"), seconds=res.get("seconds"), error=res.get("error"))
-                        try:
-                            lines = Path(out_file).read_text().strip().splitlines()
-                            entry["result"] = trim_bench(json.loads(lines[-1])) if lines else None
-                        except (OSError, ValueError) as e:
-                            entry["result"] = None
-                            entry.setdefault("error", f"no bench_serving output: {e}")
-                        r = entry.get("result") or {}
-                        log(f"{phase.label}: batch {b}: {r.get('output_throughput', float('nan')):.1f} tok/s, "
-                            f"TPOT p50 {r.get('median_tpot_ms', float('nan')):.2f} ms "
-                            f"({'ok' if entry['ok'] else entry.get('error')})")
-                        rec["bench"].append(entry)
-                        progress.step(f"{phase.label} b{b}")
+                self._bench(driver, deadline, progress)
             if phase.parity:
                 if time.time() > deadline - args.reserve_s:
                     rec["parity"] = {"skipped": "deadline"}
@@ -830,7 +864,7 @@ def run_phase(phase: Phase, args, model: ModelSpec, flags: List[str], base_env: 
                     try:
                         rec["parity"] = run_parity(server.url, prompts, args.parity_tokens, args.parity_topk,
                                                    timeout=min(args.parity_timeout, max(10.0, deadline - time.time())),
-                                                   sample_path=logdir / f"generate-sample-{phase.label}.json")
+                                                   sample_path=self.logdir / f"generate-sample-{phase.label}.json")
                         log(f"{phase.label}: parity {len(prompts)} x {args.parity_tokens} tokens in "
                             f"{rec['parity']['seconds']} s")
                     except Exception as e:  # noqa: BLE001
@@ -845,19 +879,69 @@ def run_phase(phase: Phase, args, model: ModelSpec, flags: List[str], base_env: 
                 rec["metrics"] = parse_metrics(text)
             rec["status"] = "ok"
         except Exception as e:  # noqa: BLE001 - record and continue with the next arm
-            rec["status"] = "error"
-            rec["error"] = f"{type(e).__name__}: {e}"
-            log(f"{phase.label}: ERROR {rec['error'][:2000]}")
-        finally:
-            rec["shutdown"] = server.stop(grace=args.shutdown_grace)
-    rec["peak_gpu_mem_mib"] = sampler.peak
+            self._fail(e)
+
+    def _bench(self, driver: Optional["BenchDriver"], deadline: float, progress: Progress) -> None:
+        args, phase, rec = self.args, self.phase, self.rec
+        rec["bench"] = []
+        if driver is None:
+            rec["bench_error"] = "no bench driver"
+            return
+        ready = driver.wait_ready(max(30.0, deadline - time.time()))
+        rec["bench_driver"] = {k: v for k, v in ready.items() if k != "event"}
+        for b in parse_batches(args.batch):
+            if time.time() > deadline - args.reserve_s:
+                rec["bench"].append({"batch": b, "skipped": "deadline"})
+                continue
+            out_file = str(self.logdir / f"bench-{phase.label}-b{b}.jsonl")
+            argv = bench_serving_argv(self.server.url, self.model, b, args, out_file)
+            entry = {"batch": b, "command": "python -m sglang.bench_serving " + shlex.join(argv)}
+            res = driver.run(argv, timeout=min(args.bench_timeout, max(10.0, deadline - time.time())))
+            entry.update(ok=res.get("ok"), seconds=res.get("seconds"), error=res.get("error"))
+            try:
+                lines = Path(out_file).read_text().strip().splitlines()
+                entry["result"] = trim_bench(json.loads(lines[-1])) if lines else None
+            except (OSError, ValueError) as e:
+                entry["result"] = None
+                entry["error"] = entry.get("error") or f"no bench_serving output: {e}"
+            r = entry.get("result") or {}
+            log(f"{phase.label}: batch {b}: {r.get('output_throughput', float('nan')):.1f} tok/s, "
+                f"TPOT p50 {r.get('median_tpot_ms', float('nan')):.2f} ms "
+                f"({'ok' if entry['ok'] else entry.get('error')})")
+            rec["bench"].append(entry)
+            progress.step(f"{phase.label} b{b}")
+
+    def finish(self) -> Dict[str, Any]:
+        from eval import weights
+
+        rec = self.rec
+        rec["shutdown"] = self.server.stop(grace=self.args.shutdown_grace)
+        if self.sampler is not None:
+            self.sampler.stop()
+            rec["peak_gpu_mem_mib"] = self.sampler.peak
+            rec["peak_gpu_mem_own_mib"] = self.sampler.peak_own
+        try:
+            text = self.server.log_path.read_text(errors="replace")
+            rec["random_weights_confirmed"] = weights.LOG_MARKER in text
+            rec["replayssm_active"] = "sglang_replayssm active" in text
+        except OSError:
+            pass
+        return rec
+
+
+def run_phase(phase: Phase, args, model: ModelSpec, flags: List[str], base_env: Dict[str, str],
+              pythonpath: List[str], logdir: Path, driver: Optional["BenchDriver"],
+              prompts: List[List[int]], deadline: float, progress: Progress) -> Dict[str, Any]:
+    pr = PhaseRun(phase, args, model, flags, base_env, pythonpath, logdir)
     try:
-        text = server.log_path.read_text(errors="replace")
-        rec["random_weights_confirmed"] = weights.LOG_MARKER in text
-        rec["replayssm_active"] = "sglang_replayssm active" in text
-    except OSError:
-        pass
-    return rec
+        pr.start()
+        pr.wait(deadline, progress)
+        pr.work(driver, prompts, deadline, progress)
+    except Exception as e:  # noqa: BLE001
+        pr._fail(e)
+    finally:
+        pr.finish()
+    return pr.rec
 
 
 def comparisons(phases: List[Dict[str, Any]]) -> List[Tuple[Dict[str, Any], Dict[str, Any]]]:
@@ -893,7 +977,7 @@ def compare(a: Dict[str, Any], b: Dict[str, Any], phases: List[Dict[str, Any]], 
         "throughput_ratio_max": max(ratios) if ratios else None,
         "max_running_requests": {a["label"]: (a.get("facts") or {}).get("max_running_requests"),
                                  b["label"]: (b.get("facts") or {}).get("max_running_requests")},
-        "peak_gpu_mem_mib": {a["label"]: a.get("peak_gpu_mem_mib"), b["label"]: b.get("peak_gpu_mem_mib")},
+        "peak_gpu_mem_mib": {x["label"]: x.get("peak_gpu_mem_own_mib") or x.get("peak_gpu_mem_mib") for x in (a, b)},
         "accept_length": {a["label"]: (a.get("server_info_after") or {}).get("avg_spec_accept_length"),
                           b["label"]: (b.get("server_info_after") or {}).get("avg_spec_accept_length")},
         "status": {a["label"]: a.get("status"), b["label"]: b.get("status")},
@@ -1030,6 +1114,10 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--reserve-s", type=float, default=20.0, help="time kept for shutdown/reporting under a deadline")
     o.add_argument("--min-phase-s", type=float, default=60.0, help="skip a server if less time than this is left")
     o.add_argument("--save-jitcache", default=None, metavar="DIR", help="tar the JIT caches after the first server")
+    o.add_argument("--concurrent-start", action="store_true",
+                   help="start every server at once (one cold JIT compile, one import wait), then measure them "
+                        "one at a time while the others idle; recorded in the result. Size the pools so that all "
+                        "fit (e.g. --mem-fraction-static 0.2 --server-arg '--max-total-tokens 65536')")
     o.add_argument("--gpu-index", default=None, help="GPU for peak-memory sampling (default: first visible)")
     o.add_argument("--noise-band", type=float, default=0.03, help="|ratio-1| reported as noise")
     o.add_argument("--no-progress", action="store_true")
@@ -1120,22 +1208,40 @@ def main(argv: Optional[List[str]] = None) -> int:
         driver = BenchDriver(args.python, denv, logdir / "bench_serving.log")
     n_steps = sum(1 + (len(parse_batches(args.batch)) if ph.bench else 0) + (1 if ph.parity else 0) for ph in phases)
     progress = Progress(n_steps, enable=not args.no_progress)
+    partial = out_dir / f"{stem0}-partial.json"
     try:
-        for i, ph in enumerate(phases):
-            left = deadline - time.time()
-            if left < args.min_phase_s:
-                run["phases"].append({"label": ph.label, "phase": asdict(ph), "status": "skipped",
-                                      "error": f"deadline: {left:.0f} s left"})
-                log(f"{ph.label}: skipped ({left:.0f} s left)")
-                continue
-            rec = run_phase(ph, args, spec_models[ph.spec], flags[ph.spec], base_env, pythonpath, workdir, logdir,
-                            driver, prompts, deadline, progress)
-            run["phases"].append(rec)
-            if i == 0 and args.save_jitcache:
-                rec["jitcache"] = save_jitcache(Path(args.save_jitcache))
-                log(f"jit caches saved: {rec['jitcache']}")
-            partial = out_dir / f"{stem0}-partial.json"
+        if args.concurrent_start:
+            runs = [PhaseRun(ph, args, spec_models[ph.spec], flags[ph.spec], base_env, pythonpath, logdir)
+                    for ph in phases]
+            try:
+                for pr in runs:
+                    pr.start()
+                for pr in runs:
+                    pr.wait(deadline, progress)
+                if args.save_jitcache:
+                    run["jitcache"] = save_jitcache(Path(args.save_jitcache))
+                    log(f"jit caches saved: {run['jitcache']}")
+                for pr in runs:  # measured one at a time; the others idle
+                    pr.work(driver, prompts, deadline, progress)
+            finally:
+                for pr in runs:
+                    run["phases"].append(pr.finish())
             _write_partial(partial, run)
+        else:
+            for i, ph in enumerate(phases):
+                left = deadline - time.time()
+                if left < args.min_phase_s:
+                    run["phases"].append({"label": ph.label, "phase": asdict(ph), "status": "skipped",
+                                          "error": f"deadline: {left:.0f} s left"})
+                    log(f"{ph.label}: skipped ({left:.0f} s left)")
+                    continue
+                rec = run_phase(ph, args, spec_models[ph.spec], flags[ph.spec], base_env, pythonpath, logdir,
+                                driver, prompts, deadline, progress)
+                run["phases"].append(rec)
+                if i == 0 and args.save_jitcache:
+                    run["jitcache"] = save_jitcache(Path(args.save_jitcache))
+                    log(f"jit caches saved: {run['jitcache']}")
+                _write_partial(partial, run)
     finally:
         progress.close()
         if driver is not None:
@@ -1161,7 +1267,6 @@ def main(argv: Optional[List[str]] = None) -> int:
                        extra_servers={p["label"]: slim_phase(p) for p in run["phases"][1:]},
                        summary={"a": arms[0]["label"], "b": None, "verdict": "single arm: no comparison"})
             written += ab_report.write_all(res, out_dir, f"{stem0}-{arms[0]['phase']['kind']}-only")
-    partial = out_dir / f"{stem0}-partial.json"
     if partial.exists():
         partial.unlink()
     for w in written:

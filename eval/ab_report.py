@@ -64,11 +64,12 @@ def server_table(res: Dict[str, Any]) -> str:
         after = p.get("server_info_after") or {}
         sd = p.get("shutdown") or {}
         rows.append([label, p.get("launcher", ""), p.get("status", ""), p.get("startup_s"),
-                     f.get("max_running_requests"), f.get("token_capacity"), p.get("peak_gpu_mem_mib"),
+                     f.get("max_running_requests"), f.get("token_capacity"),
+                     p.get("peak_gpu_mem_own_mib") or p.get("peak_gpu_mem_mib"),
                      after.get("avg_spec_accept_length"), _yn(p.get("random_weights_confirmed")),
                      _yn(p.get("replayssm_active")), f"{sd.get('how', '—')} {sd.get('seconds', '')}".strip()])
     return report.markdown_table(["server", "launcher", "status", "startup s", "max running reqs", "token capacity",
-                                  "peak GPU MiB", "accept len", "random weights", "replayssm log", "shutdown"],
+                                  "peak GPU MiB (own processes)", "accept len", "random weights", "replayssm log", "shutdown"],
                                  rows, align=["l", "l", "l"] + ["r"] * 5 + ["l"] * 3)
 
 
@@ -135,6 +136,9 @@ def markdown(res: Dict[str, Any]) -> str:
                  f"input {res.get('bench', {}).get('input_len')}, output {res.get('bench', {}).get('output_len')}, "
                  f"prompts per batch {res.get('bench', {}).get('prompts_per_batch')}",
     }
+    harness = res.get("flags", {}).get("harness", {}) or {}
+    info["servers"] = ("started together (--concurrent-start), measured one at a time while the others idled"
+                       if harness.get("concurrent_start") else "started, measured and stopped one after another")
     if res.get("note_shared_baseline"):
         info["note"] = res["note_shared_baseline"]
     sections = [("Run", report.markdown_kv(info)),
