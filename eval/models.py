@@ -80,14 +80,14 @@ _GEOMETRIES: List[Geometry] = [
         source="sglang_replayssm/models/tiny-nemotron-h.json (shared/docs/sglang-seams.md §9.2): "
                "NemotronH schema at toy size, pattern M*M- (2 Mamba2, 1 attention, 1 MLP)",
         spec_keys=_NEMOTRON_TINY_MTP, spec_server_flags=("--moe-runner-backend", "triton"),
-        env=_FLASHINFER_ENV, h200="A/B stock-vs-stock and stock-vs-patched (eval/results/)",
+        env=_FLASHINFER_ENV, h200="bundle smoke test only (not this harness yet)",
     ),
     Geometry(
         name="tiny-qwen3-next", family="gdn", size="tiny",
         config=pkg_models.config("tiny-qwen3-next"), attention_backend="triton",
         source="sglang_replayssm/models/tiny-qwen3-next.json (sglang-seams.md §9.3): Qwen3-Next schema "
                "at toy size, 3 GDN + 1 attention layer, 8 experts top-2",
-        spec_keys={"num_nextn_predict_layers": 1}, h200="bundle smoke test only (not this harness)",
+        spec_keys={"num_nextn_predict_layers": 1}, h200="bundle smoke test only (not this harness yet)",
     ),
     Geometry(
         name="tiny-qwen3.5", family="gdn", size="tiny",

@@ -1,0 +1,330 @@
+"""CPU tests of the A/B harness (eval/ab.py, eval/ab_report.py, eval/bench_sweep.py).
+
+No GPU, no network: command lines are checked against SGLang 0.5.17's own argument parser,
+parity/metrics/bench parsing against recorded samples, and the whole harness runs end to end
+against ``tests/eval/fake_sglang_server.py`` (a CPU stand-in speaking SGLang's HTTP API).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from eval import ab, ab_report, bench_sweep, models, report  # noqa: E402
+
+DATA = Path(__file__).resolve().parent / "data"
+FAKE = "tests.eval.fake_sglang_server"
+
+
+def _args(*argv):
+    return ab.build_parser().parse_args(list(argv))
+
+
+def _env():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_REPLAYSSM_", "REPLAYSSM_EVAL_"))}
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+# --------------------------------------------------------------------------------
+# plan and command lines
+# --------------------------------------------------------------------------------
+def test_arms_and_phases():
+    assert ab.parse_arms("stock,stock,patched") == [("stock", "stock"), ("stock-2", "stock"), ("patched", "patched")]
+    with pytest.raises(ValueError, match="unknown arm"):
+        ab.parse_arms("stock,fork")
+    assert ab.parse_batches("32,1,128,32") == [1, 32, 128]
+    with pytest.raises(ValueError):
+        ab.parse_batches("1,x")
+    ph = ab.plan_phases(_args("--arms", "stock,patched"))
+    assert [(p.label, p.bench, p.parity, p.role) for p in ph] == [("stock", True, True, "arm"),
+                                                                   ("patched", True, True, "arm")]
+    # spec with simulated acceptance: speed arms without parity, then spec-parity servers + a non-spec reference
+    ph = ab.plan_phases(_args("--arms", "stock,patched", "--spec", "nextn", "--sim-acc-len", "2.5"))
+    assert [(p.label, p.spec, p.sim_acc_len, p.bench, p.parity) for p in ph] == [
+        ("stock", True, 2.5, True, False), ("patched", True, 2.5, True, False),
+        ("stock-spec-parity", True, None, False, True), ("patched-spec-parity", True, None, False, True),
+        ("stock-nospec-reference", "stock" == "x", None, False, True)]
+    # spec without simulation: the arms do their own parity; only the reference is extra
+    ph = ab.plan_phases(_args("--arms", "stock,patched", "--spec", "nextn"))
+    assert [p.role for p in ph] == ["arm", "arm", "reference"] and ph[0].parity
+
+
+def _model(tmp_path, name, spec=False):
+    return ab.prepare_model(_args("--model", name), tmp_path, spec)
+
+
+@pytest.fixture(scope="module")
+def sglang_parser():
+    sa = pytest.importorskip("sglang.srt.server_args")
+    p = argparse.ArgumentParser()
+    sa.ServerArgs.add_cli_args(p)
+    return p
+
+
+@pytest.mark.parametrize("name", models.names())
+def test_server_flags_parse_with_sglangs_parser(tmp_path, sglang_parser, name):
+    spec = name not in ("tiny-falcon-h1", "tiny-granitemoehybrid")
+    for use_spec in ([False, True] if spec else [False]):
+        args = _args("--model", name, "--batch", "1,32", "--spec", "nextn" if use_spec else "none",
+                     "--server-arg", "--max-total-tokens 65536")
+        m = ab.prepare_model(args, tmp_path, use_spec)
+        flags = ab.common_server_flags(args, m, use_spec)
+        cmd = ab.launch_cmd("python", ab.STOCK_MODULE, flags, "127.0.0.1", 31000)
+        ns = sglang_parser.parse_args(cmd[3:])
+        assert ns.model_path == m.path and ns.load_format == "dummy" and ns.skip_tokenizer_init is False
+        assert ns.attention_backend == models.get(name).attention_backend
+        assert ns.disable_radix_cache and ns.enable_metrics and ns.port == 31000
+        assert ns.cuda_graph_max_bs_decode == 32 and ns.max_total_tokens == 65536
+        assert ns.mem_fraction_static == (0.25 if name.startswith("tiny") else 0.85)
+        if use_spec:
+            assert ns.speculative_algorithm == "NEXTN" and ns.speculative_num_steps == 3
+            assert ns.speculative_eagle_topk == 1 and ns.speculative_num_draft_tokens == 4
+            cfg = json.loads((Path(m.path) / "config.json").read_text())
+            assert cfg["num_nextn_predict_layers"] == 1
+
+
+def test_stock_and_patched_commands_differ_only_in_launcher_and_port(tmp_path):
+    args = _args("--arms", "stock,patched", "--patched-arg", "--replayssm-buffer-len 8")
+    m = _model(tmp_path, "tiny-nemotron-h")
+    flags = ab.common_server_flags(args, m, False)
+    st = ab.launch_cmd("python3", ab.STOCK_MODULE, flags, "127.0.0.1", 1)
+    pa = ab.launch_cmd("python3", ab.PATCHED_MODULE, flags, "127.0.0.1", 2, ["--replayssm-buffer-len", "8"])
+    assert st[2] == "sglang.launch_server" and pa[2] == "sglang_replayssm.launch_server"
+    assert st[3:-2] == pa[3:-4] and pa[-2:] == ["--replayssm-buffer-len", "8"]
+
+
+def test_server_env(tmp_path, monkeypatch):
+    base = {"PATH": "/bin", "PYTHONPATH": "/bundle", "SGLANG_REPLAYSSM_BUFFER_LEN": "8",
+            "SGLANG_SIMULATE_ACC_LEN": "9"}
+    args = _args("--spec", "nextn", "--sim-acc-len", "2.5", "--weight-seed", "7")
+    m = _model(tmp_path, "tiny-nemotron-h", True)
+    stock, patched = ab.plan_phases(args)[:2][0], ab.Phase("patched", "patched", True, 2.5, True, False)
+    env = ab.server_env(base, args, stock, m, ["/ep", "/repo"])
+    assert env["PYTHONPATH"] == os.pathsep.join(["/ep", "/repo", "/bundle"])
+    assert "SGLANG_REPLAYSSM_BUFFER_LEN" not in env  # stock stays plain SGLang
+    assert env["REPLAYSSM_EVAL_RANDOM_WEIGHTS"] == "1" and env["REPLAYSSM_EVAL_WEIGHT_SEED"] == "7"
+    assert env["SGLANG_SIMULATE_ACC_LEN"] == "2.5" and env["SGLANG_SIMULATE_ACC_METHOD"] == "match-expected"
+    assert env["SGLANG_FLASHINFER_USE_TENSOR_CORE"] == "true"
+    envp = ab.server_env(base, args, patched, m, ["/ep"])
+    assert envp["SGLANG_REPLAYSSM_BUFFER_LEN"] == "8"
+    ref = ab.server_env(base, args, ab.Phase("ref", "stock", False, None, False, True), m, [])
+    assert "SGLANG_SIMULATE_ACC_LEN" not in ref
+    assert not any(k.startswith("SGLANG_REPLAYSSM_") for k in ab.env_delta(env, base))
+
+
+def test_bench_serving_argv(tmp_path):
+    args = _args("--batch", "1,64", "--rounds", "3", "--input-len", "100", "--output-len", "50")
+    m = _model(tmp_path, "tiny-qwen3-next")
+    argv = ab.bench_serving_argv("http://h:1", m, 64, args, "/o.jsonl")
+    d = dict(zip(argv[::2], argv[1::2]))
+    assert "--tokenize-prompt" in argv and "--disable-tqdm" in argv
+    i = argv.index("--tokenize-prompt")
+    argv2 = argv[:i] + argv[i + 1:]
+    j = argv2.index("--disable-tqdm")
+    d = dict(zip(argv2[:j][::2], argv2[:j][1::2]))
+    assert d["--dataset-name"] == "random-ids" and d["--max-concurrency"] == "64" and d["--num-prompts"] == "192"
+    assert d["--tokenizer"] == m.tokenizer and d["--random-input-len"] == "100"
+    assert ab.bench_serving_argv("http://h:1", m, 1, args, "/o")[argv.index("--num-prompts") + 1] == "4"
+
+
+def test_bench_serving_accepts_the_arguments(tmp_path):
+    serving = pytest.importorskip("sglang.benchmark.serving", exc_type=ImportError)
+    seen = {}
+    orig = serving.run_benchmark
+    try:
+        serving.run_benchmark = lambda a: seen.setdefault("args", a)
+        m = _model(tmp_path, "tiny-qwen3-next")
+        argv = ab.bench_serving_argv("http://h:1", m, 8, _args(), str(tmp_path / "o.jsonl"))
+        old = sys.argv
+        sys.argv = ["x"] + argv
+        try:
+            serving.cli_main()
+        finally:
+            sys.argv = old
+    finally:
+        serving.run_benchmark = orig
+    a = seen["args"]
+    assert a.dataset_name == "random-ids" and a.tokenize_prompt and a.max_concurrency == 8
+
+
+def test_dry_run_prints_every_server(capsys):
+    assert ab.main(["--model", "tiny-qwen3-next", "--arms", "stock,stock,patched", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("-m sglang.launch_server") == 2 and out.count("-m sglang_replayssm.launch_server") == 1
+    assert out.count("python -m sglang.bench_serving") == 3 * 4
+
+
+# --------------------------------------------------------------------------------
+# parity
+# --------------------------------------------------------------------------------
+def _run(tokens, lp=-0.1, top=None):
+    return {"tokens": tokens, "logprobs": [lp] * len(tokens),
+            "top": top if top is not None else [{t: lp, 999: lp - 1.0} for t in tokens]}
+
+
+def test_parity_exact_and_histogram():
+    a = [_run([5, 6, 7, 8]), _run([1, 2, 3])]
+    r = ab.compare_parity(a, [dict(x) for x in a], 0.05, None)
+    assert r["exact"] and r["mismatches"] == 0 and r["identical_prompts"] == 2 and r["tokens_compared"] == 7
+    assert r["dlogprob_hist"]["counts"][0] == 7 and r["max_abs_dlogprob"] == 0.0
+
+
+def test_parity_mismatch_near_tie_and_deltas():
+    ref = [_run([5, 6, 7, 8]), _run([1, 2, 3, 4]), _run([9, 9])]
+    o0 = _run([5, 6, 70, 8])  # real mismatch at 2: ref's gap between 7 and 70 is large
+    tie_top_a = [{1: -0.1}, {2: -0.1}, {3: -0.50, 30: -0.51}, {4: -0.1}]
+    tie_top_b = [{1: -0.1}, {2: -0.1}, {30: -0.50, 3: -0.52}, {4: -0.1}]
+    ref[1] = {"tokens": [1, 2, 3, 4], "logprobs": [-0.1, -0.1, -0.5, -0.1], "top": tie_top_a}
+    o1 = {"tokens": [1, 2, 30, 4], "logprobs": [-0.1, -0.1000004, -0.5, -0.1], "top": tie_top_b}
+    o2 = _run([9, 9], lp=-0.1 + 2e-3)
+    r = ab.compare_parity(ref, [o0, o1, o2], 0.05, None)
+    assert r["mismatches"] == 1 and r["mismatch_details"][0]["pos"] == 2 and r["mismatch_details"][0]["kind"] == "mismatch"
+    assert len(r["near_ties"]) == 1 and r["near_ties"][0]["prompt"] == 1 and r["near_ties"][0]["b_token"] == 30
+    assert r["first_divergence"] == [2, 2, None] and not r["exact"]
+    assert r["tokens_compared"] == 2 + 2 + 2
+    assert math.isclose(r["max_abs_dlogprob"], 2e-3, rel_tol=1e-6)
+    labels, counts = r["dlogprob_hist"]["labels"], r["dlogprob_hist"]["counts"]
+    assert counts[labels.index("≤1e-2")] == 2 and counts[labels.index("≤1e-6")] == 1
+    # a length difference is a mismatch too
+    r2 = ab.compare_parity([_run([1, 2, 3])], [_run([1, 2])], 0.05, 3)
+    assert r2["mismatches"] == 1 and r2["mismatch_details"][0]["kind"] == "length"
+
+
+def test_parse_recorded_generate_output():
+    item = json.loads((DATA / "generate_sample.json").read_text())
+    out = ab.parse_generate_output(item)
+    n = len(item["meta_info"]["output_token_logprobs"])
+    assert len(out["tokens"]) == len(out["logprobs"]) == len(out["top"]) == n
+    assert out["tokens"] == [t[1] for t in item["meta_info"]["output_token_logprobs"]]
+    assert out["tokens"][:n] == item["output_ids"][:n]
+    assert all(out["tokens"][i] in out["top"][i] for i in range(n))
+    slim = ab.slim_outputs([out])[0]
+    assert set(slim) == {"tokens", "logprobs"}
+
+
+def test_parse_metrics_and_server_info():
+    text = ('# HELP sglang:num_running_reqs x\nsglang:num_running_reqs{model_name="a",dp="0"} 3.0\n'
+            'sglang:num_running_reqs{model_name="a",dp="1"} 2.0\nsglang:spec_accept_length{m="a"} 2.75\n'
+            'sglang:other 1\nnot a metric\n')
+    assert ab.parse_metrics(text) == {"num_running_reqs": 5.0, "spec_accept_length": 2.75}
+    info = {"version": "0.5.17", "max_total_num_tokens": 1000, "internal_states": [
+        {"effective_max_running_requests_per_dp": 48, "avg_spec_accept_length": 2.5,
+         "memory_usage": {"token_capacity": 1000, "weight": 1.5}}]}
+    f = ab.server_facts(info)
+    assert f["max_running_requests"] == 48 and f["avg_spec_accept_length"] == 2.5 and f["token_capacity"] == 1000
+    assert ab.server_facts(None) == {}
+
+
+def test_trim_recorded_bench_serving_line():
+    line = (DATA / "bench_serving_sample.jsonl").read_text().strip().splitlines()[-1]
+    res = ab.trim_bench(json.loads(line))
+    for k in ("output_throughput", "median_tpot_ms", "p99_itl_ms", "median_ttft_ms", "completed"):
+        assert report.is_number(res[k]), k
+    assert "server_info" not in res
+
+
+# --------------------------------------------------------------------------------
+# reports from a recorded result
+# --------------------------------------------------------------------------------
+def test_report_from_recorded_result(tmp_path):
+    res = json.loads((DATA / "ab_result_sample.json").read_text())
+    for k in ("git_commit", "sglang_version", "gpu", "flags", "summary", "arms"):
+        assert k in res
+    md = ab_report.markdown(res)
+    assert "## Speed (sglang.bench_serving)" in md and "## Parity" in md and "```" in md
+    a, b = res["summary"]["a"], res["summary"]["b"]
+    for bs in (e["batch"] for e in res["arms"][a]["bench"] if e.get("result")):
+        assert f"\n| {bs} |" in md
+    paths = ab_report.write_all(res, tmp_path, "ab-sample")
+    names = {p.name for p in paths}
+    assert {"ab-sample.json", "ab-sample.md"} <= names
+    assert ("ab-sample.png" in names) == report.have_matplotlib()
+    assert "ab-sample.json" in ab_report.render(tmp_path / "ab-sample.json")
+    panels = ab_report.panels(res)
+    assert panels[0]["hline"] == 1.0 and panels[-1]["kind"] == "bar"
+
+
+# --------------------------------------------------------------------------------
+# bench_serving driver
+# --------------------------------------------------------------------------------
+def test_bench_sweep_protocol_and_jobs(capsys):
+    assert bench_sweep.parse_event('@@BENCH_SWEEP {"event": "ready"}\n') == {"event": "ready"}
+    assert bench_sweep.parse_event("Mean TPOT (ms): 1.0") is None
+    calls = []
+
+    def cli_main():
+        calls.append(list(sys.argv))
+        if "--boom" in sys.argv:
+            raise RuntimeError("boom")
+        if "--exit" in sys.argv:
+            sys.exit(1)
+
+    assert bench_sweep.run_job(cli_main, ["--a", "1"])["ok"]
+    assert calls[-1] == ["sglang.bench_serving", "--a", "1"]
+    r = bench_sweep.run_job(cli_main, ["--boom"])
+    assert not r["ok"] and "boom" in r["error"]
+    assert not bench_sweep.run_job(cli_main, ["--exit"])["ok"]
+    assert (bench_sweep.SHIM_DIR / "datasets" / "__init__.py").is_file()
+
+
+# --------------------------------------------------------------------------------
+# end to end against the CPU stand-in server
+# --------------------------------------------------------------------------------
+def _run_ab(tmp_path, *extra, timeout=240):
+    cmd = [sys.executable, "-m", "eval.ab", "--model", "tiny-nemotron-h", "--stock-module", FAKE,
+           "--patched-module", FAKE, "--no-bench", "--parity-tokens", "64", "--parity-prompts", "4",
+           "--out-dir", str(tmp_path), "--no-progress", "--shutdown-grace", "5", *extra]
+    return subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("concurrent", [False, True])
+def test_end_to_end_with_stand_in_servers(tmp_path, concurrent):
+    r = _run_ab(tmp_path, "--arms", "stock,stock,patched",
+                "--patched-arg", "--fake-flip-at 10 --fake-gap 0.5", *(["--concurrent-start"] if concurrent else []))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ss = json.loads((tmp_path / "ab-tiny-nemotron-h-stock-vs-stock.json").read_text())
+    sp = json.loads((tmp_path / "ab-tiny-nemotron-h-stock-vs-patched.json").read_text())
+    for res in (ss, sp):
+        assert res["schema"] == ab.SCHEMA and res["git_commit"] and "gpu" in res and "flags" in res
+        assert res["flags"]["harness"]["concurrent_start"] == concurrent
+        assert res["summary"]["random_weights_confirmed"] is True
+        assert (tmp_path / f"ab-tiny-nemotron-h-{res['comparison']}.md").is_file()
+        for arm in res["arms"].values():
+            assert arm["status"] == "ok" and arm["shutdown"]["stopped"]
+            assert len(arm["parity"]["outputs"]) == 4 and len(arm["parity"]["outputs"][0]["tokens"]) == 64
+            assert "top" not in arm["parity"]["outputs"][0]
+    assert ss["summary"]["parity"]["exact"] is True
+    par = sp["summary"]["parity"]
+    assert not par["exact"] and par["mismatches"] == 1 and par["first_divergence"][0] == 10
+    assert "sglang_replayssm.launch_server" not in sp["arms"]["patched"]["command"]  # stand-in launcher
+    assert not list(tmp_path.glob("*partial.json"))
+
+
+def test_end_to_end_failure_is_recorded_and_servers_are_stopped(tmp_path):
+    r = _run_ab(tmp_path, "--arms", "stock,patched", "--patched-arg=--fake-crash", "--server-timeout", "30")
+    assert r.returncode == 1
+    res = json.loads((tmp_path / "ab-tiny-nemotron-h-stock-vs-patched.json").read_text())
+    assert res["arms"]["stock"]["status"] == "ok"
+    assert res["arms"]["patched"]["status"] == "error" and "exited" in res["arms"]["patched"]["error"]
+    assert "crashing" in Path(res["arms"]["patched"]["log"]).read_text()
+    assert res["summary"]["parity"].get("skipped")
+
+
+def test_deadline_skips_servers(tmp_path):
+    r = _run_ab(tmp_path, "--arms", "stock,patched", "--deadline-s", "1", "--min-phase-s", "30")
+    assert r.returncode == 1
+    res = json.loads((tmp_path / "ab-tiny-nemotron-h-stock-vs-patched.json").read_text())
+    assert {a["status"] for a in res["arms"].values()} == {"skipped"}
