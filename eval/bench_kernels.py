@@ -1016,6 +1016,25 @@ def _replay_timing(timer: Timer, make_fn: Callable[[int, int], Callable], n_sets
     return out
 
 
+def _case_header(family, name, geom, sdtype, batch, L, num_slots, n_sets, row, min_launches) -> Dict[str, Any]:
+    launches = max(n_sets, min_launches)
+    return {
+        "family": family, "geometry": name, "shape": dict(geom), "state_dtype": sdtype, "act_dtype": "bf16",
+        "batch": batch, "L": L, "num_slots": num_slots, "slot_sets": n_sets,
+        "launches_per_graph": launches,
+        "touched_state_MB_per_graph": launches * batch * row / 1e6,
+        "pool_state_MB": num_slots * row / 1e6, "kernels": {},
+    }
+
+
+def _stock_entry(timer, fns, nb, label, copy_bw) -> Dict[str, Any]:
+    t = timer(fns)
+    entry = {"name": label, "t_us": t["us"], "bytes": nb["total"], "bytes_breakdown": nb,
+             "GBps": gbps(nb["total"], t["us"]), "timing": t}
+    entry["bw_fraction"] = report.ratio(entry["GBps"], copy_bw)
+    return entry
+
+
 def run_mamba2_case(name, geom, batch, L, sdtype, device, stock: Stock, ours, timer: Timer,
                     phases, copy_bw, min_launches, seed, routes=ROUTES) -> Dict[str, Any]:
     import torch
@@ -1025,20 +1044,11 @@ def run_mamba2_case(name, geom, batch, L, sdtype, device, stock: Stock, ours, ti
     n_sets = 2 if device == "cpu" else slot_sets_needed(batch, row)
     w = Mamba2Work(geom, batch, L, sdtype, device, n_sets, seed)
     H, P, N, G = w.H, w.P, w.N, w.G
-    case: Dict[str, Any] = {
-        "family": "mamba2", "geometry": name, "shape": dict(geom), "state_dtype": sdtype, "act_dtype": "bf16",
-        "batch": batch, "L": L, "num_slots": w.num_slots, "slot_sets": n_sets,
-        "launches_per_graph": max(n_sets, min_launches),
-        "touched_state_MB_per_graph": max(n_sets, min_launches) * batch * row / 1e6,
-        "pool_state_MB": w.num_slots * row / 1e6, "kernels": {},
-    }
+    case = _case_header("mamba2", name, geom, sdtype, batch, L, w.num_slots, n_sets, row, min_launches)
     if stock.mamba2 is not None:
-        t = timer([w.stock_fn(stock.mamba2, i % n_sets) for i in range(max(n_sets, min_launches))])
-        nb = mamba2_stock_bytes(batch, H, P, N, G, sb)
-        case["kernels"]["stock"] = {"name": "sglang selective_state_update (triton)", "t_us": t["us"],
-                                    "bytes": nb["total"], "bytes_breakdown": nb, "GBps": gbps(nb["total"], t["us"]),
-                                    "timing": t}
-        case["kernels"]["stock"]["bw_fraction"] = report.ratio(case["kernels"]["stock"]["GBps"], copy_bw)
+        case["kernels"]["stock"] = _stock_entry(
+            timer, [w.stock_fn(stock.mamba2, i % n_sets) for i in range(max(n_sets, min_launches))],
+            mamba2_stock_bytes(batch, H, P, N, G, sb), "sglang selective_state_update (triton)", copy_bw)
     if ours is not None:
         for r in routes:
             res = _replay_timing(timer, lambda s, ph, r=r: w.ours_fn(ours, s, ph, r), n_sets, L, phases,
@@ -1063,20 +1073,12 @@ def run_gdn_case(name, geom, batch, L, sdtype, device, stock: Stock, ours, timer
     n_sets = 2 if device == "cpu" else slot_sets_needed(batch, row)
     w = GDNWork(geom, batch, L, sdtype, device, n_sets, seed, with_upstream=stock.gdn_upstream is not None)
     HV, Hk, K, V = w.HV, w.Hk, w.K, w.V
-    case: Dict[str, Any] = {
-        "family": "gdn", "geometry": name, "shape": dict(geom), "state_dtype": sdtype, "act_dtype": "bf16",
-        "batch": batch, "L": L, "num_slots": w.num_slots, "slot_sets": n_sets,
-        "launches_per_graph": max(n_sets, min_launches),
-        "touched_state_MB_per_graph": max(n_sets, min_launches) * batch * row / 1e6,
-        "pool_state_MB": w.num_slots * row / 1e6, "kernels": {},
-    }
+    case = _case_header("gdn", name, geom, sdtype, batch, L, w.num_slots, n_sets, row, min_launches)
     if stock.gdn is not None:
-        t = timer([w.stock_fn(stock.gdn, i % n_sets) for i in range(max(n_sets, min_launches))])
-        nb = gdn_stock_bytes(batch, HV, Hk, K, V, sb)
-        case["kernels"]["stock"] = {"name": "sglang fused_recurrent_gated_delta_rule_packed_decode", "t_us": t["us"],
-                                    "bytes": nb["total"], "bytes_breakdown": nb, "GBps": gbps(nb["total"], t["us"]),
-                                    "timing": t}
-        case["kernels"]["stock"]["bw_fraction"] = report.ratio(case["kernels"]["stock"]["GBps"], copy_bw)
+        case["kernels"]["stock"] = _stock_entry(
+            timer, [w.stock_fn(stock.gdn, i % n_sets) for i in range(max(n_sets, min_launches))],
+            gdn_stock_bytes(batch, HV, Hk, K, V, sb), "sglang fused_recurrent_gated_delta_rule_packed_decode",
+            copy_bw)
     if stock.gdn_upstream is not None:
         res = _replay_timing(timer, lambda s, ph: w.upstream_fn(stock.gdn_upstream, s, ph), n_sets, L, phases,
                              min_launches,

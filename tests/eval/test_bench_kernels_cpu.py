@@ -387,7 +387,9 @@ def test_tune_yaml_roundtrip(tmp_path):
     # other geometries keep what they get without the file
     empty = tmp_path / "empty.yaml"
     empty.write_text("{}\n")
-    d = {"BV": 16, "num_warps": 8, "num_stages": 1, "dot_precision": "tf32x3"}
+    from sglang_replayssm.kernels.gdn_replay import GDN_DEFAULT_LAUNCH
+
+    d = dict(GDN_DEFAULT_LAUNCH)
     assert common.launch_config("gdn_decode", "HV64_HK16_K128_V128_L16", d, path=str(p)) == \
         common.launch_config("gdn_decode", "HV64_HK16_K128_V128_L16", d, path=str(empty))
     assert common.launch_config("gdn_decode", "HV32_HK16_K128_V128_L16", d, path=str(p))["BV"] == 64
