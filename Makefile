@@ -5,6 +5,7 @@
 #   make doctor         versions, config, and every patch target: resolved / patched / missing
 #   make serve          GPU host: launch the patched server (built-in tiny model unless MODEL=...)
 #   make bench-kernels  GPU host: kernel benchmark vs SGLang's stock kernels -> eval/results/
+#   make ab             GPU host: A/B of stock SGLang vs the patched launcher on real servers -> eval/results/
 #   make gpu-test       GPU host: the test suite on CUDA
 
 PYTHON ?= python3
@@ -17,7 +18,7 @@ WHEEL_CACHE := .cache/sglang-wheels
 PIP := $(PY) -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 
-.PHONY: test venv doctor serve bench-kernels gpu-test clean sglang-wheels
+.PHONY: test venv doctor serve bench-kernels gpu-test clean sglang-wheels ab
 
 venv: $(STAMP)
 
@@ -55,6 +56,15 @@ bench-kernels:
 
 gpu-test:
 	$(GPU_PY) -m pytest -q tests/kernels
+
+# A/B harness (eval/ab.py): noise floor (stock vs stock) and stock vs patched, same flags
+AB_MODEL ?= nemotron-h-8b
+AB_BATCH ?= 1,32,128,256
+AB_ARMS ?= stock,stock,patched
+AB_ARGS ?=
+ab:
+	GIT_COMMIT=$$(git rev-parse HEAD 2>/dev/null || echo $${GIT_COMMIT:-unknown}) PYTHON=$(GPU_PY) \
+	bash eval/gpu_ab.sh --model $(AB_MODEL) --batch $(AB_BATCH) --arms $(AB_ARMS) $(AB_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -6,13 +6,14 @@
 #   OUT=<dir>       where results go (default eval/results)
 #   PACK=1          write results + logs to a temp dir, then pack them as $OUT/ab-results.tgz
 #                   (for hosts that return few files)
+#   PYTHON=<python> interpreter for the harness, the servers and bench_serving (default python3)
 #   JITCACHE=1      after the first server, tar the JIT caches into $OUT (jit-triton.tgz,
 #                   jit-other.tgz: copy them to .sglang-bundle/jitcache/ for warm starts)
 # The plugin entry points are written by the harness itself (no pip install needed).
 set -uo pipefail
 OUT="${OUT:-eval/results}"
 mkdir -p "$OUT"
-if [ -f .sglang-bundle/bootstrap.sh ] && ! python3 -c "import sglang" 2>/dev/null; then
+if [ -f .sglang-bundle/bootstrap.sh ] && ! "${PYTHON:-python3}" -c "import sglang" 2>/dev/null; then
   SGLANG_BUNDLE_HTTP=1 source .sglang-bundle/bootstrap.sh
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -22,7 +23,8 @@ RESULTS="$OUT"
 extra=()
 [ "${JITCACHE:-0}" = 1 ] && extra+=(--save-jitcache "$OUT")
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader || true
-python3 -m eval.ab --out-dir "$RESULTS" --python python3 "${extra[@]}" "$@" 2>&1 | tee "$RESULTS/ab-console.log"
+PY="${PYTHON:-python3}"
+"$PY" -m eval.ab --out-dir "$RESULTS" --python "$PY" "${extra[@]}" "$@" 2>&1 | tee "$RESULTS/ab-console.log"
 rc=${PIPESTATUS[0]}
 if [ "${PACK:-0}" = 1 ]; then
   tar -C "$RESULTS" -czf "$OUT/ab-results.tgz" . && echo "packed $(du -h "$OUT/ab-results.tgz" | cut -f1) -> $OUT/ab-results.tgz"
