@@ -47,8 +47,31 @@ def _params(fn: ast.FunctionDef) -> Tuple[str, ...]:
     return tuple(x.arg for x in a.posonlyargs + a.args) + tuple(x.arg for x in a.kwonlyargs)
 
 
-def locate(src: WheelSource, target: str) -> Tuple[Optional[Tuple[str, ...]], str]:
-    """(parameter names or None, where/why) of ``target`` in the wheel."""
+def _imported_from(src: WheelSource, fname: str, name: str) -> Optional[str]:
+    """Dotted origin ``pkg.mod.orig`` of a module-level ``from pkg.mod import orig [as name]``."""
+    package = fname[: -len("/__init__.py")] if fname.endswith("/__init__.py") else fname.rsplit("/", 1)[0]
+    for node in src.tree(fname).body:
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        for alias in node.names:
+            if (alias.asname or alias.name) != name:
+                continue
+            if node.level:
+                base = package.split("/")
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module
+            return f"{mod}.{alias.name}"
+    return None
+
+
+def locate(src: WheelSource, target: str, _depth: int = 0) -> Tuple[Optional[Tuple[str, ...]], str]:
+    """(parameter names or None, where/why) of ``target`` in the wheel.
+
+    A module attribute bound by ``from X import f`` (a module global that a patch
+    replaces in the importing module) is followed to ``X.f``.
+    """
     parts = target.split(".")
     for i in range(len(parts) - 1, 0, -1):
         fname = src.module_file(".".join(parts[:i]))
@@ -68,6 +91,11 @@ def locate(src: WheelSource, target: str) -> Tuple[Optional[Tuple[str, ...]], st
                                 node = _find_in_body(base.body, p)
                                 if node is not None:
                                     break
+                if node is None and j == 0 and _depth < 8:
+                    origin = _imported_from(src, fname, p)
+                    if origin is not None:
+                        params, where = locate(src, ".".join([origin] + parts[i + 1:]), _depth + 1)
+                        return params, f"{where} (imported into {fname})"
                 if node is None:
                     return None, f"{p!r} not found in {fname}"
             prev = node
