@@ -11,3 +11,15 @@ def all_patches() -> List[Patch]:
     from . import server_args
 
     return list(server_args.PATCHES)
+
+
+def staged_patches() -> List[Patch]:
+    """Seams that are written and CPU-tested but NOT active in servers yet.
+
+    The plugin applies :func:`all_patches` only.  A staged seam moves there once the
+    whole decode path it belongs to is complete and validated on a GPU (CUDA graphs
+    included); until then tests and tools apply these explicitly.
+    """
+    from . import mamba2_decode
+
+    return list(mamba2_decode.PATCHES)
