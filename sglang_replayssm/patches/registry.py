@@ -4,7 +4,8 @@ A :class:`Patch` names a dotted SGLang target, a hook kind, the SGLang versions 
 applies to, the parameters the target must have, and the hook.  :func:`apply` installs
 every applicable patch or none (on any failure the ones already installed are rolled
 back), is idempotent, and keeps ``__wrapped__`` plus a marker on each patched
-callable.  :func:`verify` re-resolves every target and raises :class:`PatchError`
+callable (or, for the ``property_after`` kind, on a property's getter).
+:func:`verify` re-resolves every target and raises :class:`PatchError`
 naming the target and the installed SGLang version when anything is missing, moved,
 or not patched: the package never runs half-patched.
 
@@ -26,7 +27,10 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 logger = logging.getLogger("sglang_replayssm.patches")
 
 MARKER = "__replayssm_patch__"
-KINDS = ("before", "after", "around", "replace")
+KINDS = ("before", "after", "around", "replace", "property_after")
+# kinds that swap a ``property`` (class attribute) for a new property instead of
+# wrapping a function: wrapping a property's object would turn it into a method
+PROPERTY_KINDS = ("property_after",)
 _LOCK = threading.RLock()
 
 
@@ -88,7 +92,10 @@ class Patch:
 
     kind: ``before`` (hook(*a, **k) -> (a, k) | None), ``after`` (hook(result, *a, **k)
     -> new result | None), ``around`` (hook(original, *a, **k)), ``replace``
-    (hook(*a, **k); the original stays reachable as ``__wrapped__``).
+    (hook(*a, **k); the original stays reachable as ``__wrapped__``),
+    ``property_after`` (target is a ``property`` on a class; hook(value, self) -> new
+    value | None; the class attribute is replaced by a new property whose getter keeps
+    the original getter as ``__wrapped__``; setter/deleter/doc are kept).
     params: the leading parameter names the target must have (checked before patching).
     propagate: also rewrite module-global ``from X import name`` bindings of a
     module-level function (in modules already imported).
@@ -107,6 +114,9 @@ class Patch:
             raise ValueError(f"patch {self.target}: kind {self.kind!r} not in {KINDS}")
         if self.target.count(".") < 1:
             raise ValueError(f"patch target {self.target!r} must be a dotted path")
+        if self.kind in PROPERTY_KINDS and self.propagate:
+            raise ValueError(f"patch {self.target}: kind {self.kind!r} cannot propagate (a property is "
+                             "a class attribute, never bound by `from X import`)")
 
     def applies_to(self, version: str) -> bool:
         return version_matches(version, self.versions)
@@ -116,8 +126,8 @@ class Patch:
 class Resolved:
     owner: Any                 # module or class that holds the attribute
     name: str
-    raw: Any                   # owner.__dict__ entry (may be staticmethod/classmethod)
-    func: Callable             # the underlying function
+    raw: Any                   # owner.__dict__ entry (may be staticmethod/classmethod/property)
+    func: Callable             # the underlying function (a property's getter)
 
 
 def resolve(target: str) -> Resolved:
@@ -159,7 +169,10 @@ def resolve(target: str) -> Resolved:
         raw = getattr(owner, name, None)
     if raw is None:
         raise PatchError(f"target {target}: attribute {name!r} not found (SGLang {sglang_version()})")
-    func = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+    if isinstance(raw, property):
+        func = raw.fget
+    else:
+        func = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
     if not callable(func):
         raise PatchError(f"target {target}: {name!r} is not callable (SGLang {sglang_version()})")
     return Resolved(owner, name, raw, func)
@@ -179,9 +192,24 @@ def _check_params(patch: Patch, func: Callable) -> None:
             f"expected parameters starting with {list(patch.params)}, found {list(names)}")
 
 
+def _check_kind(patch: Patch, r: Resolved) -> None:
+    is_prop = isinstance(r.raw, property)
+    if patch.kind in PROPERTY_KINDS and not is_prop:
+        raise PatchError(f"target {patch.target}: kind {patch.kind!r} needs a property, found "
+                         f"{type(r.raw).__name__} (SGLang {sglang_version()})")
+    if is_prop and patch.kind not in PROPERTY_KINDS:
+        raise PatchError(f"target {patch.target} is a property: use kind 'property_after' "
+                         f"(kind {patch.kind!r} would turn it into a method; SGLang {sglang_version()})")
+
+
 def _make_wrapper(patch: Patch, original: Callable) -> Callable:
     hook = patch.hook
-    if patch.kind == "before":
+    if patch.kind == "property_after":
+        def wrapper(self):
+            result = original(self)
+            r = hook(result, self)
+            return result if r is None else r
+    elif patch.kind == "before":
         def wrapper(*args, **kwargs):
             r = hook(*args, **kwargs)
             if r is not None:
@@ -205,6 +233,8 @@ def _make_wrapper(patch: Patch, original: Callable) -> Callable:
 
 
 def is_patched(func: Any, target: str) -> bool:
+    if isinstance(func, property):
+        func = func.fget
     f = func.__func__ if isinstance(func, (staticmethod, classmethod)) else func
     return getattr(f, MARKER, None) == target and hasattr(f, "__wrapped__")
 
@@ -260,9 +290,15 @@ def apply(patches: Sequence[Patch], version: Optional[str] = None) -> List[str]:
                 r = resolve(p.target)
                 if is_patched(r.raw, p.target):
                     continue
+                _check_kind(p, r)
                 _check_params(p, r.func)
                 wrapper = _make_wrapper(p, r.func)
-                new_raw = type(r.raw)(wrapper) if isinstance(r.raw, (staticmethod, classmethod)) else wrapper
+                if isinstance(r.raw, property):
+                    new_raw = property(wrapper, r.raw.fset, r.raw.fdel, r.raw.__doc__)
+                elif isinstance(r.raw, (staticmethod, classmethod)):
+                    new_raw = type(r.raw)(wrapper)
+                else:
+                    new_raw = wrapper
                 had_own = isinstance(r.owner, type) and r.name in r.owner.__dict__
                 rec = _Applied(p, r.owner, r.name, r.raw, had_own)
                 setattr(r.owner, r.name, new_raw)
@@ -324,6 +360,7 @@ def status(patches: Sequence[Patch], version: Optional[str] = None) -> List[Tupl
             continue
         try:
             r = resolve(p.target)
+            _check_kind(p, r)
             _check_params(p, r.func)
         except PatchError as e:
             rows.append((p.target, "missing", str(e)))
