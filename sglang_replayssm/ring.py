@@ -137,6 +137,11 @@ class ReplayRing:
     def buffer_len(self) -> int:
         return self.geom.buffer_len
 
+    @property
+    def kind(self) -> str:
+        """``"mamba2"`` or ``"gdn"``, from the geometry."""
+        return "mamba2" if isinstance(self.geom, Mamba2RingGeometry) else "gdn"
+
     def layer(self, i: int) -> Dict[str, torch.Tensor]:
         if not 0 <= i < self.num_layers:
             raise IndexError(f"ring layer {i} out of range [0, {self.num_layers})")
@@ -154,6 +159,21 @@ class ReplayRing:
         if int(idx.min()) < 0 or int(idx.max()) >= self.num_slots:
             raise IndexError(f"ring reset: slot ids must be in [0, {self.num_slots}), got {idx.tolist()}")
         self.write_pos.index_fill_(0, idx, 0)
+
+    def reset_nosync(self, slots) -> None:
+        """:meth:`reset` without the bounds check, so without a host sync.
+
+        Safe on the forward stream and inside CUDA-graph capture: a device index
+        tensor stays on the device (dtype/device conversion is a device op) and the
+        fill is one ``index_fill_``.  An out-of-range id is a device-side indexing
+        error, exactly as in SGLang's own ``MambaPool.clear_slots``.
+        """
+        if isinstance(slots, torch.Tensor):
+            idx = slots.reshape(-1).to(device=self.device, dtype=torch.long, non_blocking=True)
+        else:
+            idx = torch.as_tensor(slots, dtype=torch.long, device=self.device).reshape(-1)
+        if idx.numel():
+            self.write_pos.index_fill_(0, idx, 0)
 
     def copy_slots(self, src, dst) -> None:
         """Copy ring contents and cursors of ``src`` slots into ``dst`` slots (all layers)."""
