@@ -1,0 +1,385 @@
+"""Seam: SGLang's hybrid state pool -- ReplaySSM ring state per mamba slot (no math).
+
+STAGED: listed by :func:`sglang_replayssm.patches.staged_patches`, not by
+``all_patches()``, so no server applies it yet.  It becomes active together with the
+decode patches that read the ring (``patches/mamba2_decode.py`` and the GDN one),
+when they move into the same registry.
+
+Interface for the decode seams (keep stable)
+--------------------------------------------
+::
+
+    ring = getattr(req_to_token_pool.mamba_pool, "rssm_ring", None)
+
+``None`` means "no ring for this pool, run SGLang's own path": ReplaySSM disabled
+(``SGLANG_REPLAYSSM_ENABLE`` unset), the model's SSM type not in
+``SGLANG_REPLAYSSM_SSM_TYPES``, a pool without SSM state (Kimi/KDA, lightning,
+conv-only LFM2/ZAYA layers), or a multi-layer-EAGLE draft clone.  Otherwise ``ring``
+is a :class:`sglang_replayssm.ring.ReplayRing`:
+
+* ``ring.kind`` -- ``"mamba2"`` or ``"gdn"``; ``ring.geom`` -- the per-TP-rank
+  :class:`Mamba2RingGeometry` / :class:`GDNRingGeometry`; ``ring.buffer_len`` -- L.
+* ``ring.num_layers == len(mamba_layer_ids)`` of the pool and ``ring.layer(i)`` takes
+  the *pool* layer index ``i = req_to_token_pool.mamba_map[layer_id]`` (the index
+  SGLang's ``mamba2_layer_cache`` uses).  It returns views ``[S, ...]``: Mamba2
+  ``x [S,H,L,P]``, ``B [S,G,L,N]`` (activation dtype), ``dt [S,H,L]`` fp32; GDN
+  ``d [S,HV,L,V]`` (state dtype), ``k [S,Hk,L,K]`` (activation dtype), ``g [S,HV,L]`` fp32.
+* ``ring.num_slots == mamba_pool.size + 1``: the same *physical* slot ids as
+  ``MambaPool`` (slot 0 is SGLang's dummy/padding slot), same device.
+* ``ring.write_pos [S] int32``: number of valid ring entries of each slot.
+
+Hooks (targets identical in SGLang 0.5.15, 0.5.17 and 0.5.23)
+--------------------------------------------------------------
+1. AFTER ``HybridReqToTokenPool._init_mamba_pool``: builds the ring from the pool's
+   ``cache_params`` and ``mamba_layer_ids`` and sets ``mamba_pool.rssm_ring`` (never an
+   upstream ``replayssm_*`` name: ``copy_from``, the radix caches and the GDN backend
+   branch on those).  Allocated inside the pool's memory-saver region (like the pool's
+   own tensors), on the device of ``mamba_cache.temporal``.
+
+   *SSM type.*  Mamba2 models (NemotronH, FalconH1, Granite-4) and GDN models
+   (Qwen3-Next, Qwen3.5) both hand the pool a ``Mamba2CacheParams`` whose temporal
+   shape is ``[H, P, N]`` resp. ``[HV, V, K]``, so the shapes alone cannot tell them
+   apart.  The type comes from SGLang's own predicates on the target model's
+   ``ModelConfig`` (``configs.hybrid_arch.hybrid_gdn_config`` / ``mamba2_config``;
+   0.5.15: the same-named ``ModelRunner`` properties).  The ``ModelConfig`` is read,
+   never built, from the process's published ``ServerArgs``
+   (``runtime_context.get_server_args().model_config``: ``ServerArgs.get_model_config``
+   caches it during ``__post_init__`` in the launcher and it is pickled to the
+   scheduler; 0.5.15 and 0.5.17).  Without it (0.5.23 keeps no cached ModelConfig;
+   unit tests) the type falls back to the shape: only the Qwen3-Next family records
+   ``conv_shard_groups`` (``[key_dim, key_dim, value_dim]``) -> GDN, anything else ->
+   Mamba2.  A wrong guess must not compute silently: a decode seam checks
+   ``ring.kind``/``ring.geom`` against its backend and raises (``mamba2_decode`` does;
+   the GDN seam must too).
+
+   *Groups.*  ``Mamba2StateShape.create`` sets ``conv_dim = intermediate + 2*G*N`` with
+   ``intermediate = H*P`` (GDN: ``HV*V + 2*Hk*K``; ``n_groups`` is widened first when TP
+   does not divide it) and the per-rank conv state is ``(conv_dim/tp, K_conv-1)``.
+   Hence, per TP rank, ``G = (conv[0][0] - H*P) / (2*N)`` (GDN: ``Hk = (conv[0][0] -
+   HV*V) / (2*K)``), which is the group count the mixer uses after widening.  A
+   remainder, a non-positive G, or ``H % G != 0`` raises :class:`RingGeometryError`.
+
+   *Dtypes.*  Activation dtype (x/B rings, GDN k ring) = the model dtype SGLang runs
+   the layers in, ``ModelConfig.dtype`` (``configs/model_config.py``
+   ``_get_and_verify_dtype``: ``--dtype``, "auto" -> the checkpoint's ``torch_dtype``,
+   fp32 checkpoints -> fp16).  Fallbacks: an explicit ``ServerArgs.dtype``, then bf16.
+   State dtype (GDN d ring) = the dtype of ``mamba_cache.temporal`` (=
+   ``cache_params.dtype.temporal``, ``--mamba-ssm-dtype``).  dt/g rings are fp32.
+
+   *Draft clones.*  ``clone_with_new_mamba`` (0.5.17+, Inkling multi-layer EAGLE heads)
+   is ``copy.copy(target_pool)`` followed by ``_init_mamba_pool`` on the copy.  The hook
+   stamps ``id(self)`` into ``self.rssm_ring_owner`` on every pool it sees; a copy
+   arrives carrying its target's stamp (a different id), so it gets no ring.
+
+2. AFTER ``MambaPool.clear_slots(indices)``: ``write_pos[indices] = 0`` with
+   :meth:`ReplayRing.reset_nosync` (no bounds check, no host sync: the deferred clear
+   runs on the forward stream).  Stale ring entries are masked by the cursor, never
+   zeroed.
+
+3. AFTER ``MambaPool.copy_from(src, dst)``: ``write_pos[dst] = 0`` (the ring is not
+   copied).  Callers (0.5.17):
+
+   * deferred COW on a radix prefix hit (``ModelRunner._maybe_execute_deferred_mamba_
+     cow_and_clear``): src is a tree node's slot, dst the request's fresh slot, and an
+     *extend* follows at once.  Extend runs SGLang's chunked scan, which reads only
+     ``temporal``; so dst is correct only if src's ring is empty, and dst's cursor
+     must be 0 once the extend has folded everything into the new checkpoint.
+     Copying src's entries would leave a stale non-zero cursor behind that extend.
+   * ``cache_unfinished_req`` (radix / unified ``MambaComponent``): src is the live
+     slot right after an extend, dst the new tree node's slot, copied from the
+     scheduler.  Under the overlap scheduler the next forward, which may already
+     decode this request and append its token to src's ring, is launched before this
+     result is processed (``Scheduler.event_loop_overlap``; the copy is only fenced
+     behind that forward's reads by ``_apply_war_barrier``; read, not run).  The
+     checkpoint is not touched by that decode (the first decode after an extend has
+     ``write_pos = 0`` and is never a flush for L >= 2), so ``temporal`` plus an empty
+     ring is exactly the cached prefix's state; a ring copy would race with the
+     append or include a token that is not part of the prefix.
+   * multi-layer-EAGLE draft pools: no ring, nothing to do.
+
+   Every caller therefore requires a flushed source, as SGLang's own GDN ring does
+   (its ``copy_from`` docstring).  What keeps tree-node slots flushed is the radix
+   finish flush (a separate seam: a slot donated by ``cache_finished_req`` may hold
+   ring entries).  With SGLang's ``SGLANG_DEBUG_MEMORY_POOL`` set
+   (``MambaPool.debug_memory_pool``), the hook checks ``write_pos[src] == 0`` (syncs)
+   and raises :class:`UnflushedCopyError` otherwise.
+
+4. PROPERTY ``BaseLinearStateParams.mamba_cache_per_req`` (registry kind
+   ``property_after``): adds ``ring_bytes_per_slot(geom) * len(layers)`` (the same
+   geometry the pool hook allocates) so that ``_handle_max_mamba_cache`` sizes the
+   slot count with the rings included.  The 4-byte cursor per slot is not charged.
+   Under speculative decoding SGLang's solver also multiplies the per-request size
+   by the draft tokens for its verify scratch, so the ring is charged there too
+   (conservative).
+
+Not here (other seams of the slot lifecycle): flushing a slot before radix donation on
+finish, cursor reset for extend rows on a slot with ring entries (retract/recompute),
+and refusing the modes that move state around ``clear_slots``/``copy_from``
+(extra_buffer ping-pong, the int8 checkpoint pool, HiCache, PD, unified memory).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple, Union
+
+import torch
+
+from ..config import ReplaySSMConfig, from_env
+from ..ring import GDNRingGeometry, Mamba2RingGeometry, ReplayRing, ring_bytes_per_slot
+from .registry import Patch
+
+logger = logging.getLogger("sglang_replayssm.patches")
+
+MEMORY_POOL = "sglang.srt.mem_cache.memory_pool"
+INIT_TARGET = MEMORY_POOL + ".HybridReqToTokenPool._init_mamba_pool"
+CLEAR_TARGET = MEMORY_POOL + ".MambaPool.clear_slots"
+COPY_TARGET = MEMORY_POOL + ".MambaPool.copy_from"
+CHARGE_TARGET = "sglang.srt.configs.mamba_utils.BaseLinearStateParams.mamba_cache_per_req"
+
+RING_ATTR = "rssm_ring"            # on MambaPool: the ReplayRing, or None
+OWNER_ATTR = "rssm_ring_owner"     # on HybridReqToTokenPool: id() of the pool that ran the init hook
+
+_SERVER_DTYPES = {
+    "half": torch.float16, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "float": torch.float32, "float32": torch.float32,
+}
+_AUTO = object()
+
+Geometry = Union[Mamba2RingGeometry, GDNRingGeometry]
+
+
+class RingGeometryError(ValueError):
+    """The pool's cache shapes do not describe a Mamba2/GDN layer consistently."""
+
+
+class UnflushedCopyError(RuntimeError):
+    """``MambaPool.copy_from`` was given a source slot whose ring is not empty."""
+
+
+# --------------------------------------------------------------------------------------
+# what ring a pool gets (pure functions of cache_params + the model's config)
+# --------------------------------------------------------------------------------------
+
+def published_config() -> Tuple[Optional[Any], Optional[Any]]:
+    """(published ServerArgs, the target model's ``ModelConfig`` cached on it), each or None.
+
+    Read-only: never builds a ModelConfig (that would re-read the checkpoint's config)."""
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        server_args = get_server_args()
+    except Exception:  # not published in this process (unit tests)
+        return None, None
+    return server_args, getattr(server_args, "__dict__", {}).get("model_config")
+
+
+def kind_from_model_config(model_config) -> Optional[str]:
+    """``"gdn"`` / ``"mamba2"`` / ``None`` (another linear-attention family), by SGLang's predicates."""
+    try:
+        from sglang.srt.configs import hybrid_arch  # 0.5.17, 0.5.23
+
+        gdn = hybrid_arch.hybrid_gdn_config(model_config)
+        mamba2 = hybrid_arch.mamba2_config(model_config)
+    except ImportError:  # 0.5.15: the same predicates are ModelRunner properties
+        from types import SimpleNamespace
+
+        from sglang.srt.model_executor.model_runner import ModelRunner
+
+        shim = SimpleNamespace(model_config=model_config, is_draft_worker=False)
+        gdn = ModelRunner.hybrid_gdn_config.fget(shim)
+        mamba2 = ModelRunner.mamba2_config.fget(shim)
+    if gdn is not None:
+        return "gdn"
+    if mamba2 is not None:
+        return "mamba2"
+    return None
+
+
+def kind_from_shape(shape) -> str:
+    """Fallback without a ModelConfig: the Qwen3-Next family records conv_shard_groups."""
+    return "gdn" if getattr(shape, "conv_shard_groups", None) else "mamba2"
+
+
+def activation_dtype(model_config, server_args) -> Tuple[torch.dtype, str]:
+    """(dtype the model's layers run in, where it came from)."""
+    d = getattr(model_config, "dtype", None)
+    if isinstance(d, torch.dtype):
+        return d, "ModelConfig.dtype"
+    s = str(getattr(server_args, "dtype", "auto") or "auto").lower()
+    if s in _SERVER_DTYPES:
+        return _SERVER_DTYPES[s], "ServerArgs.dtype"
+    return torch.bfloat16, "default bf16 (no ModelConfig published)"
+
+
+def derive_groups(conv_dim: int, nheads: int, head_dim: int, dstate: int, what: str = "G") -> int:
+    """Groups per TP rank from the per-rank conv channels: (conv_dim - H*P) / (2*N)."""
+    rest = conv_dim - nheads * head_dim
+    if dstate <= 0 or rest <= 0 or rest % (2 * dstate):
+        raise RingGeometryError(
+            f"cannot derive {what} from the pool's conv state: conv channels {conv_dim} - "
+            f"{nheads}*{head_dim} = {rest} is not a positive multiple of 2*{dstate}")
+    groups = rest // (2 * dstate)
+    if nheads % groups:
+        raise RingGeometryError(f"derived {what}={groups} does not divide the {nheads} heads")
+    return groups
+
+
+@dataclass(frozen=True)
+class RingPlan:
+    kind: str
+    geom: Geometry
+    kind_source: str
+    dtype_source: str
+
+
+def plan_ring(cache_params, cfg: ReplaySSMConfig, state_dtype: Optional[torch.dtype] = None,
+              model_config: Any = _AUTO) -> Optional[RingPlan]:
+    """The ring geometry a pool built from ``cache_params`` gets, or None (no ring).
+
+    ``state_dtype`` defaults to ``cache_params.dtype.temporal``; ``model_config``
+    defaults to the published one (:func:`published_config`).
+    """
+    from sglang.srt.configs.mamba_utils import Mamba2CacheParams
+
+    if not isinstance(cache_params, Mamba2CacheParams):
+        return None  # KimiLinearCacheParams (KDA), Inkling conv params, ...
+    shape = cache_params.shape
+    temporal = tuple(shape.temporal)
+    if len(temporal) != 3 or min(temporal) <= 0:
+        return None  # no SSM state (LFM2 / ZAYA conv-only layers)
+    server_args = None
+    if model_config is _AUTO:
+        server_args, model_config = published_config()
+    if model_config is not None:
+        kind, kind_source = kind_from_model_config(model_config), "model config"
+        if kind is None:
+            return None  # lightning / other linear-attention families
+    else:
+        kind, kind_source = kind_from_shape(shape), "pool shapes (no ModelConfig published)"
+    if kind not in cfg.ssm_types:
+        return None
+    act, dtype_source = activation_dtype(model_config, server_args)
+    state = state_dtype or cache_params.dtype.temporal
+    if len(shape.conv) != 1:
+        raise RingGeometryError(f"{kind} pool with {len(shape.conv)} conv states; expected one")
+    conv_dim = int(shape.conv[0][0])
+    H, P, N = (int(x) for x in temporal)
+    try:
+        if kind == "mamba2":
+            G = derive_groups(conv_dim, H, P, N, "Mamba2 n_groups per rank")
+            geom: Geometry = Mamba2RingGeometry(nheads=H, head_dim=P, dstate=N, ngroups=G,
+                                                buffer_len=cfg.buffer_len, act_dtype=act)
+        else:  # GDN: temporal [HV, V, K], conv = q, k (Hk*K each) and v (HV*V)
+            Hk = derive_groups(conv_dim, H, P, N, "GDN key heads per rank")
+            geom = GDNRingGeometry(num_k_heads=Hk, num_v_heads=H, head_k_dim=N, head_v_dim=P,
+                                   buffer_len=cfg.buffer_len, act_dtype=act, state_dtype=state)
+    except ValueError as e:
+        if isinstance(e, RingGeometryError):
+            raise
+        raise RingGeometryError(f"{kind} ring geometry: {e}") from None
+    return RingPlan(kind, geom, kind_source, dtype_source)
+
+
+def build_ring(mamba_pool, cache_params, mamba_layer_ids, cfg: ReplaySSMConfig,
+               model_config: Any = _AUTO) -> Optional[ReplayRing]:
+    """The ring for an already built ``MambaPool`` (same slots, layers and device), or None."""
+    temporal = mamba_pool.mamba_cache.temporal
+    plan = plan_ring(cache_params, cfg, state_dtype=temporal.dtype, model_config=model_config)
+    num_layers = len(mamba_layer_ids)
+    if plan is None or num_layers == 0:
+        return None
+    if temporal.shape[0] != num_layers:
+        raise RingGeometryError(f"pool holds {temporal.shape[0]} layers but was given {num_layers} layer ids")
+    num_slots = int(temporal.shape[1])
+    region = nullcontext()
+    adapter = getattr(mamba_pool, "memory_saver_adapter", None)
+    if adapter is not None:
+        from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
+
+        region = adapter.region(GPU_MEMORY_TYPE_KV_CACHE)
+    with region:
+        ring = ReplayRing(plan.geom, num_layers, num_slots, device=temporal.device)
+    logger.info("sglang_replayssm: %s ring on the mamba pool (type from %s; activation dtype from %s): %s, "
+                "%d layer(s) x %d slots, %.2f MiB", plan.kind, plan.kind_source, plan.dtype_source,
+                plan.geom, num_layers, num_slots, ring.nbytes() / (1 << 20))
+    return ring
+
+
+# --------------------------------------------------------------------------------------
+# hooks
+# --------------------------------------------------------------------------------------
+
+def _arg(args, kwargs, name: str, pos: int):
+    if name in kwargs:
+        return kwargs[name]
+    if len(args) > pos:
+        return args[pos]
+    raise TypeError(f"sglang_replayssm pool hook: argument {name!r} not passed")
+
+
+def init_mamba_pool_after(result, self, *args, **kwargs):
+    """AFTER ``HybridReqToTokenPool._init_mamba_pool``: attach ``mamba_pool.rssm_ring``."""
+    owner = self.__dict__.get(OWNER_ATTR)
+    if owner is not None and owner != id(self):
+        setattr(self.mamba_pool, RING_ATTR, None)
+        logger.info("sglang_replayssm: draft clone of a hybrid pool (clone_with_new_mamba): no ring")
+        return None
+    self.__dict__[OWNER_ATTR] = id(self)
+    ring = None
+    cfg = from_env()
+    if cfg.enable:
+        ring = build_ring(self.mamba_pool, _arg(args, kwargs, "cache_params", 2),
+                          _arg(args, kwargs, "mamba_layer_ids", 3), cfg)
+    setattr(self.mamba_pool, RING_ATTR, ring)
+    return None
+
+
+def clear_slots_after(result, self, *args, **kwargs):
+    """AFTER ``MambaPool.clear_slots``: empty the rings of the cleared slots (no sync)."""
+    ring = getattr(self, RING_ATTR, None)
+    if ring is not None:
+        ring.reset_nosync(_arg(args, kwargs, "indices", 0))
+    return None
+
+
+def copy_from_after(result, self, *args, **kwargs):
+    """AFTER ``MambaPool.copy_from``: the copy holds the checkpoint only, so ``write_pos[dst] = 0``."""
+    ring = getattr(self, RING_ATTR, None)
+    if ring is None:
+        return None
+    if getattr(self, "debug_memory_pool", False):
+        src = torch.as_tensor(_arg(args, kwargs, "src_indices", 0)).reshape(-1).to(ring.device, torch.long)
+        wp = ring.write_pos[src]
+        if bool((wp != 0).any()):  # debug only: syncs
+            raise UnflushedCopyError(
+                f"MambaPool.copy_from from slot(s) {src.tolist()} with ring entries {wp.tolist()}: "
+                "a ReplaySSM source must be flushed (write_pos == 0) before it is copied")
+    ring.reset_nosync(_arg(args, kwargs, "dst_indices", 1))
+    return None
+
+
+def mamba_cache_per_req_after(value, self):
+    """PROPERTY ``mamba_cache_per_req``: + ring bytes of one slot over all of ``self.layers``."""
+    cfg = from_env()
+    if not cfg.enable:
+        return None
+    plan = plan_ring(self, cfg)
+    if plan is None:
+        return None
+    return value + ring_bytes_per_slot(plan.geom) * len(self.layers)
+
+
+PATCHES = [
+    Patch(INIT_TARGET, "after", init_mamba_pool_after,
+          params=("self", "mamba_size", "mamba_spec_state_size", "cache_params", "mamba_layer_ids"),
+          description="attach the ReplaySSM ring (mamba_pool.rssm_ring) to the hybrid state pool"),
+    Patch(CLEAR_TARGET, "after", clear_slots_after, params=("self", "indices"),
+          description="reset the ring cursors of cleared slots"),
+    Patch(COPY_TARGET, "after", copy_from_after, params=("self", "src_indices", "dst_indices"),
+          description="reset the ring cursors of copy destinations (sources must be flushed)"),
+    Patch(CHARGE_TARGET, "property_after", mamba_cache_per_req_after, params=("self",),
+          description="charge ring bytes per request in SGLang's mamba pool sizing"),
+]

@@ -1,0 +1,430 @@
+"""The pool seam (``patches/pool.py``) on real SGLang 0.5.17 pools, built on CPU.
+
+Real: ``HybridReqToTokenPool`` / ``MambaPool`` (constructed as
+``KVCacheConfigurator._build_hybrid_req_pool`` does, with ``Mamba2CacheParams`` from
+``Mamba2StateShape.create``), ``clone_with_new_mamba``, ``clear_slots``, ``copy_from``,
+``BaseLinearStateParams.mamba_cache_per_req``, and, for the model-config path, real
+``ServerArgs``/``ModelConfig`` of the built-in tiny models with their own
+``mamba2_cache_params``.  The patches are applied, verified and removed through the
+registry.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from sglang_replayssm import models
+from sglang_replayssm.patches import all_patches, staged_patches
+from sglang_replayssm.patches import pool as pool_seam
+from sglang_replayssm.patches.registry import apply, status, unapply_all, verify
+from sglang_replayssm.patches.source_check import WheelSource, check
+from sglang_replayssm.ring import GDNRingGeometry, Mamba2RingGeometry, ring_bytes_per_slot
+
+L = 4
+MAMBA_SIZE = 6                      # slots 1..6, slot 0 is the dummy -> 7 ring slots
+ROOT = Path(__file__).resolve().parents[2]
+WHEELS = Path(os.environ.get("REPLAYSSM_TEST_SGLANG_WHEELS", ROOT / ".cache" / "sglang-wheels"))
+
+
+# --------------------------------------------------------------------------------------
+# fixtures and builders
+# --------------------------------------------------------------------------------------
+
+@pytest.fixture(autouse=True)
+def env(monkeypatch):
+    """ReplaySSM enabled with L=4, nothing else set, and no published ServerArgs."""
+    from sglang.srt import runtime_context
+
+    for k in [k for k in os.environ if k.startswith("SGLANG_REPLAYSSM_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("SGLANG_REPLAYSSM_ENABLE", "1")
+    monkeypatch.setenv("SGLANG_REPLAYSSM_BUFFER_LEN", str(L))
+    monkeypatch.setattr(runtime_context.get_context(), "_server_args", None)
+    unapply_all()
+    yield monkeypatch
+    unapply_all()
+
+
+@pytest.fixture
+def patched():
+    assert apply(pool_seam.PATCHES) == [p.target for p in pool_seam.PATCHES]
+    verify(pool_seam.PATCHES)
+    yield
+
+
+def mamba2_params(H=8, P=16, N=32, G=2, tp=1, layers=(0, 2, 5), ssm=torch.float32):
+    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape
+
+    shape = Mamba2StateShape.create(tp_world_size=tp, intermediate_size=H * P, n_groups=G, num_heads=H,
+                                    head_dim=P, state_size=N, conv_kernel=4)
+    return Mamba2CacheParams(shape=shape, layers=list(layers),
+                             dtype=Mamba2StateDType(conv=torch.bfloat16, temporal=ssm))
+
+
+def gdn_params(Hk=2, HV=4, K=32, V=16, layers=(0, 1, 2), ssm=torch.float32):
+    """As ``Qwen3NextConfig.mamba2_cache_params`` builds them."""
+    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape
+
+    shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=HV * V, n_groups=Hk, num_heads=HV,
+                                    head_dim=V, state_size=K, conv_kernel=4,
+                                    conv_shard_groups=[Hk * K, Hk * K, HV * V])
+    return Mamba2CacheParams(shape=shape, layers=list(layers),
+                             dtype=Mamba2StateDType(conv=torch.bfloat16, temporal=ssm))
+
+
+def make_pool(params, layer_ids=None):
+    """As ``KVCacheConfigurator._build_hybrid_req_pool`` (0.5.17) builds it, on CPU."""
+    from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+
+    return HybridReqToTokenPool(
+        size=4, mamba_size=MAMBA_SIZE, mamba_spec_state_size=4, max_context_len=32, device="cpu",
+        enable_memory_saver=False, cache_params=params,
+        mamba_layer_ids=list(params.layers if layer_ids is None else layer_ids),
+        enable_mamba_extra_buffer=False, speculative_num_draft_tokens=None, speculative_eagle_topk=None,
+        enable_overlap_schedule=True, start_layer=0)
+
+
+def ring_of(pool):
+    return getattr(pool.mamba_pool, "rssm_ring", None)
+
+
+def original_per_req(params):
+    from sglang.srt.configs.mamba_utils import BaseLinearStateParams
+
+    fget = BaseLinearStateParams.__dict__["mamba_cache_per_req"].fget
+    return getattr(fget, "__wrapped__", fget)(params)
+
+
+def slot_bytes_from_tensors(ring):
+    """Bytes of one (layer, slot) of the allocated ring, read off its tensors."""
+    return sum(t[0, 0].numel() * t.element_size() for t in ring.tensors.values())
+
+
+# --------------------------------------------------------------------------------------
+# allocation
+# --------------------------------------------------------------------------------------
+
+def test_mamba2_ring_matches_the_pool(patched):
+    H, P, N, G = 8, 16, 32, 2
+    params = mamba2_params(H, P, N, G)
+    pool = make_pool(params)
+    ring = ring_of(pool)
+    temporal = pool.mamba_pool.mamba_cache.temporal
+    S = MAMBA_SIZE + 1
+    assert ring is not None and ring.kind == "mamba2"
+    assert ring.geom == Mamba2RingGeometry(nheads=H, head_dim=P, dstate=N, ngroups=G, buffer_len=L,
+                                           act_dtype=torch.bfloat16)
+    assert ring.num_slots == S == temporal.shape[1] == pool.mamba_pool.size + 1
+    assert ring.num_layers == len(params.layers) == temporal.shape[0]
+    want = {"x": ((H, L, P), torch.bfloat16), "B": ((G, L, N), torch.bfloat16), "dt": ((H, L), torch.float32)}
+    for name, (shape, dtype) in want.items():
+        t = ring.tensors[name]
+        assert tuple(t.shape) == (len(params.layers), S) + shape and t.dtype == dtype
+        assert t.device == temporal.device
+    assert ring.write_pos.shape == (S,) and ring.write_pos.dtype == torch.int32
+    assert int(ring.write_pos.abs().sum()) == 0
+    # the decode seams index by SGLang's pool layer index (mamba_map)
+    views = ring.layer(pool.mamba_map[5])
+    assert views["x"].data_ptr() == ring.tensors["x"][2].data_ptr() and views["x"].shape == (S, H, L, P)
+
+
+@pytest.mark.parametrize("ssm", [torch.float32, torch.bfloat16])
+def test_gdn_ring_matches_the_pool(patched, ssm):
+    Hk, HV, K, V = 2, 4, 32, 16
+    pool = make_pool(gdn_params(Hk, HV, K, V, ssm=ssm))
+    ring = ring_of(pool)
+    temporal = pool.mamba_pool.mamba_cache.temporal
+    assert temporal.dtype == ssm and tuple(temporal.shape[2:]) == (HV, V, K)
+    assert ring.kind == "gdn"
+    assert ring.geom == GDNRingGeometry(num_k_heads=Hk, num_v_heads=HV, head_k_dim=K, head_v_dim=V, buffer_len=L,
+                                        act_dtype=torch.bfloat16, state_dtype=ssm)
+    S = temporal.shape[1]
+    assert tuple(ring.tensors["d"].shape) == (3, S, HV, L, V) and ring.tensors["d"].dtype == ssm
+    assert tuple(ring.tensors["k"].shape) == (3, S, Hk, L, K) and ring.tensors["k"].dtype == torch.bfloat16
+    assert tuple(ring.tensors["g"].shape) == (3, S, HV, L) and ring.tensors["g"].dtype == torch.float32
+
+
+@pytest.mark.parametrize("n_groups,tp,H", [(2, 1, 8), (8, 2, 16), (2, 4, 16), (1, 2, 8), (3, 2, 12)])
+def test_groups_per_rank_follow_sglangs_widening(n_groups, tp, H):
+    """G derived from the per-rank conv shape equals SGLang's widened n_groups // tp."""
+    from sglang.srt.configs.mamba_utils import extra_groups_for_head_shards
+
+    params = mamba2_params(H=H, P=16, N=32, G=n_groups, tp=tp)
+    plan = pool_seam.plan_ring(params, pool_seam.from_env(), model_config=None)
+    widened = n_groups + extra_groups_for_head_shards(n_groups, tp)
+    assert plan.geom.ngroups == widened // tp and plan.geom.nheads == H // tp
+
+
+def test_inconsistent_conv_shape_is_refused():
+    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
+
+    shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=8 * 16 + 5, n_groups=2, num_heads=8,
+                                    head_dim=16, state_size=32, conv_kernel=4)
+    with pytest.raises(pool_seam.RingGeometryError, match="n_groups"):
+        pool_seam.plan_ring(Mamba2CacheParams(shape=shape, layers=[0]), pool_seam.from_env(), model_config=None)
+
+
+def test_pools_without_ssm_state_get_no_ring(patched):
+    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
+
+    # LFM2-style conv-only layers (state_size 0)
+    shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=64, n_groups=1, num_heads=1,
+                                    head_dim=64, state_size=0, conv_kernel=3)
+    params = Mamba2CacheParams(shape=shape, layers=[0, 1])
+    assert ring_of(make_pool(params)) is None
+    assert params.mamba_cache_per_req == original_per_req(params)
+
+
+# --------------------------------------------------------------------------------------
+# SSM type and dtype from the model's config (real ServerArgs / ModelConfig)
+# --------------------------------------------------------------------------------------
+
+def publish_tiny(env, tmp_path, name, *extra):
+    from sglang.srt import runtime_context
+    from sglang.srt.server_args import prepare_server_args
+
+    path = models.materialize(name, root=tmp_path)
+    args = prepare_server_args(["--model-path", path, "--load-format", "dummy", "--skip-tokenizer-init",
+                                "--device", "cpu", "--disable-radix-cache", *extra])
+    assert "model_config" in vars(args)  # cached by ServerArgs.get_model_config in __post_init__
+    env.setattr(runtime_context.get_context(), "_server_args", args)
+    with runtime_context.get_parallel().override(attn_tp_size=1):
+        return args.model_config, args.model_config.hf_config.mamba2_cache_params
+
+
+def test_model_config_gives_type_and_activation_dtype(env, tmp_path, patched):
+    # NemotronH served in fp16: a Mamba2 ring with fp16 x/B
+    mc, params = publish_tiny(env, tmp_path, "tiny-nemotron-h", "--dtype", "float16")
+    assert mc.dtype == torch.float16
+    ring = ring_of(make_pool(params))
+    cfg = mc.hf_config
+    assert ring.kind == "mamba2" and ring.geom.act_dtype == torch.float16
+    assert (ring.geom.nheads, ring.geom.head_dim, ring.geom.dstate, ring.geom.ngroups) == (
+        cfg.mamba_num_heads, cfg.mamba_head_dim, cfg.ssm_state_size, cfg.n_groups)
+    assert ring.tensors["x"].dtype == torch.float16 and ring.num_layers == len(cfg.mamba_layer_ids)
+    # the model config wins over the shape fallback: GDN-looking params under a NemotronH config
+    assert pool_seam.plan_ring(gdn_params(), pool_seam.from_env()).kind == "mamba2"
+
+    # Qwen3-Next ("auto" dtype -> the checkpoint's bf16): a GDN ring
+    mc, params = publish_tiny(env, tmp_path, "tiny-qwen3-next")
+    ring = ring_of(make_pool(params))
+    cfg = mc.hf_config
+    assert ring.kind == "gdn" and ring.geom.act_dtype == mc.dtype == torch.bfloat16
+    assert (ring.geom.num_k_heads, ring.geom.num_v_heads, ring.geom.head_k_dim, ring.geom.head_v_dim) == (
+        cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim)
+    assert pool_seam.plan_ring(mamba2_params(), pool_seam.from_env()).kind == "gdn"
+
+
+def test_explicit_server_dtype_without_model_config():
+    from types import SimpleNamespace
+
+    assert pool_seam.activation_dtype(None, SimpleNamespace(dtype="half")) == (torch.float16, "ServerArgs.dtype")
+    assert pool_seam.activation_dtype(None, SimpleNamespace(dtype="auto"))[0] == torch.bfloat16
+    assert pool_seam.activation_dtype(None, None)[0] == torch.bfloat16
+
+
+# --------------------------------------------------------------------------------------
+# slot lifecycle
+# --------------------------------------------------------------------------------------
+
+def forbid_host_sync(mp):
+    """Make every tensor -> Python conversion raise (what a host sync would need)."""
+    def boom(*a, **k):
+        raise AssertionError("host sync in a forward-stream hook")
+
+    for name in ("item", "tolist", "__int__", "__index__", "__bool__", "__float__"):
+        mp.setattr(torch.Tensor, name, boom)
+
+
+def test_clear_slots_resets_exactly_those_slots_without_sync(patched):
+    pool = make_pool(mamba2_params())
+    ring = ring_of(pool)
+    before = torch.arange(ring.num_slots, dtype=torch.int32) % (L - 1) + 1
+    ring.write_pos.copy_(before)
+    pool.mamba_pool.mamba_cache.temporal.fill_(1.0)
+    idx = torch.tensor([2, 5], dtype=torch.int64)
+    with pytest.MonkeyPatch.context() as mp:
+        forbid_host_sync(mp)
+        with pytest.raises(AssertionError, match="host sync"):
+            ring.reset(idx)  # the bounds-checked reset syncs: the guard has teeth
+        ring.reset_nosync(idx.to(torch.int32))
+        ring.write_pos.copy_(before)
+        pool.mamba_pool.clear_slots(idx)
+    want = before.clone()
+    want[idx] = 0
+    assert torch.equal(ring.write_pos, want)
+    temporal = pool.mamba_pool.mamba_cache.temporal  # SGLang's own clear still ran
+    assert float(temporal[:, idx].abs().sum()) == 0 and float(temporal[:, 1].sum()) > 0
+    pool.mamba_pool.clear_slots(indices=torch.tensor([1]))  # keyword call
+    assert int(ring.write_pos[1]) == 0
+
+
+def test_copy_from_copies_state_and_resets_only_dst(patched):
+    pool = make_pool(mamba2_params())
+    mp_, ring = pool.mamba_pool, ring_of(pool)
+    temporal = mp_.mamba_cache.temporal
+    temporal.copy_(torch.randn_like(temporal))
+    for t in ring.tensors.values():
+        t.copy_(torch.randn(t.shape).to(t.dtype))
+    ring.write_pos.copy_(torch.tensor([0, 0, 3, 2, 1, 3, 2], dtype=torch.int32))  # src 1 is flushed
+    ring_before = {k: v.clone() for k, v in ring.tensors.items()}
+    wp_before = ring.write_pos.clone()
+    src, dst = torch.tensor([1]), torch.tensor([4])
+    with pytest.MonkeyPatch.context() as m:
+        forbid_host_sync(m)
+        mp_.copy_from(src, dst)
+    assert torch.equal(temporal[:, 4], temporal[:, 1])  # SGLang's copy ran
+    want = wp_before.clone()
+    want[4] = 0
+    assert torch.equal(ring.write_pos, want)
+    for k, v in ring.tensors.items():  # ring entries are not copied (dst is checkpoint-only)
+        assert torch.equal(v, ring_before[k]), k
+
+
+def test_copy_from_debug_mode_refuses_an_unflushed_source(patched):
+    pool = make_pool(gdn_params())
+    mp_, ring = pool.mamba_pool, ring_of(pool)
+    mp_.debug_memory_pool = True  # SGLANG_DEBUG_MEMORY_POOL
+    ring.write_pos[2] = 3
+    with pytest.raises(pool_seam.UnflushedCopyError, match="must be flushed"):
+        mp_.copy_from(torch.tensor([2]), torch.tensor([5]))
+    ring.write_pos[2] = 0
+    ring.write_pos[5] = 1
+    mp_.copy_from(src_indices=torch.tensor([2]), dst_indices=torch.tensor([5]))
+    assert int(ring.write_pos[5]) == 0
+
+
+def test_draft_clone_gets_no_ring(patched):
+    params = mamba2_params()
+    pool = make_pool(params)
+    ring = ring_of(pool)
+    clone = pool.clone_with_new_mamba(mamba_size=MAMBA_SIZE, mamba_spec_state_size=4, cache_params=params,
+                                      device="cpu", enable_mamba_extra_buffer=False, draft_model_idx=9)
+    assert clone.mamba_pool is not pool.mamba_pool and ring_of(clone) is None
+    assert ring_of(pool) is ring  # the target keeps its ring
+    clone.mamba_pool.clear_slots(torch.tensor([1]))  # hooks are no-ops without a ring
+    clone.mamba_pool.copy_from(torch.tensor([1]), torch.tensor([2]))
+    assert ring_of(make_pool(params)) is not None  # an independent pool is not a clone
+
+
+@pytest.mark.parametrize("types,mamba2_ring,gdn_ring", [("gdn", False, True), ("mamba2", True, False)])
+def test_ssm_types_filter(env, patched, types, mamba2_ring, gdn_ring):
+    env.setenv("SGLANG_REPLAYSSM_SSM_TYPES", types)
+    for params, has in ((mamba2_params(), mamba2_ring), (gdn_params(), gdn_ring)):
+        assert (ring_of(make_pool(params)) is not None) == has
+        assert (params.mamba_cache_per_req > original_per_req(params)) == has
+
+
+def test_disabled_is_inert(env, patched):
+    env.setenv("SGLANG_REPLAYSSM_ENABLE", "0")
+    params = mamba2_params()
+    pool = make_pool(params)
+    assert ring_of(pool) is None
+    assert params.mamba_cache_per_req == original_per_req(params)
+    pool.mamba_pool.clear_slots(torch.tensor([1]))
+
+
+# --------------------------------------------------------------------------------------
+# memory charge
+# --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("make", [mamba2_params, gdn_params, lambda: gdn_params(ssm=torch.bfloat16)])
+def test_mamba_cache_per_req_grows_by_the_allocated_ring(make):
+    params = make()
+    base = params.mamba_cache_per_req
+    apply(pool_seam.PATCHES)
+    ring = ring_of(make_pool(params))
+    assert slot_bytes_from_tensors(ring) == ring_bytes_per_slot(ring.geom)
+    assert params.mamba_cache_per_req - base == slot_bytes_from_tensors(ring) * len(params.layers)
+    # a PP stage holding a subset of the layers still charges per model layer (SGLang scales by PP)
+    stage = ring_of(make_pool(params, layer_ids=params.layers[:1]))
+    assert stage.num_layers == 1 and params.mamba_cache_per_req - base == slot_bytes_from_tensors(stage) * len(
+        params.layers)
+
+
+# --------------------------------------------------------------------------------------
+# registry: idempotence, removal, staging, other releases
+# --------------------------------------------------------------------------------------
+
+def test_idempotent_apply_and_full_unapply():
+    from sglang.srt.configs.mamba_utils import BaseLinearStateParams
+    from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool, MambaPool
+
+    originals = {
+        "init": HybridReqToTokenPool.__dict__["_init_mamba_pool"],
+        "clear": MambaPool.__dict__["clear_slots"],
+        "copy": MambaPool.__dict__["copy_from"],
+        "prop": BaseLinearStateParams.__dict__["mamba_cache_per_req"],
+    }
+    params = mamba2_params()
+    base = params.mamba_cache_per_req
+    apply(pool_seam.PATCHES)
+    prop = BaseLinearStateParams.__dict__["mamba_cache_per_req"]
+    assert isinstance(prop, property) and prop.fget.__wrapped__ is originals["prop"].fget
+    assert apply(pool_seam.PATCHES) == []
+    assert BaseLinearStateParams.__dict__["mamba_cache_per_req"] is prop
+    assert [s for _, s, _ in status(pool_seam.PATCHES)] == ["patched"] * 4
+    pool = make_pool(params)
+    assert ring_of(pool) is not None and params.mamba_cache_per_req > base
+    unapply_all()
+    assert HybridReqToTokenPool.__dict__["_init_mamba_pool"] is originals["init"]
+    assert MambaPool.__dict__["clear_slots"] is originals["clear"]
+    assert MambaPool.__dict__["copy_from"] is originals["copy"]
+    assert BaseLinearStateParams.__dict__["mamba_cache_per_req"] is originals["prop"]
+    assert params.mamba_cache_per_req == base
+    assert not hasattr(make_pool(params).mamba_pool, "rssm_ring")
+    assert [s for _, s, _ in status(pool_seam.PATCHES)] == ["resolved"] * 4
+
+
+def test_pool_patches_are_staged_not_active():
+    staged = {p.target for p in staged_patches()}
+    active = {p.target for p in all_patches()}
+    for p in pool_seam.PATCHES:
+        assert p.target in staged and p.target not in active
+
+
+def wheel_for(version):
+    found = sorted((WHEELS / version).glob(f"sglang-{version}-*.whl"))
+    if not found:
+        pytest.fail(f"no SGLang {version} wheel under {WHEELS / version} (make sglang-wheels)")
+    return found[0]
+
+
+@pytest.mark.parametrize("version", ["0.5.15", "0.5.23"])
+def test_targets_in_other_releases(version):
+    import ast
+
+    wheel = wheel_for(version)
+    assert check(pool_seam.PATCHES, wheel, version) == []
+    # the charge target must still be a property there (the swap replaces a property)
+    src = WheelSource(wheel)
+    tree = src.tree(src.module_file("sglang.srt.configs.mamba_utils"))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "BaseLinearStateParams")
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "mamba_cache_per_req")
+    assert any(isinstance(d, ast.Name) and d.id == "property" for d in fn.decorator_list)
+
+
+@pytest.mark.parametrize("version", ["0.5.15", "0.5.23"])
+def test_type_and_config_sources_exist_in_other_releases(version):
+    """What plan_ring reads besides the patch targets: the published ServerArgs and
+    SGLang's Mamba2/GDN predicates (configs.hybrid_arch, or ModelRunner properties in 0.5.15)."""
+    import ast
+
+    src = WheelSource(wheel_for(version))
+
+    def defs(module, cls=None):
+        body = src.tree(src.module_file(module)).body
+        if cls is not None:
+            body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == cls).body
+        return {n.name for n in body if isinstance(n, ast.FunctionDef)}
+
+    assert "get_server_args" in defs("sglang.srt.runtime_context")
+    if src.module_file("sglang.srt.configs.hybrid_arch"):
+        assert {"hybrid_gdn_config", "mamba2_config"} <= defs("sglang.srt.configs.hybrid_arch")
+    else:
+        assert version == "0.5.15"
+        assert {"hybrid_gdn_config", "mamba2_config"} <= defs("sglang.srt.model_executor.model_runner",
+                                                              "ModelRunner")
+    assert "_init_mamba_pool" in defs("sglang.srt.mem_cache.memory_pool", "HybridReqToTokenPool")
