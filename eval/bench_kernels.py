@@ -645,10 +645,32 @@ def copy_bandwidth(device: str, nbytes: Optional[int] = None, warmup_s: float = 
 # ---------------------------------------------------------------------------------
 # workloads
 # ---------------------------------------------------------------------------------
+def pick_device(requested: Optional[str]) -> str:
+    """cuda when present (or asked for), else cpu with Triton's interpreter switched on."""
+    device = requested
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    return device
+
+
 def _dt(name: str):
     import torch
 
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
+def _work_common(work, batch, L, n_sets, seed, state_dtype, act_dtype, device):
+    """Fields every case's work object shares; returns (act dtype, state dtype, generator, slots)."""
+    import torch
+
+    work.L, work.b, work.n_sets = L, batch, n_sets
+    work.num_slots = max(2 * batch + 1, n_sets * batch + 1)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return _dt(act_dtype), _dt(state_dtype), gen, work.num_slots
 
 
 class Mamba2Work:
@@ -660,12 +682,8 @@ class Mamba2Work:
         import torch
 
         H, P, N, G = geom["H"], geom["P"], geom["N"], geom["G"]
-        self.H, self.P, self.N, self.G, self.L, self.b = H, P, N, G, L, batch
-        self.n_sets = n_sets
-        self.num_slots = max(2 * batch + 1, n_sets * batch + 1)
-        act, sdt = _dt(act_dtype), _dt(state_dtype)
-        gen = torch.Generator(device=device).manual_seed(seed)
-        S = self.num_slots
+        self.H, self.P, self.N, self.G = H, P, N, G
+        act, sdt, gen, S = _work_common(self, batch, L, n_sets, seed, state_dtype, act_dtype, device)
         self.state = torch.empty((S, H, P, N), dtype=sdt, device=device).normal_(0.0, 0.5, generator=gen)
         self.x_ring = torch.empty((S, H, L, P), dtype=act, device=device).normal_(0.0, 1.0, generator=gen)
         self.B_ring = torch.empty((S, G, L, N), dtype=act, device=device).normal_(0.0, 0.3, generator=gen)
@@ -721,12 +739,8 @@ class GDNWork:
         import torch
 
         HV, Hk, K, V = geom["HV"], geom["Hk"], geom["K"], geom["V"]
-        self.HV, self.Hk, self.K, self.V, self.L, self.b = HV, Hk, K, V, L, batch
-        self.n_sets = n_sets
-        self.num_slots = max(2 * batch + 1, n_sets * batch + 1)
-        act, sdt = _dt(act_dtype), _dt(state_dtype)
-        gen = torch.Generator(device=device).manual_seed(seed)
-        S = self.num_slots
+        self.HV, self.Hk, self.K, self.V = HV, Hk, K, V
+        act, sdt, gen, S = _work_common(self, batch, L, n_sets, seed, state_dtype, act_dtype, device)
         self.state = torch.empty((S, HV, V, K), dtype=sdt, device=device).normal_(0.0, 0.1, generator=gen)
         self.d_ring = torch.empty((S, HV, L, V), dtype=sdt, device=device).normal_(0.0, 0.1, generator=gen)
         self.k_ring = torch.empty((S, Hk, L, K), dtype=act, device=device).normal_(0.0, 1.0, generator=gen)
@@ -1307,13 +1321,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     t_start = time.time()
-    device = args.device
-    if device is None:
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"
+    device = pick_device(args.device)
     import torch
     import triton
 

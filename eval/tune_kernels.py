@@ -441,13 +441,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     t0 = time.time()
-    device = args.device
-    if device is None:
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"
+    device = bk.pick_device(args.device)
     import torch
     import triton
 
