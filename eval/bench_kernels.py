@@ -125,18 +125,25 @@ def mamba2_replay_bytes(b: int, H: int, P: int, N: int, G: int, L: int, w: int, 
     appends one entry, the flush (w == L-1) writes the state instead.  Unique bytes:
     the state_and_output route re-reads the B window per head (L2 hits), and the
     output_only route's fp32 B·C scratch [b, G, max(16, L)] is not counted."""
+    entry = H * P * act_bytes + G * N * act_bytes + H * 4
+    return _replay_phase_bytes(b, w, L, b * H * P * N * state_bytes, entry,
+                               mamba2_stock_bytes(b, H, P, N, G, state_bytes, act_bytes), 0)
+
+
+def _replay_phase_bytes(b: int, w: int, L: int, state: int, entry: int, stock: Dict[str, int],
+                        extra_row_bytes: int) -> Dict[str, int]:
+    """Shared ReplaySSM accounting at phase w: checkpoint read, w ring entries read,
+    one entry appended (non-flush) or the state written (flush, w == L-1), the stock
+    kernel's inputs/outputs plus the write_pos cursor (+ extra bytes per row)."""
     if not 0 <= w < L:
         raise ValueError(f"phase w={w} outside [0, {L})")
     flush = w == L - 1
-    state = b * H * P * N * state_bytes
-    entry = H * P * act_bytes + G * N * act_bytes + H * 4
-    stock = mamba2_stock_bytes(b, H, P, N, G, state_bytes, act_bytes)
     return _total({
         "state_read": state,
         "state_write": state if flush else 0,
         "ring_read": b * w * entry,
         "ring_append": 0 if flush else b * entry,
-        "inputs": stock["inputs"] + b * 4,
+        "inputs": stock["inputs"] + b * (4 + extra_row_bytes),
         "outputs": stock["outputs"],
     })
 
@@ -166,22 +173,11 @@ def gdn_replay_bytes(b: int, HV: int, Hk: int, K: int, V: int, L: int, w: int, s
     o; append one entry (non-flush) or write the state (flush).  Ours: d in the state
     dtype, k in the activation dtype (defaults).  Upstream: d and k in the state
     dtype.  Upstream's flush re-reads the state tile (an L2 hit, not counted)."""
-    if not 0 <= w < L:
-        raise ValueError(f"phase w={w} outside [0, {L})")
     d_bytes = state_bytes if d_bytes is None else d_bytes
     k_bytes = act_bytes if k_bytes is None else k_bytes
-    flush = w == L - 1
-    state = b * HV * V * K * state_bytes
     entry = HV * V * d_bytes + Hk * K * k_bytes + HV * 4
-    stock = gdn_stock_bytes(b, HV, Hk, K, V, state_bytes, act_bytes)
-    return _total({
-        "state_read": state,
-        "state_write": state if flush else 0,
-        "ring_read": b * w * entry,
-        "ring_append": 0 if flush else b * entry,
-        "inputs": stock["inputs"] + b * (4 + extra_row_bytes),
-        "outputs": stock["outputs"],
-    })
+    return _replay_phase_bytes(b, w, L, b * HV * V * K * state_bytes, entry,
+                               gdn_stock_bytes(b, HV, Hk, K, V, state_bytes, act_bytes), extra_row_bytes)
 
 
 def amortised_bytes(per_phase: Callable[[int], Dict[str, int]], L: int) -> Dict[str, float]:
