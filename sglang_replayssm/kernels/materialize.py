@@ -1,0 +1,463 @@
+"""Materialize: fold a slot's pending ring entries into its checkpoint (Triton + references).
+
+Whenever SGLang hands a request's mamba slot to something that reads ``temporal``
+directly (the radix tree caching a finished/unfinished request, a retract, a copy),
+the checkpoint must be the EXACT state at the cached length.  The decode kernels keep
+the last ``w = write_pos[slot]`` tokens' SSM inputs in the ring instead; this module
+folds them in and empties the ring.  Pure math: no SGLang import.
+
+Math (per live slot with ``w > 0``; j = 0..w-1 ring positions; docs/replayssm-method.md
+§1-2)
+
+Mamba2 (per head h; Δ_j processed step sizes, Λ_j = Σ_{i<=j} Δ_i, Λ = Λ_{w-1})::
+
+    S <- exp(A Λ) S + Σ_j Δ_j exp(A (Λ - Λ_j)) x_j B_jᵀ
+
+GDN (per value head; g_j log-decays, G_j inclusive prefix, G = G_{w-1}; k̂_j the
+cached raw k_j L2-normalised with the decode kernels' formula)::
+
+    S <- exp(G) S + Σ_j exp(G - G_j) d_j k̂_jᵀ
+
+This is exactly the decode kernels' flush rebuild without the current token (the
+Mamba2 ``_rebuild_state`` with the window ending at w-1, the GDN history weights of
+``_history_weights``), so a materialized slot continues bit-for-bit like a slot whose
+ring was flushed at that position, up to the summation order of one dot.
+
+Launches
+--------
+* fold: grid ``(cdiv(P, BLOCK_M), len(slots), H)`` (Mamba2: a [BLOCK_M, N] state tile,
+  BLOCK_NC columns at a time, one ``tl.dot`` [BLOCK_M, WIN] x [WIN, BLOCK_NC]) resp.
+  ``(cdiv(V, BV), len(slots), HV)`` (GDN: a [BV, K] tile, one ``tl.dot`` [BV, LP] x
+  [LP, K]).  Dots are fp32 with ``dot_precision`` "tf32x3" (default) or "ieee";
+  plain tf32 is refused.  Ring entries at or past ``w`` are masked loads, never read.
+* cursor: a second launch sets ``write_pos[slot] = 0`` for the live listed slots.  It
+  must be a separate launch (every fold program reads ``w`` of its slot), and with
+  ``reset_cursor=False`` it is skipped, so that a caller folding layer after layer of
+  one pool can reset the shared cursor once, after the last layer
+  (:func:`reset_cursors`, or :func:`materialize_ring` which does the whole loop).
+
+Slots: ``slots`` is a 1-D int32/int64 device tensor of *physical* slot ids (a Python
+list is accepted too).  Entries ``< 0`` or ``== null_slot`` are skipped (no read, no
+write).  Live entries must be distinct (a duplicate would fold its ring twice) and
+``< S``; neither is checked on device (no host sync).  ``write_pos`` is read per slot
+(``write_pos[slot]``, the ring's own per-slot cursor) and clamped into [0, L-1] for
+memory safety, as in the decode kernels.  Slots with ``w == 0`` are untouched
+(not even rewritten).  No host sync anywhere: safe on the forward stream and under
+CUDA-graph capture (shapes depend on ``len(slots)`` only).
+
+Rounding: every intermediate is fp32; the only rounding is the state store (to the
+state dtype, round-to-nearest-even also in Triton's CPU interpreter).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import L2NORM_EPS, next_pow2
+from .gdn_replay import _cast_rtne, _history_weights, _load_history, _normalise_rows
+from .mamba2_replay import (_head_param, _load_B_window, _load_window_delta, _load_x_window,
+                            _rebuild_state, _window_weights)
+
+__all__ = [
+    "mamba2_materialize",
+    "gdn_materialize",
+    "reset_cursors",
+    "materialize_ring",
+    "mamba2_materialize_ref",
+    "gdn_materialize_ref",
+]
+
+_DOT_PRECISIONS = ("tf32x3", "ieee")
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_INT_DTYPES = (torch.int32, torch.int64)
+
+
+# --------------------------------------------------------------------------------------
+# kernels
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _slot_cursor(slot_ptr, i, wpos_ptr, null_slot, L):
+    """(slot int64, clamped w, fold flag) of the i-th listed slot; w is read only for live slots."""
+    slot = tl.load(slot_ptr + i).to(tl.int64)
+    live = (slot >= 0) & (slot != null_slot)
+    w = tl.load(wpos_ptr + tl.where(live, slot, 0), mask=live, other=0).to(tl.int32)
+    w = tl.minimum(tl.maximum(w, 0), L - 1)
+    return slot, w, live & (w > 0)
+
+
+@triton.jit
+def _reset_cursor_kernel(slot_ptr, wpos_ptr, null_slot, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inb = offs < n
+    slot = tl.load(slot_ptr + offs, mask=inb, other=-1).to(tl.int64)
+    live = inb & (slot >= 0) & (slot != null_slot)
+    tl.store(wpos_ptr + tl.where(live, slot, 0), tl.zeros([BLOCK], dtype=wpos_ptr.dtype.element_ty), mask=live)
+
+
+@triton.jit
+def _mamba2_materialize_kernel(
+    state_ptr, xr_ptr, Br_ptr, dtr_ptr, A_ptr, slot_ptr, wpos_ptr,
+    null_slot, P, N, L, heads_per_group,
+    s_st_s, s_st_h, s_st_p, s_st_n,
+    s_xr_s, s_xr_h, s_xr_l, s_xr_p,
+    s_Br_s, s_Br_g, s_Br_l, s_Br_n,
+    s_dtr_s, s_dtr_h, s_dtr_l,
+    s_A_h,
+    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_NC: tl.constexpr, WIN: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    i = tl.program_id(1).to(tl.int64)
+    h = tl.program_id(2).to(tl.int64)
+    slot, w, fold = _slot_cursor(slot_ptr, i, wpos_ptr, null_slot, L)
+    if fold:
+        g = h // heads_per_group
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < P
+        offs_w = tl.arange(0, WIN)
+        A = tl.load(A_ptr + h * s_A_h).to(tl.float32)
+        # window = ring entries 0..w-1 only: no current token (pos_cur = -1 never matches)
+        delta_win = _load_window_delta(dtr_ptr + slot * s_dtr_s + h * s_dtr_h, s_dtr_l, offs_w, w, -1, 0.0)
+        s_w, decay = _window_weights(delta_win, A, offs_w, w - 1)
+        x_win = _load_x_window(xr_ptr + slot * s_xr_s + h * s_xr_h, s_xr_l, s_xr_p, offs_m, mask_m, offs_w,
+                               w, -1, tl.zeros([BLOCK_M], dtype=tl.float32))
+        st_base = state_ptr + slot * s_st_s + h * s_st_h
+        Br_base = Br_ptr + slot * s_Br_s + g * s_Br_g
+        for n0 in range(0, N, BLOCK_NC):
+            offs_c = n0 + tl.arange(0, BLOCK_NC)
+            mask_c = offs_c < N
+            st_ptrs = st_base + offs_m[:, None] * s_st_p + offs_c[None, :] * s_st_n
+            st_mask = mask_m[:, None] & mask_c[None, :]
+            S = tl.load(st_ptrs, mask=st_mask, other=0.0).to(tl.float32)
+            B_win = _load_B_window(Br_base, s_Br_l, s_Br_n, offs_w, offs_c, mask_c, w, -1,
+                                   tl.zeros([BLOCK_NC], dtype=tl.float32))
+            S = _rebuild_state(S, decay, x_win, B_win, s_w, DOT_PRECISION)
+            tl.store(st_ptrs, _cast_rtne(S, state_ptr.dtype.element_ty), mask=st_mask)
+
+
+@triton.jit
+def _gdn_materialize_kernel(
+    state_ptr, d_ring, k_ring, g_ring, slot_ptr, wpos_ptr,
+    null_slot,
+    s_st_s, s_st_h, s_st_v,
+    s_d_s, s_d_h, s_d_l,
+    s_k_s, s_k_h, s_k_l,
+    s_g_s, s_g_h,
+    HV: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr,
+    USE_L2NORM: tl.constexpr, EPS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    pid_v = tl.program_id(0)
+    i = tl.program_id(1).to(tl.int64)
+    h = tl.program_id(2).to(tl.int64)
+    slot, w, fold = _slot_cursor(slot_ptr, i, wpos_ptr, null_slot, L)
+    if fold:
+        hk = h // (HV // HK)
+        o_v = pid_v * BV + tl.arange(0, BV)
+        mask_v = o_v < V
+        o_k = tl.arange(0, BK)
+        mask_k = o_k < K
+        g_hist, k_raw, d_hist = _load_history(g_ring + slot * s_g_s + h * s_g_h,
+                                              k_ring + slot * s_k_s + hk * s_k_h, s_k_l,
+                                              d_ring + slot * s_d_s + h * s_d_h, s_d_l,
+                                              o_v, mask_v, w, K, LP, BK)
+        c, eG = _history_weights(g_hist, w, LP)
+        k_hat = _normalise_rows(k_raw, USE_L2NORM, EPS)  # zeros past w stay zero
+        st_ptrs = state_ptr + slot * s_st_s + h * s_st_h + o_v[:, None] * s_st_v + o_k[None, :]
+        st_mask = mask_v[:, None] & mask_k[None, :]
+        S = tl.load(st_ptrs, mask=st_mask, other=0.0).to(tl.float32)
+        dc = d_hist.to(tl.float32) * c[None, :]
+        S = eG * S + tl.dot(dc, k_hat, input_precision=DOT_PRECISION)
+        tl.store(st_ptrs, _cast_rtne(S, state_ptr.dtype.element_ty), mask=st_mask)
+
+
+# --------------------------------------------------------------------------------------
+# wrappers
+# --------------------------------------------------------------------------------------
+
+
+def _err(fn: str, msg: str):
+    raise ValueError(f"{fn}: {msg}")
+
+
+def _as_slots(fn, slots, device) -> torch.Tensor:
+    if not isinstance(slots, torch.Tensor):
+        slots = torch.as_tensor(list(slots) if not isinstance(slots, int) else [slots], dtype=torch.int64)
+    if slots.dtype not in _INT_DTYPES:
+        _err(fn, f"slots must be int32/int64, got {slots.dtype}")
+    slots = slots.reshape(-1)
+    if slots.device != device:
+        slots = slots.to(device, non_blocking=True)
+    return slots.contiguous()  # no-op for the usual contiguous index tensor
+
+
+def _check_common(fn, write_pos, dot_precision, S, device):
+    if not isinstance(write_pos, torch.Tensor) or write_pos.dtype not in _INT_DTYPES:
+        _err(fn, "write_pos must be an int32/int64 tensor")
+    if write_pos.dim() != 1 or write_pos.shape[0] != S:
+        _err(fn, f"write_pos must be [S={S}] (one cursor per slot), got {tuple(write_pos.shape)}")
+    if not write_pos.is_contiguous():
+        _err(fn, "write_pos must be contiguous")
+    if write_pos.device != device:
+        _err(fn, f"write_pos is on {write_pos.device}, state on {device}")
+    if dot_precision not in _DOT_PRECISIONS:
+        _err(fn, f"dot_precision must be one of {_DOT_PRECISIONS} (plain tf32 drifts ~1e-2), "
+                 f"got {dot_precision!r}")
+
+
+def reset_cursors(write_pos: torch.Tensor, slots, *, null_slot: Optional[int] = 0) -> None:
+    """``write_pos[slot] = 0`` for every listed slot that is >= 0 and != ``null_slot`` (one launch, no sync)."""
+    slots = _as_slots("reset_cursors", slots, write_pos.device)
+    n = slots.numel()
+    if n == 0:
+        return
+    null = -1 if null_slot is None else int(null_slot)
+    BLOCK = 128
+    _reset_cursor_kernel[(triton.cdiv(n, BLOCK),)](slots, write_pos, null, n, BLOCK=BLOCK)
+
+
+def mamba2_materialize(
+    state: torch.Tensor,
+    x_ring: torch.Tensor,
+    B_ring: torch.Tensor,
+    dt_ring: torch.Tensor,
+    A: torch.Tensor,
+    write_pos: torch.Tensor,
+    slots,
+    *,
+    null_slot: Optional[int] = 0,
+    reset_cursor: bool = True,
+    dot_precision: str = "tf32x3",
+    block_m: int = 32,
+    block_nc: int = 32,
+) -> None:
+    """Fold ring[0:w] of each listed slot into its Mamba2 checkpoint, in place (see module docstring).
+
+    state [S, H, P, N] (fp32/bf16/fp16, any strides); x_ring [S, H, L, P], B_ring
+    [S, G, L, N] (activation dtype), dt_ring [S, H, L] fp32 processed Δ (one layer of a
+    :class:`~sglang_replayssm.ring.ReplayRing`, strided views fine); A [H] or tied [H, P]
+    / [H, P, N] (the layer's A = -exp(A_log), fp32); write_pos [S] the per-slot cursors;
+    slots [n] physical slot ids.  ``reset_cursor=False`` leaves ``write_pos`` alone
+    (multi-layer callers reset it once after the last layer).  Returns None.
+    """
+    fn = "mamba2_materialize"
+    for name, t in (("state", state), ("x_ring", x_ring), ("B_ring", B_ring), ("dt_ring", dt_ring), ("A", A)):
+        if not isinstance(t, torch.Tensor):
+            _err(fn, f"{name} must be a torch.Tensor")
+        if t.device != state.device:
+            _err(fn, f"{name} is on {t.device}, state on {state.device}")
+    if state.dim() != 4 or x_ring.dim() != 4 or B_ring.dim() != 4 or dt_ring.dim() != 3:
+        _err(fn, f"expected state [S,H,P,N], x_ring [S,H,L,P], B_ring [S,G,L,N], dt_ring [S,H,L]; got "
+                 f"{tuple(state.shape)}, {tuple(x_ring.shape)}, {tuple(B_ring.shape)}, {tuple(dt_ring.shape)}")
+    S, H, P, N = state.shape
+    L = x_ring.shape[2]
+    G = B_ring.shape[1]
+    if L < 1 or G < 1 or H % G:
+        _err(fn, f"need L >= 1 and H={H} a multiple of G={G}")
+    for name, t, shape in (("x_ring", x_ring, (S, H, L, P)), ("B_ring", B_ring, (S, G, L, N)),
+                           ("dt_ring", dt_ring, (S, H, L))):
+        if tuple(t.shape) != shape:
+            _err(fn, f"{name} must have shape {shape}, got {tuple(t.shape)}")
+    if dt_ring.dtype != torch.float32:
+        _err(fn, f"dt_ring must be float32, got {dt_ring.dtype}")
+    for name, t in (("state", state), ("x_ring", x_ring), ("B_ring", B_ring), ("A", A)):
+        if t.dtype not in _FLOAT_DTYPES:
+            _err(fn, f"{name} must be float32/bfloat16/float16, got {t.dtype}")
+    s_A_h, _ = _head_param("A", A, H, P, N)
+    _check_common(fn, write_pos, dot_precision, S, state.device)
+    for name, v in (("block_m", block_m), ("block_nc", block_nc)):
+        if v < 16 or v & (v - 1):
+            _err(fn, f"{name} must be a power of two >= 16, got {v}")
+    slots = _as_slots(fn, slots, state.device)
+    n = slots.numel()
+    if n == 0:
+        return
+    null = -1 if null_slot is None else int(null_slot)
+    if L > 1:  # L == 1 keeps no ring: nothing to fold
+        BLOCK_M = min(block_m, max(16, next_pow2(P)))
+        BLOCK_NC = min(block_nc, max(16, next_pow2(N)))
+        WIN = max(16, next_pow2(L))
+        _mamba2_materialize_kernel[(triton.cdiv(P, BLOCK_M), n, H)](
+            state, x_ring, B_ring, dt_ring, A, slots, write_pos,
+            null, P, N, L, H // G,
+            *state.stride(), *x_ring.stride(), *B_ring.stride(), *dt_ring.stride(), s_A_h,
+            DOT_PRECISION=dot_precision, BLOCK_M=BLOCK_M, BLOCK_NC=BLOCK_NC, WIN=WIN,
+            num_warps=4, num_stages=1,
+        )
+    if reset_cursor:
+        reset_cursors(write_pos, slots, null_slot=null_slot)
+
+
+def gdn_materialize(
+    state: torch.Tensor,
+    d_ring: torch.Tensor,
+    k_ring: torch.Tensor,
+    g_ring: torch.Tensor,
+    write_pos: torch.Tensor,
+    slots,
+    *,
+    use_qk_l2norm: bool = True,
+    null_slot: Optional[int] = 0,
+    reset_cursor: bool = True,
+    dot_precision: str = "tf32x3",
+    block_v: int = 16,
+) -> None:
+    """Fold ring[0:w] of each listed slot into its GDN checkpoint, in place (see module docstring).
+
+    state [S, HV, V, K] (fp32/bf16/fp16); d_ring [S, HV, L, V] (state dtype), k_ring
+    [S, Hk, L, K] raw keys (activation dtype; L2-normalised here when
+    ``use_qk_l2norm``), g_ring [S, HV, L] fp32 (one ring layer; the number of key heads
+    Hk is ``k_ring.shape[1]``); last dims contiguous, other strides free; write_pos [S];
+    slots [n].  ``reset_cursor`` as in :func:`mamba2_materialize`.  Returns None.
+    """
+    fn = "gdn_materialize"
+    for name, t in (("state", state), ("d_ring", d_ring), ("k_ring", k_ring), ("g_ring", g_ring)):
+        if not isinstance(t, torch.Tensor):
+            _err(fn, f"{name} must be a torch.Tensor")
+        if t.device != state.device:
+            _err(fn, f"{name} is on {t.device}, state on {state.device}")
+    if state.dim() != 4 or d_ring.dim() != 4 or k_ring.dim() != 4 or g_ring.dim() != 3:
+        _err(fn, f"expected state [S,HV,V,K], d_ring [S,HV,L,V], k_ring [S,Hk,L,K], g_ring [S,HV,L]; got "
+                 f"{tuple(state.shape)}, {tuple(d_ring.shape)}, {tuple(k_ring.shape)}, {tuple(g_ring.shape)}")
+    S, HV, V, K = state.shape
+    L = d_ring.shape[2]
+    Hk = k_ring.shape[1]
+    if L < 1 or Hk < 1 or HV % Hk:
+        _err(fn, f"need L >= 1 and HV={HV} a multiple of Hk={Hk}")
+    for name, t, shape in (("d_ring", d_ring, (S, HV, L, V)), ("k_ring", k_ring, (S, Hk, L, K)),
+                           ("g_ring", g_ring, (S, HV, L))):
+        if tuple(t.shape) != shape:
+            _err(fn, f"{name} must have shape {shape}, got {tuple(t.shape)}")
+    if g_ring.dtype != torch.float32:
+        _err(fn, f"g_ring must be float32, got {g_ring.dtype}")
+    for name, t in (("state", state), ("d_ring", d_ring), ("k_ring", k_ring)):
+        if t.dtype not in _FLOAT_DTYPES:
+            _err(fn, f"{name} must be float32/bfloat16/float16, got {t.dtype}")
+        if t.stride(-1) != 1:
+            _err(fn, f"{name} must be contiguous in its last dim, got strides {tuple(t.stride())}")
+    if g_ring.stride(-1) != 1:
+        _err(fn, f"g_ring must be contiguous in its last dim, got strides {tuple(g_ring.stride())}")
+    _check_common(fn, write_pos, dot_precision, S, state.device)
+    if block_v < 16 or block_v & (block_v - 1):
+        _err(fn, f"block_v must be a power of two >= 16, got {block_v}")
+    slots = _as_slots(fn, slots, state.device)
+    n = slots.numel()
+    if n == 0:
+        return
+    null = -1 if null_slot is None else int(null_slot)
+    if L > 1:
+        BK = max(16, next_pow2(K))
+        BV = min(block_v, max(16, next_pow2(V)))
+        LP = max(16, next_pow2(L - 1))
+        _gdn_materialize_kernel[(triton.cdiv(V, BV), n, HV)](
+            state, d_ring, k_ring, g_ring, slots, write_pos,
+            null,
+            state.stride(0), state.stride(1), state.stride(2),
+            d_ring.stride(0), d_ring.stride(1), d_ring.stride(2),
+            k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
+            g_ring.stride(0), g_ring.stride(1),
+            HV=HV, HK=Hk, K=K, V=V, L=L, BK=BK, BV=BV, LP=LP,
+            USE_L2NORM=bool(use_qk_l2norm), EPS=L2NORM_EPS, DOT_PRECISION=dot_precision,
+            num_warps=4, num_stages=1,
+        )
+    if reset_cursor:
+        reset_cursors(write_pos, slots, null_slot=null_slot)
+
+
+def materialize_ring(ring, temporal: Sequence[torch.Tensor], slots, *, A: Optional[Sequence[torch.Tensor]] = None,
+                     use_qk_l2norm: bool = True, null_slot: Optional[int] = 0,
+                     dot_precision: str = "tf32x3") -> None:
+    """Fold every layer of a :class:`~sglang_replayssm.ring.ReplayRing` for ``slots``, then reset the cursors.
+
+    ``temporal[i]`` is pool layer i's checkpoint ``[S, ...]`` (SGLang's
+    ``mamba_cache.temporal`` indexes as ``temporal[i]``); ``A[i]`` is that layer's
+    Mamba2 A (required for ``ring.kind == "mamba2"``, ignored for GDN).  All layers
+    read the same cursors, which are reset once after the last layer.
+    """
+    slots = _as_slots("materialize_ring", slots, ring.write_pos.device)
+    if ring.kind == "mamba2" and (A is None or len(A) < ring.num_layers):
+        raise ValueError(f"materialize_ring: a Mamba2 ring of {ring.num_layers} layer(s) needs A per layer")
+    for i in range(ring.num_layers):
+        t = ring.layer(i)
+        if ring.kind == "mamba2":
+            mamba2_materialize(temporal[i], t["x"], t["B"], t["dt"], A[i], ring.write_pos, slots,
+                               null_slot=null_slot, reset_cursor=False, dot_precision=dot_precision)
+        else:
+            gdn_materialize(temporal[i], t["d"], t["k"], t["g"], ring.write_pos, slots,
+                            use_qk_l2norm=use_qk_l2norm, null_slot=null_slot, reset_cursor=False,
+                            dot_precision=dot_precision)
+    reset_cursors(ring.write_pos, slots, null_slot=null_slot)
+
+
+# --------------------------------------------------------------------------------------
+# PyTorch references (same arguments and side effects, fp32 math, host loop over slots)
+# --------------------------------------------------------------------------------------
+
+
+def _live_slots(slots, write_pos, null_slot, L):
+    null = -1 if null_slot is None else int(null_slot)
+    out = []
+    for s in torch.as_tensor(slots).reshape(-1).tolist():
+        if s < 0 or s == null:
+            continue
+        out.append((int(s), min(max(int(write_pos[s]), 0), L - 1)))
+    return out
+
+
+@torch.no_grad()
+def mamba2_materialize_ref(state, x_ring, B_ring, dt_ring, A, write_pos, slots, *, null_slot=0,
+                           reset_cursor=True, **_unused):
+    """PyTorch twin of :func:`mamba2_materialize` (fp32, one slot at a time)."""
+    f32 = torch.float32
+    H = state.shape[1]
+    G = B_ring.shape[1]
+    L = x_ring.shape[2]
+    A_h = (A if A.dim() == 1 else A.reshape(H, -1)[:, 0]).to(f32)
+    live = _live_slots(slots, write_pos, null_slot, L)
+    for s, w in live:
+        if w == 0:
+            continue
+        delta = dt_ring[s, :, :w].to(f32)  # [H, w]
+        lam = torch.cumsum(delta, 1)
+        sj = delta * torch.exp(A_h[:, None] * (lam[:, -1:] - lam))
+        decay = torch.exp(A_h * lam[:, -1])
+        X = x_ring[s, :, :w].to(f32)  # [H, w, P]
+        Bw = B_ring[s, :, :w].to(f32).repeat_interleave(H // G, 0)  # [H, w, N]
+        S_new = decay[:, None, None] * state[s].to(f32) + torch.einsum("hjp,hjn->hpn", X * sj[:, :, None], Bw)
+        state[s] = S_new.to(state.dtype)
+    if reset_cursor:
+        for s, _ in live:
+            write_pos[s] = 0
+
+
+@torch.no_grad()
+def gdn_materialize_ref(state, d_ring, k_ring, g_ring, write_pos, slots, *, use_qk_l2norm=True, null_slot=0,
+                        reset_cursor=True, **_unused):
+    """PyTorch twin of :func:`gdn_materialize` (fp32, one slot at a time)."""
+    f32 = torch.float32
+    HV = state.shape[1]
+    Hk = k_ring.shape[1]
+    L = d_ring.shape[2]
+    live = _live_slots(slots, write_pos, null_slot, L)
+    for s, w in live:
+        if w == 0:
+            continue
+        g = g_ring[s, :, :w].to(f32)  # [HV, w]
+        suffix = torch.flip(torch.cumsum(torch.flip(g, [-1]), -1), [-1])
+        c = torch.exp(suffix - g)
+        eG = torch.exp(g.sum(-1))
+        kr = k_ring[s, :, :w].to(f32)
+        if use_qk_l2norm:
+            kr = kr / torch.sqrt((kr * kr).sum(-1, keepdim=True) + L2NORM_EPS)
+        kr = kr.repeat_interleave(HV // Hk, 0)  # [HV, w, K]
+        dh = d_ring[s, :, :w].to(f32)  # [HV, w, V]
+        S_new = eG[:, None, None] * state[s].to(f32) + torch.einsum("hjv,hjk->hvk", dh * c[:, :, None], kr)
+        state[s] = S_new.to(state.dtype)
+    if reset_cursor:
+        for s, _ in live:
+            write_pos[s] = 0
