@@ -115,8 +115,11 @@ import inspect
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
+from ._cursor import (  # noqa: F401  (gather/advance re-exported: tests and tools use them)
+    NULL_SLOT, ReplayDecodeError, advance_cursors, close_layer, drop_step, gather_cursors, layer_order,
+    open_layer)
 from .registry import Patch
 
 logger = logging.getLogger("sglang_replayssm.patches")
@@ -125,56 +128,11 @@ MIXER_MODULE = "sglang.srt.layers.attention.mamba.mamba"
 SSU_TARGET = MIXER_MODULE + ".selective_state_update"
 BACKEND_FORWARD_TARGET = "sglang.srt.layers.attention.hybrid_linear_attn_backend.Mamba2AttnBackend.forward"
 RING_ATTR = "rssm_ring"     # set on HybridReqToTokenPool.mamba_pool by patches/pool.py
-NULL_SLOT = 0               # MambaSlotAllocator never hands out slot 0 (dummy / capture rows)
-
-
-class ReplayDecodeError(RuntimeError):
-    """The Mamba2 decode seam met a call it cannot serve exactly."""
 
 
 # --------------------------------------------------------------------------------------
-# device ops (fixed shapes, no host sync)
+# per-layer state (the per-forward cursor bookkeeping lives in ``_cursor``)
 # --------------------------------------------------------------------------------------
-
-
-def gather_cursors(write_pos, slots):
-    """Per-row cursors ``write_pos[slot]``; rows with a negative slot read slot 0."""
-    import torch
-
-    return torch.index_select(write_pos, 0, slots.clamp(min=0).long())
-
-
-def advance_cursors(write_pos, slots, wp_rows, buffer_len: int) -> None:
-    """After a decode step: ``write_pos[slot] = 0 if w == L-1 else w + 1`` for live rows.
-
-    ``w`` is ``wp_rows`` clamped to [0, L-1] (as the kernel clamps it).  Rows with
-    slot <= NULL_SLOT (padding -1, dummy 0) store ``wp_rows`` back, i.e. the unchanged
-    ``write_pos[0]`` they gathered.  In place, fixed shapes, no host sync.
-    """
-    import torch
-
-    L = int(buffer_len)
-    safe = slots.clamp(min=0).long()
-    w = wp_rows.clamp(0, L - 1)
-    nxt = torch.where(w == L - 1, torch.zeros_like(w), w + 1)
-    nxt = torch.where(slots > NULL_SLOT, nxt, wp_rows)
-    write_pos.index_put_((safe,), nxt.to(write_pos.dtype))
-
-
-# --------------------------------------------------------------------------------------
-# per-forward and per-layer state
-# --------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Step:
-    """One decode forward of one backend (host bookkeeping + the gathered cursors)."""
-
-    metadata: Any              # the Mamba2Metadata this forward runs with
-    slots: Any                 # decode-row slots, a view of metadata.mamba_cache_indices
-    wp_rows: Any               # cursors gathered at the first mamba layer
-    order: Tuple[int, ...]     # pool layer indices, in the order they must run
-    pos: int = 0               # index into ``order`` of the next expected layer
 
 
 @dataclass
@@ -212,10 +170,6 @@ def _route_of(backend) -> str:
     return route
 
 
-def _layer_order(mamba_map) -> Tuple[int, ...]:
-    return tuple(sorted(set(mamba_map.values())))
-
-
 def _check_ring(ring, backend, order) -> None:
     from ..ring import Mamba2RingGeometry
 
@@ -245,23 +199,16 @@ def _plan(backend, layer_id, forward_batch):
                                 "state without the replay ring; use --mamba-radix-cache-strategy no_buffer")
     mamba_map = backend.req_to_token_pool.mamba_map
     pool_idx = mamba_map[layer_id]
-    step = getattr(backend, "_rssm_step", None)
-    order = _layer_order(mamba_map)
+    order = layer_order(mamba_map)
     if pool_idx == order[0]:
         _check_ring(ring, backend, order)
         if not getattr(backend, "_rssm_logged", False):
             backend._rssm_logged = True
             logger.info("sglang_replayssm: Mamba2 decode on the replay ring (L=%d, %d layers, route %s)",
                         ring.buffer_len, len(order), _route_of(backend))
-        start = md.num_prefills
-        slots = md.mamba_cache_indices[start:start + md.num_decodes]
-        step = _Step(md, slots, gather_cursors(ring.write_pos, slots), order)
-        backend._rssm_step = step
-    elif step is None or step.metadata is not md or step.pos >= len(step.order) or step.order[step.pos] != pool_idx:
-        expected = None if step is None or step.pos >= len(step.order) else step.order[step.pos]
-        raise ReplayDecodeError(
-            f"Mamba2 decode visited pool layer {pool_idx} (layer_id {layer_id}) out of order "
-            f"(expected {expected}); the replay cursor is per forward and needs layers first..last")
+    start = md.num_prefills
+    step = open_layer(backend, ring, md, order, pool_idx, layer_id,
+                      lambda: md.mamba_cache_indices[start:start + md.num_decodes], "Mamba2")
     return ring, step, pool_idx
 
 
@@ -285,14 +232,11 @@ def backend_forward_around(original, self, mixer, hidden_states, output, layer_i
     finally:
         _TLS.ctx = None
     if ctx.calls != 1:
-        self._rssm_step = None
+        drop_step(self)
         raise ReplayDecodeError(
             f"layer_id {layer_id}: the mixer made {ctx.calls} decode selective_state_update call(s) through "
             f"{SSU_TARGET} (expected exactly 1); this mixer is not supported by the replay seam")
-    step.pos += 1
-    if step.pos == len(step.order):
-        advance_cursors(ring.write_pos, step.slots, step.wp_rows, ring.buffer_len)
-        self._rssm_step = None
+    close_layer(self, ring, step)
     return result
 
 
