@@ -49,7 +49,9 @@ Hook design (the same style as ``mamba2_decode``)
    layer ``mamba_map[layer_id]``, per-row cursors, the metadata's slot tensor and the
    address of the layer's ``temporal``.  After the call it requires exactly one routed
    kernel call and closes the layer (``_cursor.close_layer``: cursor advance after the
-   last GDN layer, on device, inside the forward, so inside a captured graph).
+   last GDN layer, on device, inside the forward, so inside a captured graph).  It also
+   publishes the layer's ``use_qk_l2norm`` to ``lifecycle.register_layer_params`` (what the
+   finish fold replays the ring with).
    No ring / draft worker: SGLang's code, untouched.
 2. AROUND ``GDNKernelDispatcher.packed_decode`` (:func:`packed_decode_around`).  With no
    context it calls the original with the same arguments.  With one, the call must be the
@@ -100,6 +102,7 @@ FORWARD_DECODE_TARGET = BACKEND_MODULE + ".GDNAttnBackend.forward_decode"
 FORWARD_EXTEND_TARGET = BACKEND_MODULE + ".GDNAttnBackend.forward_extend"
 PACKED_DECODE_TARGET = BACKEND_MODULE + ".GDNKernelDispatcher.packed_decode"
 RING_ATTR = "rssm_ring"     # set on HybridReqToTokenPool.mamba_pool by patches/pool.py
+USE_QK_L2NORM = True       # TritonGDNKernel.packed_decode passes use_qk_l2norm_in_kernel=True
 UPSTREAM_RING_KWARGS = ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_write_pos",
                         "replayssm_force_flush")
 
@@ -186,6 +189,9 @@ def _plan(backend, layer, forward_batch):
                     ring.buffer_len, len(order))
     step = open_layer(backend, ring, md, order, pool_idx, layer.layer_id,
                       lambda: md.mamba_cache_indices, "GDN")
+    from . import lifecycle  # finish folds replay this layer's ring with the same key normalisation
+
+    lifecycle.register_layer_params(ring, pool_idx, use_qk_l2norm=USE_QK_L2NORM)
     return ring, step, pool_idx
 
 
@@ -256,7 +262,7 @@ def packed_decode_around(original, self, mixed_qkv, a, b, *, A_log, dt_bias, sca
     rv = ctx.ring_views
     out = mixed_qkv.new_zeros(mixed_qkv.shape[0], 1, num_v_heads, head_v_dim)
     gdn_replay_decode(mixed_qkv, a, b, A_log, dt_bias, ssm_states, rv["d"], rv["k"], rv["g"],
-                      cache_indices, ctx.wp_rows, scale=scale, use_qk_l2norm=True, out=out, null_slot=NULL_SLOT)
+                      cache_indices, ctx.wp_rows, scale=scale, use_qk_l2norm=USE_QK_L2NORM, out=out, null_slot=NULL_SLOT)
     ctx.calls += 1
     return out.transpose(0, 1)
 

@@ -252,6 +252,30 @@ def test_decode_matches_sglang_packed_decode(sgl, monkeypatch, L, steps, act):
         assert steps_of[2] > 2 * L and steps_of[4] % L != steps_of[2] % L
 
 
+def test_pending_ring_folds_to_sglangs_state(sgl):
+    """What the seam appends to the ring is the history SGLang's state went through: after
+    5 decode steps at L=4 (slots 2 and 5 one entry past a flush, slot 4 mid-cycle), the
+    slot-lifecycle fold (``lifecycle.fold_slots``) gives SGLang's state for every slot."""
+    from sglang_replayssm.patches import lifecycle
+
+    schedule = SCHEDULE[:5]
+    inputs = make_inputs(schedule, seed=5)
+    _, ref_temporal, _ = run_stock(sgl, schedule, inputs)
+    h = Harness(sgl)
+    ring = h.attach_ring(4)
+    apply(gdn.PATCHES)
+    try:
+        for slots, inp in zip(schedule, inputs):
+            h.forward(slots, inp)
+        assert ring.write_pos[[2, 4, 5]].tolist() == [1, 1, 0]
+        assert not torch.allclose(h.temporal[:, 2], ref_temporal[-1][:, 2], atol=1e-3)  # pending entries
+        assert lifecycle.fold_slots(h.pool.mamba_pool, torch.tensor([2, 4, 5]))
+        torch.testing.assert_close(h.temporal, ref_temporal[-1], rtol=5e-5, atol=5e-5)
+        assert not ring.write_pos.any()
+    finally:
+        lifecycle.clear_layer_params(ring)
+
+
 def test_cursor_advances_once_per_forward_after_the_last_layer(sgl):
     h = Harness(sgl)
     ring = h.attach_ring(4)
@@ -267,6 +291,9 @@ def test_cursor_advances_once_per_forward_after_the_last_layer(sgl):
     want = before.clone()
     want[2], want[5] = 0, 2
     assert torch.equal(ring.write_pos, want) and ring.write_pos.dtype == torch.int32
+    from sglang_replayssm.patches import lifecycle
+
+    assert {i: p.use_qk_l2norm for i, p in lifecycle.layer_params(ring).items()} == {0: True, 1: True}
     # a forward must start at the first GDN layer
     h.set_metadata([2, 5])
     with pytest.raises(gdn.ReplayDecodeError, match="out of order"):
