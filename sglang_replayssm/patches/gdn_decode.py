@@ -26,7 +26,7 @@ How SGLang runs GDN decode (0.5.17; the same calls in 0.5.15 and 0.5.23)
           replayssm_d/k/g=layer_cache.replayssm_* , replayssm_write_pos=...,
           replayssm_force_flush=...)          # upstream ring: all None unless its flag
 
-  ``GDNKernelDispatcher.packed_decode`` (``gdn_backend.py:203``) forwards to
+  ``GDNKernelDispatcher.packed_decode`` (``gdn_backend.py:207``) forwards to
   ``TritonGDNKernel.packed_decode`` -> ``fused_recurrent_gated_delta_rule_packed_decode``
   (state updated in place, padded rows (slot < 0) get a zero output) and returns the
   output as ``[1, B, HV, V]``.  Then ``_track_mamba_state_decode`` (extra_buffer track

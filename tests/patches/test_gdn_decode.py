@@ -200,7 +200,7 @@ SCHEDULE = [
 
 
 @pytest.mark.parametrize("L,steps,act", [(4, len(SCHEDULE), torch.float32), (1, 3, torch.float32),
-                                         (3, 7, torch.bfloat16)])
+                                         (3, 7, torch.bfloat16)], ids=["L4-fp32", "L1-fp32", "L3-bf16"])
 def test_decode_matches_sglang_packed_decode(sgl, monkeypatch, L, steps, act):
     """Outputs equal SGLang's fused_recurrent_gated_delta_rule_packed_decode every step
     (padded rows: both exactly 0); the checkpoint equals SGLang's state on flush steps and
@@ -529,3 +529,7 @@ def test_targets_exist_in_other_releases(version):
     for kw in ("mixed_qkv=mixed_qkv", "ssm_states=ssm_states", "cache_indices=cache_indices",
                "num_v_heads=layer.num_v_heads", "head_v_dim=layer.head_v_dim"):
         assert kw in call, (version, kw)
+    # the layer attributes the seam reads (ring geometry check, context)
+    lin = src.zip.read("sglang/srt/layers/radix_linear_attention.py").decode()
+    for attr in ("layer_id", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim"):
+        assert f"self.{attr} = {attr}" in lin, (version, attr)
