@@ -236,6 +236,14 @@ def backend_forward_around(original, self, mixer, hidden_states, output, layer_i
         raise ReplayDecodeError(
             f"layer_id {layer_id}: the mixer made {ctx.calls} decode selective_state_update call(s) through "
             f"{SSU_TARGET} (expected exactly 1); this mixer is not supported by the replay seam")
+    A = getattr(mixer, "A", None)
+    if A is None:
+        drop_step(self)
+        raise ReplayDecodeError(f"layer_id {layer_id}: the mixer has no A parameter; the slot-lifecycle fold "
+                                "of this layer's ring could not replay it")
+    from . import lifecycle  # finish folds of this layer's pending ring need the mixer's A
+
+    lifecycle.register_layer_params(ring, pool_idx, A=A)
     close_layer(self, ring, step)
     return result
 

@@ -220,6 +220,32 @@ def test_decode_matches_sglang_selective_state_update(sgl, monkeypatch, L, route
         assert steps_of[2] > 2 * L and steps_of[4] % L != steps_of[2] % L
 
 
+def test_pending_ring_folds_to_sglangs_state(sgl):
+    """The seam publishes each layer's A for the slot-lifecycle fold: after 5 decode steps at
+    L=4 (entries pending in the rings), ``lifecycle.fold_slots`` gives SGLang's own state."""
+    from sglang_replayssm.patches import lifecycle
+
+    schedule = SCHEDULE[:5]
+    inputs = make_inputs(schedule, seed=7)
+    _, ref_temporal, _ = run_stock(sgl, schedule, inputs)
+    h = Harness(sgl)
+    ring = h.attach_ring(4)
+    apply(m2d.PATCHES)
+    try:
+        for slots, hs in zip(schedule, inputs):
+            h.forward(slots, hs)
+        live = sorted({s for slots in schedule for s in slots if s > 0})
+        pending = [s for s in live if int(ring.write_pos[s]) > 0]
+        assert pending, "schedule leaves no pending ring entries"
+        assert set(lifecycle.layer_params(ring)) == set(range(ring.num_layers))
+        assert all(p.A is not None for p in lifecycle.layer_params(ring).values())
+        assert lifecycle.fold_slots(h.pool.mamba_pool, torch.tensor(live))
+        torch.testing.assert_close(h.temporal[:, live], ref_temporal[-1][:, live], rtol=2e-4, atol=2e-4)
+        assert not ring.write_pos.any()
+    finally:
+        lifecycle.clear_layer_params(ring)
+
+
 def test_cursor_advances_once_per_forward_after_the_last_layer(sgl):
     h = Harness(sgl)
     ring = h.attach_ring(4)
