@@ -57,6 +57,10 @@ def doctor(as_json: bool = False, apply_patches: bool = False) -> int:
             rc = 1
     rows = status(patches)
     info["targets"] = [{"target": t, "state": s, "detail": d} for t, s, d in rows]
+    from .patches import staged_patches
+
+    staged = status(staged_patches())
+    info["staged_targets"] = [{"target": t, "state": s, "detail": d} for t, s, d in staged]
     if any(s == "missing" for _, s, _ in rows):
         rc = 1
     if as_json:
@@ -76,6 +80,9 @@ def doctor(as_json: bool = False, apply_patches: bool = False) -> int:
     print(f"  patch targets ({len(rows)}):")
     for t, s, d in rows:
         print(f"    [{s:<8}] {t}" + (f"  -- {d}" if d and s != "resolved" and s != "patched" else ""))
+    print(f"  staged targets, not applied by the launcher yet ({len(staged)}):")
+    for t, s, d in staged:
+        print(f"    [{s:<8}] {t}" + (f"  -- {d}" if s == "missing" else ""))
     print("  status:", "OK" if rc == 0 else "PROBLEMS FOUND")
     return rc
 

@@ -39,6 +39,7 @@ def test_doctor_lists_targets_resolved():
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     assert "[resolved] sglang.srt.server_args.ServerArgs.check_server_args" in r.stdout
     assert "sglang                   0.5.17" in r.stdout
+    assert "[resolved] sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool._init_mamba_pool" in r.stdout
     r = run(["-m", "sglang_replayssm", "doctor", "--apply"], env=clean_env(SGLANG_REPLAYSSM_BUFFER_LEN="4"))
     assert "[patched ] sglang.srt.server_args.ServerArgs.check_server_args" in r.stdout
     assert "buffer_len       4" in r.stdout
