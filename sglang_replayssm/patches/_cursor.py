@@ -12,8 +12,9 @@ first..last, each once) runs at capture / eager time only.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 NULL_SLOT = 0               # MambaSlotAllocator never hands out slot 0 (dummy / capture rows)
 STEP_ATTR = "_rssm_step"    # the backend attribute holding the forward in progress
@@ -107,3 +108,32 @@ def close_layer(backend, ring, step: ForwardStep) -> None:
 def drop_step(backend) -> None:
     """Forget the step in progress (after an error: the next forward must start afresh)."""
     setattr(backend, STEP_ATTR, None)
+
+
+@dataclass
+class LayerContext:
+    """What a decode seam's kernel dispatcher needs for the layer being run (one per thread)."""
+
+    ring_views: Dict[str, Any]
+    slots: Any
+    wp_rows: Any
+    state_ptr: int
+    num_slots: int
+    pool_idx: int
+    layer_id: int
+    route: Optional[str] = None   # Mamba2: kernel route
+    geom: Any = None              # GDN: the layer's head geometry
+    calls: int = 0
+
+
+class ContextHolder:
+    """Thread-local slot for the active LayerContext of one seam."""
+
+    def __init__(self):
+        self._tls = threading.local()
+
+    def current(self) -> Optional[LayerContext]:
+        return getattr(self._tls, "ctx", None)
+
+    def set(self, ctx: Optional[LayerContext]) -> None:
+        self._tls.ctx = ctx

@@ -88,11 +88,10 @@ extend rows on a slot with ring entries (the slot-lifecycle patches flush those)
 from __future__ import annotations
 
 import logging
-import threading
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import List, Optional
 
-from ._cursor import NULL_SLOT, ReplayDecodeError, close_layer, drop_step, layer_order, open_layer
+from ._cursor import (ContextHolder, LayerContext, NULL_SLOT, ReplayDecodeError, close_layer, drop_step,
+                      layer_order, open_layer)
 from .registry import Patch
 
 logger = logging.getLogger("sglang_replayssm.patches")
@@ -110,24 +109,12 @@ __all__ = ["ReplayDecodeError", "PATCHES", "current_context", "forward_decode_ar
            "forward_extend_around"]
 
 
-@dataclass
-class _LayerContext:
-    ring_views: Dict[str, Any]
-    slots: Any
-    wp_rows: Any
-    state_ptr: int
-    num_slots: int
-    geom: Any
-    pool_idx: int
-    layer_id: int
-    calls: int = 0
+_LayerContext = LayerContext
+_CTX = ContextHolder()
 
 
-_TLS = threading.local()
-
-
-def current_context() -> Optional[_LayerContext]:
-    return getattr(_TLS, "ctx", None)
+def current_context() -> Optional[LayerContext]:
+    return _CTX.current()
 
 
 def _pool_of(backend):
@@ -208,14 +195,14 @@ def forward_decode_around(original, self, layer, forward_batch, mixed_qkv, a, b,
     if current_context() is not None:
         drop_step(self)
         raise ReplayDecodeError("nested GDNAttnBackend.forward_decode calls under a replay context")
-    _TLS.ctx = ctx
+    _CTX.set(ctx)
     try:
         result = original(self, layer, forward_batch, mixed_qkv, a, b, **kwargs)
     except BaseException:
         drop_step(self)
         raise
     finally:
-        _TLS.ctx = None
+        _CTX.set(None)
     empty = step.slots.shape[0] == 0  # 0.5.23 returns early on HIP for an empty batch
     if ctx.calls != 1 and not (empty and ctx.calls == 0):
         drop_step(self)

@@ -113,11 +113,10 @@ from __future__ import annotations
 
 import inspect
 import logging
-import threading
-from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from ._cursor import (  # noqa: F401  (gather/advance re-exported: tests and tools use them)
+    ContextHolder, LayerContext,
     NULL_SLOT, ReplayDecodeError, advance_cursors, close_layer, drop_step, gather_cursors, layer_order,
     open_layer)
 from .registry import Patch
@@ -135,24 +134,12 @@ RING_ATTR = "rssm_ring"     # set on HybridReqToTokenPool.mamba_pool by patches/
 # --------------------------------------------------------------------------------------
 
 
-@dataclass
-class _LayerContext:
-    ring_views: Dict[str, Any]
-    slots: Any
-    wp_rows: Any
-    state_ptr: int
-    num_slots: int
-    route: str
-    pool_idx: int
-    layer_id: int
-    calls: int = 0
+_LayerContext = LayerContext
+_CTX = ContextHolder()
 
 
-_TLS = threading.local()
-
-
-def current_context() -> Optional[_LayerContext]:
-    return getattr(_TLS, "ctx", None)
+def current_context() -> Optional[LayerContext]:
+    return _CTX.current()
 
 
 def _ring_of(backend):
@@ -226,11 +213,11 @@ def backend_forward_around(original, self, mixer, hidden_states, output, layer_i
         route=_route_of(self), pool_idx=pool_idx, layer_id=layer_id)
     if current_context() is not None:
         raise ReplayDecodeError("nested Mamba2AttnBackend.forward calls under a replay context")
-    _TLS.ctx = ctx
+    _CTX.set(ctx)
     try:
         result = original(self, mixer, hidden_states, output, layer_id, forward_batch, *args, **kwargs)
     finally:
-        _TLS.ctx = None
+        _CTX.set(None)
     if ctx.calls != 1:
         drop_step(self)
         raise ReplayDecodeError(
