@@ -12,11 +12,23 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+import torch
 import triton
 import triton.language as tl
 
 SOFTPLUS_THRESHOLD = 20.0
 L2NORM_EPS = 1e-6
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)   # state / activation dtypes
+INDEX_DTYPES = (torch.int32, torch.int64)                       # slot ids and cursors
+DOT_PRECISIONS = ("tf32x3", "ieee")                             # fp32 tl.dot modes that keep fp32 parity
+
+
+def check_dot_precision(value: str, where: str) -> None:
+    """Refuse any fp32 dot mode but tf32x3 / ieee (plain tf32 drifts ~1e-2 from fp32)."""
+    if value not in DOT_PRECISIONS:
+        raise ValueError(f"{where}: dot_precision must be one of {DOT_PRECISIONS} "
+                         f"(plain tf32 drifts ~1e-2 from fp32), got {value!r}")
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 ENV_CONFIG_FILE = "SGLANG_REPLAYSSM_KERNEL_CONFIG"
@@ -40,8 +52,12 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+@functools.lru_cache(maxsize=None)
 def gpu_key() -> str:
-    """Name of the config file for the current device ("h200", "h100", ... or "default")."""
+    """Name of the config file for the current device ("h200", "h100", ... or "default").
+
+    Cached: the wrappers resolve launch configs on every call, and the device of a process
+    does not change."""
     try:
         import torch
 

@@ -100,6 +100,7 @@ import triton
 import triton.language as tl
 
 from .common import L2NORM_EPS, SOFTPLUS_THRESHOLD, interpreting, launch_config, next_pow2, softplus
+from .common import FLOAT_DTYPES as _FLOAT_DTYPES, check_dot_precision
 
 __all__ = ["gdn_replay_decode", "gdn_launch_params", "GDN_DEFAULT_LAUNCH"]
 
@@ -114,10 +115,8 @@ GDN_DEFAULT_LAUNCH: Dict[str, Any] = {
     "flush": "rank1",  # flush rebuild: "rank1" (fp32 CUDA-core FMAs) or "dot" (tensor cores, dot_precision)
     "dot_precision": "tf32x3",
 }
-_DOT_PRECISIONS = ("tf32x3", "ieee")
 _FLUSH_MODES = ("rank1", "dot")
 _SCORE_MODES = ("inline", "pre")
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 # ----------------------------------------------------------------------------------
@@ -462,10 +461,7 @@ def gdn_launch_params(HV: int, Hk: int, K: int, V: int, L: int) -> Dict[str, Any
     cfg = _CFG_CACHE.get(ck)
     if cfg is None:
         cfg = launch_config("gdn_decode", key, GDN_DEFAULT_LAUNCH)
-        if cfg["dot_precision"] not in _DOT_PRECISIONS:
-            raise ValueError(
-                f"gdn_decode launch config: dot_precision must be one of {_DOT_PRECISIONS} "
-                f"(plain tf32 drifts ~1e-2 from fp32), got {cfg['dot_precision']!r}")
+        check_dot_precision(cfg["dot_precision"], "gdn_decode launch config")
         if cfg["flush"] not in _FLUSH_MODES:
             raise ValueError(f"gdn_decode launch config: flush must be one of {_FLUSH_MODES}, got {cfg['flush']!r}")
         if cfg["scores"] not in _SCORE_MODES:

@@ -85,13 +85,12 @@ No SGLang import here.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import triton
 import triton.language as tl
 
-from .common import SOFTPLUS_THRESHOLD, launch_config, next_pow2, softplus
+from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
+from .common import SOFTPLUS_THRESHOLD, check_dot_precision, launch_config, next_pow2, softplus
 
 __all__ = [
     "mamba2_replay_decode",
@@ -101,9 +100,6 @@ __all__ = [
 ]
 
 ROUTES = ("output_only", "state_and_output")
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_INT_DTYPES = (torch.int32, torch.int64)
-_DOT_PRECISIONS = ("tf32x3", "ieee")
 
 _SP_THRESHOLD = tl.constexpr(SOFTPLUS_THRESHOLD)
 
@@ -539,9 +535,7 @@ def mamba2_replay_decode(
     for name, v in (("BLOCK_M", BLOCK_M), ("BLOCK_NC", BLOCK_NC)):
         if v < 16 or v & (v - 1):
             raise ValueError(f"launch config [{family}][{key}]: {name} must be a power of two >= 16, got {v}")
-    if cfg["dot_precision"] not in _DOT_PRECISIONS:
-        raise ValueError(f"launch config [{family}][{key}]: dot_precision must be one of {_DOT_PRECISIONS}, "
-                         f"got {cfg['dot_precision']!r}")
+    check_dot_precision(cfg["dot_precision"], f"launch config [{family}][{key}]")
     if batch == 0:
         return out
 

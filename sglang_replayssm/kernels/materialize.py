@@ -57,7 +57,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import L2NORM_EPS, next_pow2
+from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
+from .common import L2NORM_EPS, check_dot_precision, next_pow2
 from .gdn_replay import _cast_rtne, _history_weights, _load_history, _normalise_rows
 from .mamba2_replay import (_head_param, _load_B_window, _load_window_delta, _load_x_window,
                             _rebuild_state, _window_weights)
@@ -71,9 +72,6 @@ __all__ = [
     "gdn_materialize_ref",
 ]
 
-_DOT_PRECISIONS = ("tf32x3", "ieee")
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_INT_DTYPES = (torch.int32, torch.int64)
 
 
 # --------------------------------------------------------------------------------------
@@ -205,9 +203,7 @@ def _check_common(fn, write_pos, dot_precision, S, device):
         _err(fn, "write_pos must be contiguous")
     if write_pos.device != device:
         _err(fn, f"write_pos is on {write_pos.device}, state on {device}")
-    if dot_precision not in _DOT_PRECISIONS:
-        _err(fn, f"dot_precision must be one of {_DOT_PRECISIONS} (plain tf32 drifts ~1e-2), "
-                 f"got {dot_precision!r}")
+    check_dot_precision(dot_precision, fn)
 
 
 def reset_cursors(write_pos: torch.Tensor, slots, *, null_slot: Optional[int] = 0) -> None:
