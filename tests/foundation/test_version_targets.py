@@ -1,24 +1,17 @@
 """Every patch target must exist, with the expected signature, in SGLang 0.5.15, 0.5.17 and 0.5.23."""
 
-import os
 from pathlib import Path
 
 import pytest
+
+from sglang_wheels import wheel_for
 
 from sglang_replayssm.patches import all_patches
 from sglang_replayssm.patches.registry import Patch
 from sglang_replayssm.patches.source_check import check
 
-ROOT = Path(__file__).resolve().parents[2]
-WHEELS = Path(os.environ.get("REPLAYSSM_TEST_SGLANG_WHEELS", ROOT / ".cache" / "sglang-wheels"))
 
 
-def wheel_for(version: str) -> Path:
-    found = sorted((WHEELS / version).glob(f"sglang-{version}-*.whl"))
-    if not found:
-        pytest.fail(f"no SGLang {version} wheel under {WHEELS / version}: run `make sglang-wheels` "
-                    f"(pip download --no-deps sglang=={version})")
-    return found[0]
 
 
 @pytest.mark.parametrize("version", ["0.5.15", "0.5.23"])

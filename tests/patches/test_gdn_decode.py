@@ -20,7 +20,6 @@ The ring is built here (``ReplayRing``) and attached as ``mamba_pool.rssm_ring``
 interface ``patches/pool.py`` provides.
 """
 
-import glob
 import types
 from pathlib import Path
 
@@ -509,14 +508,11 @@ def test_registry_apply_verify_unapply(sgl):
 
 @pytest.mark.parametrize("version", ["0.5.15", "0.5.23"])
 def test_targets_exist_in_other_releases(version):
-    import os
-
     from sglang_replayssm.patches.source_check import WheelSource, check, locate
 
-    wheels = Path(os.environ.get("REPLAYSSM_TEST_SGLANG_WHEELS", ROOT / ".cache" / "sglang-wheels"))
-    found = sorted(glob.glob(str(wheels / version / f"sglang-{version}-*.whl")))
-    if not found:
-        pytest.fail(f"no SGLang {version} wheel under {wheels / version}: run `make sglang-wheels`")
+    from sglang_wheels import wheel_for
+
+    found = [str(wheel_for(version))]
     assert check(gdn.PATCHES, found[0], version) == []
     src = WheelSource(found[0])
     for p in gdn.PATCHES:

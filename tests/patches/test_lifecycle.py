@@ -9,8 +9,6 @@ pool).  Kernels run in Triton's CPU interpreter (tests/conftest.py).
 """
 
 import os
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -21,12 +19,12 @@ from sglang_replayssm.patches import all_patches, staged_patches
 from sglang_replayssm.patches import lifecycle
 from sglang_replayssm.patches import pool as pool_seam
 from sglang_replayssm.patches.registry import apply, applicable, is_patched, unapply_all, verify
+from sglang_wheels import wheel_for
+
 from sglang_replayssm.patches.source_check import check
 
 L = 4
 MAMBA_SIZE = 6
-ROOT = Path(__file__).resolve().parents[2]
-WHEELS = Path(os.environ.get("REPLAYSSM_TEST_SGLANG_WHEELS", ROOT / ".cache" / "sglang-wheels"))
 
 
 @pytest.fixture(autouse=True)
@@ -293,11 +291,6 @@ def test_apply_verify_unapply():
     assert not is_patched(common.release_kv_cache, lifecycle.RELEASE_TARGET)
 
 
-def wheel_for(version):
-    found = sorted((WHEELS / version).glob(f"sglang-{version}-*.whl"))
-    if not found:
-        pytest.fail(f"no SGLang {version} wheel under {WHEELS / version} (make sglang-wheels)")
-    return found[0]
 
 
 @pytest.mark.parametrize("version", ["0.5.15", "0.5.23"])

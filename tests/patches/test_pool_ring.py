@@ -10,7 +10,6 @@ registry.
 """
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,13 +18,13 @@ from sglang_replayssm import models
 from sglang_replayssm.patches import all_patches, staged_patches
 from sglang_replayssm.patches import pool as pool_seam
 from sglang_replayssm.patches.registry import apply, status, unapply_all, verify
+from sglang_wheels import wheel_for
+
 from sglang_replayssm.patches.source_check import WheelSource, check
 from sglang_replayssm.ring import GDNRingGeometry, Mamba2RingGeometry, ring_bytes_per_slot
 
 L = 4
 MAMBA_SIZE = 6                      # slots 1..6, slot 0 is the dummy -> 7 ring slots
-ROOT = Path(__file__).resolve().parents[2]
-WHEELS = Path(os.environ.get("REPLAYSSM_TEST_SGLANG_WHEELS", ROOT / ".cache" / "sglang-wheels"))
 
 
 # --------------------------------------------------------------------------------------
@@ -385,11 +384,6 @@ def test_pool_patches_are_staged_not_active():
         assert p.target in staged and p.target not in active
 
 
-def wheel_for(version):
-    found = sorted((WHEELS / version).glob(f"sglang-{version}-*.whl"))
-    if not found:
-        pytest.fail(f"no SGLang {version} wheel under {WHEELS / version} (make sglang-wheels)")
-    return found[0]
 
 
 @pytest.mark.parametrize("version", ["0.5.15", "0.5.23"])
