@@ -29,11 +29,12 @@ Tolerances (rtol, atol) vs the fp64 oracle, outputs and flushed states, values O
 from __future__ import annotations
 
 import math
-import os
 import sys
 
 import pytest
 import torch
+
+from kernel_testlib import bits, make_gen, mismatch, view_like
 
 from sglang_replayssm.kernels import common
 from sglang_replayssm.kernels.mamba2_ref import mamba2_replay_decode_ref, mamba2_step_oracle
@@ -64,34 +65,6 @@ PREC_IDS = ["s32a32", "s32a16b", "s16b_a16b", "s16_a16", "s32_a16"]
 SMALL = (4, 16, 16, 1)  # H, P, N, G
 MEDIUM = (8, 64, 64, 2)
 ODD = (6, 24, 24, 3)  # P, N not powers of two, 2 heads per group
-
-
-def make_gen():
-    env = os.environ.get("REPLAYSSM_TEST_SEED")
-    seed = int(env) if env else int.from_bytes(os.urandom(6), "little")
-    return torch.Generator().manual_seed(seed), seed
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
-
-
-def view_like(v: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-    """The view of ``base`` with the geometry of ``v`` (a view of a same-shaped base)."""
-    return base.as_strided(v.shape, v.stride(), v.storage_offset())
-
-
-def mismatch(actual, expected, rtol, atol):
-    """(max excess ratio, worst index) of |a − e| against atol + rtol·|e|; ratio > 1 means a failure."""
-    a = actual.to(F64)
-    e = expected.to(F64)
-    if a.numel() == 0:
-        return 0.0, -1
-    err = (a - e).abs()
-    lim = atol + rtol * e.abs()
-    ratio = torch.where(torch.isfinite(a), err / lim, torch.full_like(err, float("inf")))
-    worst = int(torch.argmax(ratio.reshape(-1)))
-    return float(ratio.reshape(-1)[worst]), worst
 
 
 class Harness:

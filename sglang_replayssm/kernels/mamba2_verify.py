@@ -1,0 +1,324 @@
+"""ReplaySSM speculative verify for Mamba2: a window of T tokens over checkpoint + ring.
+
+Same ring layout as standard decode (``ring.py``: x [S, H, R, P], B [S, G, R, N] in the
+activation dtype, processed Δ [S, H, R] fp32) used as a *circular* ring of length
+``R = B_hist + T``, with the per-slot cursors of :mod:`spec_cursor` (``wp`` committed
+history entries, ``origin`` physical index of logical 0, ``flush`` flag).  The kernel
+never writes a cursor; :func:`spec_cursor.spec_commit` moves them between forwards.
+
+Math (per live row, head h; history k = 0..wp-1 at physical (origin + k) % R with
+processed Δ_k, Λ_k = Σ_{i<=k} Δ_i, Λ = Λ_{wp-1}; window tokens s = 0..T-1 with
+Δ_s = softplus(dt_s + dt_bias) and window-local inclusive prefix μ_s)::
+
+    S_c    = exp(A Λ) S_ck + Σ_k Δ_k exp(A (Λ − Λ_k)) x_k B_kᵀ         (the committed state)
+    y_s    = exp(A μ_s) (S_c · C_s) + Σ_{m<=s} Δ_m exp(A (μ_s − μ_m)) (B_m·C_s) x_m
+    y_s   += D x_s ;  y_s *= silu(z_s)
+
+Verify (``flush[slot] == 0``): S_c is never built.  Its contribution is replayed:
+``exp(A μ_s) S_c·C_s = exp(A(Λ + μ_s)) (S_ck·C_s) + Σ_k Δ_k exp(A(Λ − Λ_k + μ_s)) (B_k·C_s) x_k``,
+one streaming read of the S_ck tile, all element-wise fp32.  Flush
+(``flush[slot] == 1``): S_c is built N-chunk by N-chunk (one ``tl.dot`` [BLOCK_M, WH] x
+[WH, BLOCK_NC] with ``dot_precision`` tf32x3 / ieee — plain tf32 is refused), stored as
+the new checkpoint (history only, never a draft), and the window is computed on top of
+it with an empty history.  Either way the window's (x, Δ, B) are written to the ring
+at logical wp .. wp+T-1.  The output of every window position is produced (SGLang's
+rejection sampler reads the logits of all of them).
+
+Programs: grid (cdiv(P, BLOCK_M), batch, H).  Each reads its S_ck tile once (plus, on
+flush, writes it once), the history x tile [BLOCK_M, WH], Δ [WH], the group's B
+history [WH, N] and the window's x/B/C/dt/z.  B·C dots are done per program (group
+sharing is left to L2).  Rows whose slot is < 0 or == null_slot write nothing.  The
+window is ``T`` tokens per row (SGLang's chain verify: ``draft_token_num`` for every
+row); ``wp`` is clamped to [0, R − T] for memory safety only.
+
+Numerics: every reduction fp32, no rounding of intermediates; the only roundings are
+the stores (ring entries, the checkpoint on flush, the outputs).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
+from .common import check_dot_precision, launch_config, next_pow2
+from .mamba2_replay import _delta_from_raw, _head_param
+
+__all__ = ["mamba2_verify", "MAMBA2_VERIFY_DEFAULT_LAUNCH", "verify_geometry_key"]
+
+MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = {
+    "BLOCK_M": 16,
+    "BLOCK_NC": 32,
+    "num_warps": 4,
+    "num_stages": 1,
+    "dot_precision": "tf32x3",
+}
+
+
+def verify_geometry_key(H: int, P: int, N: int, G: int, R: int, T: int) -> str:
+    return f"H{H}_P{P}_N{N}_G{G}_R{R}_T{T}"
+
+
+@triton.jit
+def _mamba2_verify_kernel(
+    state_ptr, xr_ptr, Br_ptr, dtr_ptr,
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, dtb_ptr, out_ptr,
+    slot_ptr, wp_ptr, org_ptr, fl_ptr,
+    null_slot, P, N, R, T, heads_per_group,
+    s_st_s, s_st_h, s_st_p, s_st_n,
+    s_xr_s, s_xr_h, s_xr_r, s_xr_p,
+    s_Br_s, s_Br_g, s_Br_r, s_Br_n,
+    s_dtr_s, s_dtr_h, s_dtr_r,
+    s_x_b, s_x_t, s_x_h, s_x_p,
+    s_dt_b, s_dt_t, s_dt_h,
+    s_A_h,
+    s_B_b, s_B_t, s_B_g, s_B_n,
+    s_C_b, s_C_t, s_C_g, s_C_n,
+    s_D_h, s_D_p,
+    s_z_b, s_z_t, s_z_h, s_z_p,
+    s_dtb_h,
+    s_o_b, s_o_t, s_o_h, s_o_p,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_NC: tl.constexpr, N_CHUNKS: tl.constexpr, WH: tl.constexpr, TP: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    h = tl.program_id(2).to(tl.int64)
+    g = h // heads_per_group
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    if (slot < 0) | (slot == null_slot):
+        return
+    wp = tl.load(wp_ptr + slot).to(tl.int32)
+    org = tl.load(org_ptr + slot).to(tl.int32)
+    is_flush = tl.load(fl_ptr + slot) != 0
+    wp = tl.minimum(tl.maximum(wp, 0), R - T)  # memory safety only (the commit rule keeps wp + T <= R)
+    org = tl.minimum(tl.maximum(org, 0), R - 1)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < P
+    offs_t = tl.arange(0, TP)
+    mask_t = offs_t < T
+    offs_k = tl.arange(0, WH)
+    valid_k = offs_k < wp
+    phys_k = ((org + offs_k) % R).to(tl.int64)
+    phys_t = ((org + wp + offs_t) % R).to(tl.int64)
+
+    A = tl.load(A_ptr + h * s_A_h).to(tl.float32)
+    if HAS_DT_BIAS:
+        dtb = tl.load(dtb_ptr + h * s_dtb_h)
+    else:
+        dtb = 0.0
+
+    # ---- window: Δ_s, μ_s, x_s ----
+    dt_win = tl.load(dt_ptr + row * s_dt_b + offs_t * s_dt_t + h * s_dt_h, mask=mask_t, other=0.0)
+    d_win = tl.where(mask_t, _delta_from_raw(dt_win, dtb, HAS_DT_BIAS, DT_SOFTPLUS), 0.0)
+    mu = tl.cumsum(d_win, 0)
+    x_win = tl.load(x_ptr + row * s_x_b + h * s_x_h + offs_m[:, None] * s_x_p + offs_t[None, :] * s_x_t,
+                    mask=mask_m[:, None] & mask_t[None, :], other=0.0).to(tl.float32)  # [BLOCK_M, TP]
+
+    # ---- history: Δ_k, Λ_k, x_k ----
+    xr_base = xr_ptr + slot * s_xr_s + h * s_xr_h
+    dtr_base = dtr_ptr + slot * s_dtr_s + h * s_dtr_h
+    Br_base = Br_ptr + slot * s_Br_s + g * s_Br_g
+    st_base = state_ptr + slot * s_st_s + h * s_st_h
+    d_hist = tl.load(dtr_base + phys_k * s_dtr_r, mask=valid_k, other=0.0).to(tl.float32)
+    lam = tl.cumsum(d_hist, 0)
+    lam_end = tl.sum(d_hist, 0)
+    x_hist = tl.load(xr_base + offs_m[:, None] * s_xr_p + phys_k[None, :] * s_xr_r,
+                     mask=mask_m[:, None] & valid_k[None, :], other=0.0).to(tl.float32)  # [BLOCK_M, WH]
+    s_hist = tl.where(valid_k, d_hist * tl.exp(A * (lam_end - lam)), 0.0)  # fold weights
+
+    # ---- N chunks: S·C_s (S = S_ck, or the folded S_c on flush), B_k·C_s, B_m·C_s ----
+    SC = tl.zeros([BLOCK_M, TP], dtype=tl.float32)
+    bc_h = tl.zeros([WH, TP], dtype=tl.float32)
+    bc_w = tl.zeros([TP, TP], dtype=tl.float32)  # [m, s]
+    decay_end = tl.exp(A * lam_end)
+    write_B = (pid_m == 0) & (h % heads_per_group == 0)
+    B_row = B_ptr + row * s_B_b + g * s_B_g
+    C_row = C_ptr + row * s_C_b + g * s_C_g
+    for c in tl.static_range(N_CHUNKS):
+        offs_n = c * BLOCK_NC + tl.arange(0, BLOCK_NC)
+        mask_n = offs_n < N
+        st_ptrs = st_base + offs_m[:, None] * s_st_p + offs_n[None, :] * s_st_n
+        st_mask = mask_m[:, None] & mask_n[None, :]
+        S = tl.load(st_ptrs, mask=st_mask, other=0.0).to(tl.float32)
+        C_w = tl.load(C_row + offs_t[:, None] * s_C_t + offs_n[None, :] * s_C_n,
+                      mask=mask_t[:, None] & mask_n[None, :], other=0.0).to(tl.float32)  # [TP, NC]
+        B_w = tl.load(B_row + offs_t[:, None] * s_B_t + offs_n[None, :] * s_B_n,
+                      mask=mask_t[:, None] & mask_n[None, :], other=0.0)  # [TP, NC]
+        B_h = tl.load(Br_base + phys_k[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
+                      mask=valid_k[:, None] & mask_n[None, :], other=0.0).to(tl.float32)  # [WH, NC]
+        if is_flush:
+            S = decay_end * S + tl.dot(x_hist, B_h * s_hist[:, None], input_precision=DOT_PRECISION)
+            if wp > 0:
+                tl.store(st_ptrs, S.to(state_ptr.dtype.element_ty), mask=st_mask)
+        else:
+            bc_h += tl.sum(B_h[:, None, :] * C_w[None, :, :], 2)
+        SC += tl.sum(S[:, None, :] * C_w[None, :, :], 2)
+        B_wf = B_w.to(tl.float32)
+        bc_w += tl.sum(B_wf[:, None, :] * C_w[None, :, :], 2)
+        if write_B:
+            tl.store(Br_base + phys_t[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
+                     B_w.to(Br_ptr.dtype.element_ty), mask=mask_t[:, None] & mask_n[None, :])
+
+    # ---- outputs ----
+    if is_flush:
+        base = tl.exp(A * mu)                     # S_c is the new checkpoint, no history left
+        y = SC * base[None, :]
+    else:
+        base = tl.exp(A * (lam_end + mu))
+        w_h = tl.where(valid_k[:, None],
+                       (d_hist * tl.exp(A * (lam_end - lam)))[:, None] * tl.exp(A * mu)[None, :] * bc_h, 0.0)
+        y = SC * base[None, :] + tl.sum(x_hist[:, :, None] * w_h[None, :, :], 1)
+    causal = (offs_t[:, None] <= offs_t[None, :]) & mask_t[:, None]  # [m, s]: m <= s
+    expo = tl.where(causal, A * (mu[None, :] - mu[:, None]), 0.0)
+    w_w = tl.where(causal, d_win[:, None] * tl.exp(expo) * bc_w, 0.0)
+    y += tl.sum(x_win[:, :, None] * w_w[None, :, :], 1)
+    if HAS_D:
+        Dv = tl.load(D_ptr + h * s_D_h + offs_m * s_D_p, mask=mask_m, other=0.0).to(tl.float32)
+        y += Dv[:, None] * x_win
+    if HAS_Z:
+        zv = tl.load(z_ptr + row * s_z_b + h * s_z_h + offs_m[:, None] * s_z_p + offs_t[None, :] * s_z_t,
+                     mask=mask_m[:, None] & mask_t[None, :], other=0.0).to(tl.float32)
+        y *= zv * tl.sigmoid(zv)
+    om = mask_m[:, None] & mask_t[None, :]
+    tl.store(out_ptr + row * s_o_b + h * s_o_h + offs_m[:, None] * s_o_p + offs_t[None, :] * s_o_t,
+             y.to(out_ptr.dtype.element_ty), mask=om)
+
+    # ---- window into the ring at logical wp .. wp+T-1 ----
+    tl.store(xr_base + offs_m[:, None] * s_xr_p + phys_t[None, :] * s_xr_r,
+             x_win.to(xr_ptr.dtype.element_ty), mask=om)
+    if pid_m == 0:
+        tl.store(dtr_base + phys_t * s_dtr_r, d_win.to(dtr_ptr.dtype.element_ty), mask=mask_t)
+
+
+def _err(msg: str):
+    raise ValueError(f"mamba2_verify: {msg}")
+
+
+def _check_shape(name, t, shape):
+    if tuple(t.shape) != tuple(shape):
+        _err(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+
+
+def mamba2_verify(
+    state, x_ring, B_ring, dt_ring,
+    x, dt, A, B, C,
+    state_indices, wp, origin, flush,
+    *, D=None, z=None, dt_bias=None, dt_softplus=True, out=None, null_slot=0,
+):
+    """Verify a window of T tokens per row (see the module docstring).
+
+    state [S, H, P, N]; x_ring [S, H, R, P], B_ring [S, G, R, N], dt_ring [S, H, R] fp32;
+    x [batch, T, H, P]; dt [batch, T, H] (or [batch, T, H, P] tied over P); A [H] or
+    [H, P, N] tied; B, C [batch, T, G, N]; D [H] or [H, P]; z [batch, T, H, P];
+    dt_bias [H] or [H, P] tied; state_indices [batch]; wp, origin, flush [S] (slot
+    cursors).  Returns ``out`` [batch, T, H, P].  No host sync.
+    """
+    named = dict(state=state, x_ring=x_ring, B_ring=B_ring, dt_ring=dt_ring, x=x, dt=dt, A=A, B=B, C=C,
+                 state_indices=state_indices, wp=wp, origin=origin, flush=flush, D=D, z=z, dt_bias=dt_bias,
+                 out=out)
+    for name, t in named.items():
+        if t is not None and not isinstance(t, torch.Tensor):
+            _err(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    dev = state.device
+    for name, t in named.items():
+        if t is not None and t.device != dev:
+            _err(f"{name} is on {t.device} but state is on {dev}")
+    if state.dim() != 4:
+        _err(f"state must be [S, H, P, N], got shape {tuple(state.shape)}")
+    S_slots, H, P, N = state.shape
+    if x.dim() != 4:
+        _err(f"x must be [batch, T, H, P], got shape {tuple(x.shape)}")
+    batch, T = x.shape[0], x.shape[1]
+    _check_shape("x", x, (batch, T, H, P))
+    if T < 1:
+        _err("the window T = x.shape[1] must be >= 1")
+    if x_ring.dim() != 4:
+        _err(f"x_ring must be [S, H, R, P], got shape {tuple(x_ring.shape)}")
+    R = x_ring.shape[2]
+    if R < 2 * T:
+        _err(f"ring length R = x_ring.shape[2] = {R} must be >= 2T = {2 * T} (history block >= window)")
+    _check_shape("x_ring", x_ring, (S_slots, H, R, P))
+    if B.dim() != 4:
+        _err(f"B must be [batch, T, G, N], got shape {tuple(B.shape)}")
+    G = B.shape[2]
+    if G < 1 or H % G:
+        _err(f"number of heads H={H} must be a multiple of the number of groups G={G}")
+    _check_shape("B", B, (batch, T, G, N))
+    _check_shape("C", C, (batch, T, G, N))
+    _check_shape("B_ring", B_ring, (S_slots, G, R, N))
+    _check_shape("dt_ring", dt_ring, (S_slots, H, R))
+    if dt_ring.dtype != torch.float32:
+        _err(f"dt_ring must be float32 (processed Δ), got {dt_ring.dtype}")
+    for name in ("state", "x_ring", "B_ring", "x", "dt", "A", "B", "C"):
+        if named[name].dtype not in _FLOAT_DTYPES:
+            _err(f"{name} must be float32/bfloat16/float16, got {named[name].dtype}")
+    if dt.dim() == 3:
+        _check_shape("dt", dt, (batch, T, H))
+    elif dt.dim() == 4:
+        _check_shape("dt", dt, (batch, T, H, P))
+        if P > 1 and dt.stride(3) != 0:
+            _err(f"dt [batch, T, H, P] must be tied over P (stride 0 over P), got strides {dt.stride()}")
+    else:
+        _err(f"dt must be [batch, T, H] or [batch, T, H, P], got shape {tuple(dt.shape)}")
+    try:
+        s_A_h, _ = _head_param("A", A, H, P, N)
+        s_dtb_h = _head_param("dt_bias", dt_bias, H, P)[0] if dt_bias is not None else 0
+        s_D_h, s_D_p = _head_param("D", D, H, P, tie=False) if D is not None else (0, 0)
+    except ValueError as e:
+        _err(str(e).split(": ", 1)[-1])
+    for name in ("dt_bias", "D", "z"):
+        t = named[name]
+        if t is not None and t.dtype not in _FLOAT_DTYPES:
+            _err(f"{name} must be float32/bfloat16/float16, got {t.dtype}")
+    if z is not None:
+        _check_shape("z", z, (batch, T, H, P))
+    _check_shape("state_indices", state_indices, (batch,))
+    for name in ("state_indices", "wp", "origin", "flush"):
+        if named[name].dtype not in _INT_DTYPES:
+            _err(f"{name} must be int32 or int64, got {named[name].dtype}")
+    for name in ("wp", "origin", "flush"):
+        _check_shape(name, named[name], (S_slots,))
+    if out is None:
+        out = torch.empty_like(x)
+    else:
+        _check_shape("out", out, (batch, T, H, P))
+        if out.dtype not in _FLOAT_DTYPES:
+            _err(f"out must be float32/bfloat16/float16, got {out.dtype}")
+    if batch == 0:
+        return out
+
+    key = verify_geometry_key(H, P, N, G, R, T)
+    cfg = launch_config("mamba2_verify", key, MAMBA2_VERIFY_DEFAULT_LAUNCH)
+    where = f"launch config [mamba2_verify][{key}]"
+    check_dot_precision(cfg["dot_precision"], where)
+    BLOCK_M, BLOCK_NC = int(cfg["BLOCK_M"]), int(cfg["BLOCK_NC"])
+    for name, v in (("BLOCK_M", BLOCK_M), ("BLOCK_NC", BLOCK_NC)):
+        if v < 16 or v & (v - 1):
+            raise ValueError(f"{where}: {name} must be a power of two >= 16, got {v}")
+    BLOCK_NC = min(BLOCK_NC, max(16, next_pow2(N)))
+    WH = max(16, next_pow2(R - T))
+    TP = max(2, next_pow2(T))
+    dz = z.stride() if z is not None else (0, 0, 0, 0)
+    grid = (triton.cdiv(P, BLOCK_M), batch, H)
+    _mamba2_verify_kernel[grid](
+        state, x_ring, B_ring, dt_ring,
+        x, dt, A, B, C,
+        D if D is not None else x, z if z is not None else x, dt_bias if dt_bias is not None else dt,
+        out, state_indices, wp, origin, flush,
+        -1 if null_slot is None else int(null_slot), P, N, R, T, H // G,
+        *state.stride(), *x_ring.stride(), *B_ring.stride(), *dt_ring.stride(),
+        *x.stride(), dt.stride(0), dt.stride(1), dt.stride(2), s_A_h,
+        *B.stride(), *C.stride(),
+        s_D_h, s_D_p, *dz, s_dtb_h, *out.stride(),
+        HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
+        DT_SOFTPLUS=bool(dt_softplus), DOT_PRECISION=cfg["dot_precision"],
+        BLOCK_M=BLOCK_M, BLOCK_NC=BLOCK_NC, N_CHUNKS=triton.cdiv(N, BLOCK_NC), WH=WH, TP=TP,
+        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]),
+    )
+    return out

@@ -1,0 +1,78 @@
+"""PyTorch reference of the Mamba2 speculative verify (``mamba2_verify``).
+
+Same arguments and side effects as :func:`sglang_replayssm.kernels.mamba2_verify.
+mamba2_verify`, computed row by row in fp32 with the kernel's association: the
+verify path replays the history through ``S_ck·C_s`` and ``B_k·C_s`` without
+building the state; the flush path builds the folded checkpoint, stores it and runs
+the window on top of it.  The only roundings are the stores.  The oracle for tests is
+the plain sequential recurrence :func:`mamba2_ref.mamba2_step_oracle`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .mamba2_ref import _per_head, _per_head_dim, process_dt
+
+
+@torch.no_grad()
+def mamba2_verify_ref(state, x_ring, B_ring, dt_ring, x, dt, A, B, C, state_indices, wp, origin, flush,
+                      *, D=None, z=None, dt_bias=None, dt_softplus=True, out=None, null_slot=0):
+    f32 = torch.float32
+    batch, T, H, P = x.shape
+    G = B.shape[2]
+    r = H // G
+    R = x_ring.shape[2]
+    if out is None:
+        out = torch.empty_like(x)
+    if null_slot is None:
+        null_slot = -1
+    A_h = _per_head(A, H, f32)
+    D_hp = _per_head_dim(D, H, P, f32)
+    for row in range(batch):
+        s = int(state_indices[row])
+        if s < 0 or s == null_slot:
+            continue
+        w = min(max(int(wp[s]), 0), R - T)
+        o = min(max(int(origin[s]), 0), R - 1)
+        hist = [(o + k) % R for k in range(w)]
+        win = [(o + w + t) % R for t in range(T)]
+        d_win = torch.stack([process_dt(dt[row, t][None], dt_bias, dt_softplus, H, f32)[0] for t in range(T)],
+                            dim=1)  # [H, T]
+        mu = torch.cumsum(d_win, dim=1)  # [H, T]
+        Xw = x[row].to(f32).permute(1, 0, 2)  # [H, T, P]
+        Bw = B[row].to(f32).permute(1, 0, 2).repeat_interleave(r, dim=0)  # [H, T, N]
+        Cw = C[row].to(f32).permute(1, 0, 2).repeat_interleave(r, dim=0)  # [H, T, N]
+        d_h = dt_ring[s][:, hist].to(f32)  # [H, w]
+        lam = torch.cumsum(d_h, dim=1)
+        lam_end = d_h.sum(dim=1)  # [H]
+        Xh = x_ring[s][:, hist].to(f32)  # [H, w, P]
+        Bh = B_ring[s][:, hist].to(f32).repeat_interleave(r, dim=0)  # [H, w, N]
+        s_h = d_h * torch.exp(A_h[:, None] * (lam_end[:, None] - lam))  # [H, w]
+        S0 = state[s].to(f32)
+        if int(flush[s]):
+            S = torch.exp(A_h * lam_end)[:, None, None] * S0 + torch.einsum("hkp,hkn->hpn", Xh * s_h[:, :, None], Bh)
+            if w > 0:
+                state[s] = S.to(state.dtype)
+            y = torch.exp(A_h[:, None] * mu)[:, :, None] * torch.einsum("hpn,htn->htp", S, Cw)
+        else:
+            y = torch.exp(A_h[:, None] * (lam_end[:, None] + mu))[:, :, None] * torch.einsum("hpn,htn->htp", S0, Cw)
+            bc_h = torch.einsum("hkn,htn->hkt", Bh, Cw)
+            w_h = s_h[:, :, None] * torch.exp(A_h[:, None, None] * mu[:, None, :]) * bc_h  # [H, w, T]
+            y = y + torch.einsum("hkp,hkt->htp", Xh, w_h)
+        bc_w = torch.einsum("hmn,htn->hmt", Bw, Cw)  # [H, m, s]
+        causal = torch.ones(T, T, dtype=torch.bool).tril().T  # [m, s]: m <= s
+        expo = torch.where(causal, A_h[:, None, None] * (mu[:, None, :] - mu[:, :, None]), torch.zeros(()))
+        w_w = torch.where(causal, d_win[:, :, None] * torch.exp(expo) * bc_w, torch.zeros(()))
+        y = y + torch.einsum("hmp,hms->hsp", Xw, w_w)
+        if D_hp is not None:
+            y = y + D_hp[:, None, :] * Xw
+        if z is not None:
+            zf = z[row].to(f32).permute(1, 0, 2)
+            y = y * zf * torch.sigmoid(zf)
+        out[row] = y.permute(1, 0, 2).to(out.dtype)
+        for t, p in enumerate(win):
+            x_ring[s, :, p] = x[row, t].to(x_ring.dtype)
+            dt_ring[s, :, p] = d_win[:, t].to(dt_ring.dtype)
+            B_ring[s, :, p] = B[row, t].to(B_ring.dtype)
+    return out

@@ -1,0 +1,394 @@
+"""Tests of the Mamba2 speculative verify kernel and the spec ring cursors.
+
+CUDA when present, else Triton's CPU interpreter (tests/conftest.py).  Fresh random
+inputs every run (seed in every message; REPLAYSSM_TEST_SEED replays one).
+
+The oracle is the fp64 sequential recurrence (``mamba2_step_oracle``) of the
+*committed* token stream: every step verifies a window of T fresh tokens, ALL T window
+outputs are compared with the oracle run from the committed state through the window,
+then a random number of them (1..T, as SGLang's accept_lens) is committed with the
+device commit kernel, and the oracle's committed state advances by exactly those
+tokens.  After every flush the checkpoint must equal the oracle state at the folded
+count.  Ring pools start as NaN, so any read of a masked (stale / future) position
+poisons an output.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kernel_testlib import bits, make_gen, mismatch, view_like
+from test_mamba2_replay import ORACLE_TOL, REF_TOL
+
+from sglang_replayssm.kernels import common
+from sglang_replayssm.kernels.mamba2_ref import mamba2_step_oracle
+from sglang_replayssm.kernels.mamba2_verify import mamba2_verify
+from sglang_replayssm.kernels.mamba2_verify_ref import mamba2_verify_ref
+from sglang_replayssm.kernels.spec_cursor import (check_spec_cursors, spec_commit, spec_commit_ref, spec_reset,
+                                                  spec_reset_ref, spec_ring_len)
+
+F32, BF16, F16, F64 = torch.float32, torch.bfloat16, torch.float16, torch.float64
+SMALL = (4, 16, 16, 1)   # H, P, N, G
+ODD = (6, 24, 40, 3)     # P, N not powers of two; N spans two 32-column chunks; 2 heads per group
+
+
+class SpecHarness:
+    """Pools, spec rings, slot cursors, per-request committed oracle states; one checked verify+commit."""
+
+    def __init__(self, device, geom, T, hist, state_dtype=F32, act_dtype=F32, *, n_req=3, strided=False,
+                 has_z=True, has_D=True, null_slot=0, check_ref=True):
+        self.gen, self.seed = make_gen()
+        self.device = device
+        H, P, N, G = geom
+        self.H, self.P, self.N, self.G, self.T = H, P, N, G, T
+        self.R = spec_ring_len(hist, T)
+        self.sd, self.ad = state_dtype, act_dtype
+        self.null_slot = null_slot
+        self.check_ref = check_ref
+        self.strided = strided
+        S = self.n_slots = 2 * n_req + 3
+        free = [s for s in range(S) if s != null_slot]
+        perm = torch.randperm(len(free), generator=self.gen).tolist()
+        self.slots = [free[i] for i in perm[:n_req]]
+        self.bases = {}
+        R = self.R
+        self.state = self._pool("state", (S, H, P, N), state_dtype)
+        self.x_ring = self._pool("x_ring", (S, H, R, P), act_dtype)
+        self.B_ring = self._pool("B_ring", (S, G, R, N), act_dtype)
+        self.dt_ring = self._pool("dt_ring", (S, H, R), F32)
+        init = torch.randn(S, H, P, N, generator=self.gen) * 0.5
+        self.state.copy_(init.to(device=device, dtype=state_dtype))
+        self.oracle = [self.state[s].cpu().to(F64) for s in self.slots]
+        self.A_h = -torch.exp(torch.rand(H, generator=self.gen) * 2 - 1)
+        self.dtb_h = -4 * torch.rand(H, generator=self.gen)
+        self.D_h = torch.randn(H, generator=self.gen) if has_D else None
+        self.has_z = has_z
+        self.A, self.dt_bias = self.A_h.to(device), self.dtb_h.to(device)
+        self.D = None if self.D_h is None else self.D_h.to(device)
+        self.wp = torch.full((S,), 7, dtype=torch.int32, device=device)   # stale values: reset must clear them
+        self.origin = torch.full((S,), 3, dtype=torch.int32, device=device)
+        self.flush = torch.ones(S, dtype=torch.int32, device=device)
+        sl = torch.tensor(self.slots, dtype=torch.int32, device=device)
+        spec_reset(self.wp, self.origin, self.flush, sl, window=T, ring_len=R, null_slot=null_slot)
+        assert self.wp[sl].eq(0).all() and self.origin[sl].eq(0).all() and self.flush[sl].eq(0).all()
+        self.steps = 0
+        self.flushes = 0
+        self.wraps = 0
+
+    def tag(self):
+        return f"[seed={self.seed} T={self.T} R={self.R} state={self.sd} act={self.ad} step={self.steps}]"
+
+    def _pool(self, name, shape, dtype):
+        if self.strided:  # a view into a bigger pool: padded slot stride and last dim
+            big = (shape[0] + 1, shape[1] + 1) + tuple(shape[2:-1]) + (shape[-1] + 3,)
+            base = torch.full(big, float("nan"), dtype=dtype, device=self.device)
+            view = base[1:, : shape[1]][..., : shape[-1]]
+        else:
+            base = torch.full(shape, float("nan"), dtype=dtype, device=self.device)
+            view = base
+        assert tuple(view.shape) == tuple(shape)
+        self.bases[name] = (base, view)
+        return view
+
+    def _inputs(self, batch):
+        H, P, N, G, T, ad = self.H, self.P, self.N, self.G, self.T, self.ad
+        g = self.gen
+        return {
+            "x": torch.randn(batch, T, H, P, generator=g).to(ad),
+            "dt": torch.randn(batch, T, H, generator=g).to(ad),
+            "B": torch.randn(batch, T, G, N, generator=g).to(ad),
+            "C": (torch.randn(batch, T, G, N, generator=g) / math.sqrt(N)).to(ad),
+            "z": torch.randn(batch, T, H, P, generator=g).to(ad) if self.has_z else None,
+        }
+
+    def step(self, accept=None, *, pads=("neg", "null")):
+        dev, T, R, H, P = self.device, self.T, self.R, self.H, self.P
+        tag = self.tag()
+        rows = list(range(len(self.slots)))
+        if "neg" in pads:
+            rows.insert(0, "neg")
+        if "null" in pads:
+            rows.insert(len(rows) // 2 + 1, "null")
+        batch = len(rows)
+        slot_of = [(-1 if r == "neg" else self.null_slot) if isinstance(r, str) else self.slots[r] for r in rows]
+        idx = torch.tensor(slot_of, dtype=torch.int32, device=dev)
+        inp = self._inputs(batch)
+        dinp = {k: (None if v is None else v.to(dev)) for k, v in inp.items()}
+        if self.strided:  # SGLang passes dt expanded over P with stride 0
+            dinp["dt"] = dinp["dt"][..., None].expand(batch, T, H, P)
+        out = torch.full((batch, T, H, P), float("nan"), dtype=self.ad, device=dev)
+        before = {k: b.clone() for k, (b, _) in self.bases.items()}
+        cur = {s: (int(self.wp[s]), int(self.origin[s]), int(self.flush[s])) for s in self.slots}
+        kw = dict(D=self.D, z=dinp["z"], dt_bias=self.dt_bias, null_slot=self.null_slot)
+        args = (dinp["x"], dinp["dt"], self.A, dinp["B"], dinp["C"], idx, self.wp, self.origin, self.flush)
+        if self.check_ref:
+            ref = {k: b.clone() for k, b in before.items()}
+            rv = {k: view_like(v, ref[k]) for k, (_, v) in self.bases.items()}
+            ref_out = torch.full_like(out, float("nan"))
+            mamba2_verify_ref(rv["state"], rv["x_ring"], rv["B_ring"], rv["dt_ring"], *args, out=ref_out, **kw)
+        ret = mamba2_verify(self.state, self.x_ring, self.B_ring, self.dt_ring, *args, out=out, **kw)
+        assert ret is out
+        live = [k for k, r in enumerate(rows) if not isinstance(r, str)]
+        pad = [k for k, r in enumerate(rows) if isinstance(r, str)]
+
+        # nothing outside the write set changed: window ring positions, the checkpoint on flush
+        allowed = {k: torch.zeros(b.shape, dtype=torch.bool, device=dev) for k, (b, _) in self.bases.items()}
+        for k in live:
+            s = slot_of[k]
+            w, o, f = cur[s]
+            phys = [(o + w + t) % R for t in range(T)]
+            for name in ("x_ring", "B_ring", "dt_ring"):
+                view_like(self.bases[name][1], allowed[name])[s, :, phys] = True
+            if f and w > 0:
+                view_like(self.state, allowed["state"])[s] = True
+        for name, (b, _) in self.bases.items():
+            keep = ~allowed[name]
+            assert torch.equal(bits(b)[keep], bits(before[name])[keep]), \
+                f"{tag} {name}: memory outside the verify's write set changed"
+        assert torch.isnan(out[pad].float()).all(), f"{tag} padded rows were written"
+        assert torch.isfinite(out[live].float()).all(), f"{tag} a live output is not finite (stale ring read?)"
+
+        if self.check_ref:
+            rt, at = REF_TOL[self.ad]
+            r_, i_ = mismatch(out[live], ref_out[live], rt, at)
+            assert r_ <= 1, f"{tag} output vs reference off by {r_:.3g}x at {i_}"
+            fin = torch.isfinite(rv["state"].float())
+            r_, _ = mismatch(self.state[fin], rv["state"][fin], *REF_TOL[self.sd])
+            assert r_ <= 1, f"{tag} checkpoint vs reference off by {r_:.3g}x"
+            for name in ("x_ring", "B_ring"):
+                assert torch.equal(bits(self.bases[name][0]), bits(ref[name])), f"{tag} {name} differs from reference"
+            fin = torch.isfinite(rv["dt_ring"])
+            assert torch.equal(fin, torch.isfinite(self.dt_ring)), f"{tag} dt_ring written elsewhere than reference"
+            r_, _ = mismatch(self.dt_ring[fin], rv["dt_ring"][fin], 1e-5, 1e-6)
+            assert r_ <= 1, f"{tag} dt_ring vs reference off by {r_:.3g}x"
+
+        # oracle: flushed checkpoint == committed state; all T window outputs == sequential recurrence
+        rt, at = ORACLE_TOL[(self.sd, self.ad)]
+        acc = []
+        for k in live:
+            i, s = rows[k], slot_of[k]
+            w, o, f = cur[s]
+            base = self.oracle[i]
+            if f:
+                self.flushes += 1
+                r_, i_ = mismatch(self.state[s].cpu(), base, rt, at)
+                assert r_ <= 1, f"{tag} flushed checkpoint of slot {s} (folded {w}) off by {r_:.3g}x at {i_}"
+                base = self.state[s].cpu().to(F64)  # continue from the stored (rounded) checkpoint
+            states = []
+            Sx = base[None]
+            for t in range(T):
+                z = inp["z"][k:k + 1, t] if inp["z"] is not None else None
+                Sx, y = mamba2_step_oracle(Sx, inp["x"][k:k + 1, t], inp["dt"][k:k + 1, t], self.A_h,
+                                           inp["B"][k:k + 1, t], inp["C"][k:k + 1, t], D=self.D_h, z=z,
+                                           dt_bias=self.dtb_h)
+                states.append(Sx[0])
+                r_, i_ = mismatch(out[k, t].cpu(), y[0], rt, at)
+                assert r_ <= 1, (f"{tag} output of request {i} window token {t} (wp={w} origin={o} flush={f}) "
+                                 f"off by {r_:.3g}x at {i_}")
+            a = int(torch.randint(1, T + 1, (1,), generator=self.gen)) if accept is None else accept
+            acc.append(a)
+            self.oracle[i] = states[a - 1]
+            if (o + w + T - 1) // R != o // R or (f and (o + w) % R + a > R):
+                self.wraps += 1
+
+        # commit (device kernel) vs the host reference, and the invariant
+        acc_rows = [0] * batch
+        for k, a in zip(live, acc):
+            acc_rows[k] = a
+        for k in pad:  # padding rows carry accepts too; their null slots must be skipped
+            acc_rows[k] = 1
+        acc_t = torch.tensor(acc_rows, dtype=torch.int32, device=dev)
+        want = [t.cpu().clone() for t in (self.wp, self.origin, self.flush)]
+        spec_commit_ref(*want, idx.cpu(), acc_t.cpu(), window=T, ring_len=R, null_slot=self.null_slot)
+        spec_commit(self.wp, self.origin, self.flush, idx, acc_t, window=T, ring_len=R, null_slot=self.null_slot)
+        for name, got, exp in zip(("wp", "origin", "flush"), (self.wp, self.origin, self.flush), want):
+            assert torch.equal(got.cpu(), exp), f"{tag} commit kernel {name} {got.tolist()} != reference {exp.tolist()}"
+        check_spec_cursors(self.wp, self.origin, self.flush, window=T, ring_len=R, slots=self.slots)
+        self.steps += 1
+        return out
+
+
+PRECISIONS = [(F32, F32), (F32, BF16), (BF16, BF16), (F16, F16)]
+PREC_IDS = ["s32a32", "s32a16b", "s16b_a16b", "s16_a16"]
+
+
+@pytest.mark.parametrize("T,hist", [(1, 1), (2, 3), (3, 3), (4, 6)], ids=["T1B1", "T2B3", "T3B3", "T4B6"])
+def test_stream_of_random_accepts_matches_sequential_recurrence(device, T, hist):
+    """44 verify+commit steps at fp32, random accept lengths, desynchronised rows, ring wrap-around."""
+    h = SpecHarness(device, SMALL, T, hist, F32, F32, n_req=3)
+    for _ in range(44):
+        h.step()
+    assert h.flushes >= 3, f"{h.tag()} the stream must cross several flushes, saw {h.flushes}"
+    if T > 1:
+        assert h.wraps >= 1, f"{h.tag()} the circular ring never wrapped"
+
+
+@pytest.mark.parametrize("prec", PRECISIONS, ids=PREC_IDS)
+def test_precisions_odd_geometry(device, prec):
+    """Grouped heads, P and N not powers of two, N over two chunks, every state/act dtype."""
+    h = SpecHarness(device, ODD, 3, 4, *prec, n_req=2)
+    for _ in range(12):
+        h.step()
+    assert h.flushes >= 1
+
+
+def test_full_accept_and_single_accept(device):
+    """Always accepting everything (max cursor speed) and always one token (bonus only)."""
+    for a in (4, 1):
+        h = SpecHarness(device, SMALL, 4, 4, F32, F32, n_req=2)
+        for _ in range(10):
+            h.step(accept=a)
+        assert h.flushes >= 2
+
+
+def test_strided_pools_no_z_no_D(device):
+    h = SpecHarness(device, SMALL, 2, 3, F32, BF16, n_req=2, strided=True, has_z=False, has_D=False)
+    assert h.state.stride(0) != math.prod(h.state.shape[1:])
+    for _ in range(10):
+        h.step()
+
+
+def test_null_slot_none_only_negative_rows_skipped(device):
+    h = SpecHarness(device, SMALL, 2, 2, F32, F32, n_req=2, null_slot=None)
+    for _ in range(6):
+        h.step(pads=("neg",))
+
+
+@pytest.mark.parametrize("what", ["x_ring", "B_ring", "dt_ring", "future"])
+def test_teeth(device, what):
+    """A corrupted committed ring entry must change the output; one past wp must not."""
+    h = SpecHarness(device, SMALL, 2, 4, F32, F32, n_req=1, check_ref=False)
+    for _ in range(2):
+        h.step(accept=1)  # wp = 2 committed entries, no flush yet
+    s = h.slots[0]
+    w, o = int(h.wp[s]), int(h.origin[s])
+    assert w >= 1 and int(h.flush[s]) == 0
+    inp = h._inputs(1)
+    d = {k: (None if v is None else v.to(device)) for k, v in inp.items()}
+    idx = torch.tensor([s], dtype=torch.int32, device=device)
+
+    def run():
+        snap = {k: b.clone() for k, (b, _) in h.bases.items()}
+        views = {k: view_like(v, snap[k]) for k, (_, v) in h.bases.items()}
+        y = mamba2_verify(views["state"], views["x_ring"], views["B_ring"], views["dt_ring"], d["x"], d["dt"],
+                          h.A, d["B"], d["C"], idx, h.wp, h.origin, h.flush, D=h.D, z=d["z"],
+                          dt_bias=h.dt_bias)
+        return y.cpu()
+
+    clean = run()
+    pos = (o + w) % h.R if what == "future" else (o + w - 1) % h.R
+    name = "x_ring" if what == "future" else what
+    t = h.bases[name][1]
+    t[s, :, pos] = t[s, :, pos] + (5.0 if what != "dt_ring" else 0.5)
+    dirty = run()
+    if what == "future":
+        assert torch.equal(bits(clean), bits(dirty)), "an entry past wp leaked into the output"
+    else:
+        r_, _ = mismatch(dirty, clean, 1e-4, 1e-4)
+        assert r_ > 1, f"corrupting committed {what} went unnoticed"
+
+
+def test_commit_reset_kernels_match_reference(device):
+    """Random cursors, accepts (incl. 0 = no advance), null and padded rows, int64 slot ids."""
+    gen, seed = make_gen()
+    T, R, S = 3, 9, 12
+    for trial in range(5):
+        wp = torch.randint(0, R - T + 1, (S,), generator=gen)
+        flush = (wp + 2 * T > R).to(torch.int64)
+        origin = torch.randint(0, R, (S,), generator=gen)
+        slots = torch.randperm(S, generator=gen)[:7]
+        slots[0], slots[3] = -1, 0
+        acc = torch.randint(0, T + 1, (7,), generator=gen)
+        cur = [t.to(device=device, dtype=torch.int32) for t in (wp, origin, flush)]
+        ref = [t.clone() for t in (wp, origin, flush)]
+        spec_commit(*cur, slots.to(device), acc.to(device=device, dtype=torch.int32), window=T, ring_len=R)
+        spec_commit_ref(*ref, slots, acc, window=T, ring_len=R)
+        for c, r in zip(cur, ref):
+            assert torch.equal(c.cpu().long(), r), f"[seed={seed}] commit mismatch {c.tolist()} vs {r.tolist()}"
+        assert int(cur[0][0]) == int(wp[0]), f"[seed={seed}] the null slot's cursor moved"
+        check_spec_cursors(*cur, window=T, ring_len=R)
+        spec_reset(*cur, slots.to(device), window=T, ring_len=R)
+        spec_reset_ref(*ref, slots, window=T, ring_len=R)
+        for c, r in zip(cur, ref):
+            assert torch.equal(c.cpu().long(), r), f"[seed={seed}] reset mismatch"
+        live = slots[(slots > 0)]
+        assert cur[0].cpu()[live].eq(0).all()
+
+
+def test_commit_none_is_one_token_per_row(device):
+    wp = torch.tensor([0, 2, 5], dtype=torch.int32, device=device)
+    org = torch.tensor([0, 1, 6], dtype=torch.int32, device=device)
+    fl = torch.tensor([0, 0, 1], dtype=torch.int32, device=device)
+    spec_commit(wp, org, fl, torch.tensor([1, 2], device=device), None, window=1, ring_len=6, null_slot=0)
+    assert wp.tolist() == [0, 3, 1] and org.tolist() == [0, 1, 5] and fl.tolist() == [0, 0, 0]
+
+
+def test_cursor_argument_errors(device):
+    wp = torch.zeros(4, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="ring length"):
+        spec_commit(wp, wp.clone(), wp.clone(), wp[:2], None, window=3, ring_len=5)
+    with pytest.raises(ValueError, match="accepted"):
+        spec_commit(wp, wp.clone(), wp.clone(), wp[:2], wp[:3], window=1, ring_len=4)
+    with pytest.raises(ValueError, match="origin"):
+        spec_reset(wp, wp[:3].clone(), wp.clone(), wp[:2], window=1, ring_len=4)
+    with pytest.raises(ValueError, match="buffer length"):
+        spec_ring_len(2, 3)
+    with pytest.raises(AssertionError, match="slot 1"):
+        check_spec_cursors(torch.tensor([0, 4]), torch.tensor([0, 0]), torch.tensor([0, 1]), window=2, ring_len=5)
+
+
+def _args(device, H=4, P=16, N=16, G=2, R=6, T=2, S=3, batch=2):
+    f = dict(device=device)
+    return dict(
+        state=torch.zeros(S, H, P, N, **f), x_ring=torch.zeros(S, H, R, P, **f), B_ring=torch.zeros(S, G, R, N, **f),
+        dt_ring=torch.zeros(S, H, R, **f), x=torch.zeros(batch, T, H, P, **f), dt=torch.zeros(batch, T, H, **f),
+        A=-torch.ones(H, **f), B=torch.zeros(batch, T, G, N, **f), C=torch.zeros(batch, T, G, N, **f),
+        state_indices=torch.ones(batch, dtype=torch.int32, device=device),
+        wp=torch.zeros(S, dtype=torch.int32, device=device), origin=torch.zeros(S, dtype=torch.int32, device=device),
+        flush=torch.zeros(S, dtype=torch.int32, device=device))
+
+
+def _call(a, **kw):
+    order = ["state", "x_ring", "B_ring", "dt_ring", "x", "dt", "A", "B", "C", "state_indices", "wp", "origin",
+             "flush"]
+    return mamba2_verify(*[a[k] for k in order], **kw)
+
+
+@pytest.mark.parametrize("name,bad,match", [
+    ("x", lambda a: a["x"][:, :, :, :8], "x must have shape"),
+    ("x_ring", lambda a: a["x_ring"][:, :, :3], "ring length"),
+    ("B", lambda a: a["B"][:, :, :1].expand(2, 2, 3, 16), "multiple of the number of groups"),
+    ("dt_ring", lambda a: a["dt_ring"].to(BF16), "dt_ring must be float32"),
+    ("wp", lambda a: a["wp"][:2], "wp must have shape"),
+    ("flush", lambda a: a["flush"].float(), "flush must be int32"),
+    ("dt", lambda a: torch.zeros(2, 2, 4, 16, device=a["x"].device), "tied over P"),
+    ("A", lambda a: torch.zeros(3, device=a["x"].device), "A must have shape"),
+])
+def test_validation_errors(device, name, bad, match):
+    a = _args(device)
+    a[name] = bad(a)
+    with pytest.raises(ValueError, match=match):
+        _call(a)
+
+
+def test_bad_launch_config_is_refused(device, tmp_path, monkeypatch):
+    f = tmp_path / "cfg.yaml"
+    f.write_text("mamba2_verify:\n  default: {dot_precision: tf32}\n")
+    monkeypatch.setenv(common.ENV_CONFIG_FILE, str(f))
+    with pytest.raises(ValueError, match="tf32x3"):
+        _call(_args(device))
+
+
+@pytest.mark.slow
+def test_nemotron_h_8b_geometry(device, tmp_path, monkeypatch):
+    """Nemotron-H-8B heads (H=128, P=64, N=128, G=8), T=4, B=16, fp32 state, bf16 activations."""
+    if common.interpreting():  # fewer, larger programs in the interpreter (same math)
+        f = tmp_path / "cfg.yaml"
+        f.write_text("mamba2_verify:\n  default: {BLOCK_M: 64, BLOCK_NC: 128}\n")
+        monkeypatch.setenv(common.ENV_CONFIG_FILE, str(f))
+    h = SpecHarness(device, (128, 64, 128, 8), 4, 16, F32, BF16, n_req=1, check_ref=False)
+    for _ in range(2):
+        h.step(accept=4, pads=())
