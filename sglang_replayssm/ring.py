@@ -17,6 +17,11 @@ Gated DeltaNet (``GDNRingGeometry``)
 Cursor: ``write_pos[slot]`` (int32) = number of valid ring entries; the linear AR ring
 is always read from position 0, so a recycled slot needs no zeroing, only
 ``write_pos = 0``.  Slot 0 is SGLang's dummy slot and is never written by a kernel.
+
+Spec ring (``spec_window=T``, speculative verify): the same tensors with ring length
+``R = L + T`` (``L`` the history block), used circularly, plus two more per-slot int32
+cursors, ``origin`` and ``flush`` (``kernels/spec_cursor.py`` has the rules; a
+standard decode step on such a ring is a verify of T = 1 committing one token).
 """
 
 from __future__ import annotations
@@ -66,8 +71,9 @@ class Mamba2RingGeometry:
         if self.nheads % self.ngroups:
             raise ValueError(f"nheads ({self.nheads}) must be a multiple of ngroups ({self.ngroups})")
 
-    def shapes(self) -> Dict[str, Tuple[Tuple[int, ...], torch.dtype]]:
-        H, P, N, G, L = self.nheads, self.head_dim, self.dstate, self.ngroups, self.buffer_len
+    def shapes(self, ring_len: Optional[int] = None) -> Dict[str, Tuple[Tuple[int, ...], torch.dtype]]:
+        H, P, N, G = self.nheads, self.head_dim, self.dstate, self.ngroups
+        L = ring_len or self.buffer_len
         return {
             "x": ((H, L, P), self.act_dtype),
             "B": ((G, L, N), self.act_dtype),
@@ -93,8 +99,9 @@ class GDNRingGeometry:
             raise ValueError(
                 f"num_v_heads ({self.num_v_heads}) must be a multiple of num_k_heads ({self.num_k_heads})")
 
-    def shapes(self) -> Dict[str, Tuple[Tuple[int, ...], torch.dtype]]:
-        Hk, HV, K, V, L = self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim, self.buffer_len
+    def shapes(self, ring_len: Optional[int] = None) -> Dict[str, Tuple[Tuple[int, ...], torch.dtype]]:
+        Hk, HV, K, V = self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim
+        L = ring_len or self.buffer_len
         return {
             "d": ((HV, L, V), self.state_dtype),
             "k": ((Hk, L, K), self.act_dtype),
@@ -102,15 +109,23 @@ class GDNRingGeometry:
         }
 
 
-def ring_bytes_per_slot(geom) -> int:
-    """Bytes of ring storage one slot of one layer needs."""
+def ring_bytes_per_slot(geom, spec_window: Optional[int] = None) -> int:
+    """Bytes of ring storage one slot of one layer needs (a spec ring: ``spec_window`` = T)."""
     total = 0
-    for shape, dtype in geom.shapes().values():
+    for shape, dtype in geom.shapes(_ring_len(geom, spec_window)).values():
         n = 1
         for s in shape:
             n *= s
         total += n * torch.empty((), dtype=dtype).element_size()
     return total
+
+
+def _ring_len(geom, spec_window: Optional[int]) -> int:
+    if spec_window is None:
+        return geom.buffer_len
+    from .kernels.spec_cursor import spec_ring_len
+
+    return spec_ring_len(geom.buffer_len, spec_window)
 
 
 class ReplayRing:
@@ -121,21 +136,36 @@ class ReplayRing:
     views are what the kernels receive, so they must honour ``stride(0)``).
     """
 
-    def __init__(self, geom, num_layers: int, num_slots: int, device="cpu"):
+    def __init__(self, geom, num_layers: int, num_slots: int, device="cpu", spec_window: Optional[int] = None):
         _check_positive(num_layers=num_layers, num_slots=num_slots)
         self.geom = geom
         self.num_layers = num_layers
         self.num_slots = num_slots
         self.device = torch.device(device)
+        self.spec_window = spec_window
+        self.ring_len = _ring_len(geom, spec_window)
         self.tensors: Dict[str, torch.Tensor] = {
             name: torch.zeros((num_layers, num_slots) + shape, dtype=dtype, device=self.device)
-            for name, (shape, dtype) in geom.shapes().items()
+            for name, (shape, dtype) in geom.shapes(self.ring_len).items()
         }
         self.write_pos = torch.zeros(num_slots, dtype=torch.int32, device=self.device)
+        self.origin: Optional[torch.Tensor] = None
+        self.flush: Optional[torch.Tensor] = None
+        if spec_window is not None:
+            self.origin = torch.zeros(num_slots, dtype=torch.int32, device=self.device)
+            self.flush = torch.zeros(num_slots, dtype=torch.int32, device=self.device)
 
     @property
     def buffer_len(self) -> int:
         return self.geom.buffer_len
+
+    @property
+    def spec_cursors(self) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """``(origin, flush)`` of a spec ring, None for a standard-decode ring."""
+        return None if self.origin is None else (self.origin, self.flush)
+
+    def _cursors(self):
+        return [self.write_pos] + list(self.spec_cursors or ())
 
     @property
     def kind(self) -> str:
@@ -149,7 +179,7 @@ class ReplayRing:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values()) + \
-            self.write_pos.numel() * self.write_pos.element_size()
+            sum(c.numel() * c.element_size() for c in self._cursors())
 
     def reset(self, slots: Iterable[int] | torch.Tensor) -> None:
         """Empty the rings of ``slots`` (cursor to 0; stale entries are masked, not zeroed)."""
@@ -158,7 +188,8 @@ class ReplayRing:
             return
         if int(idx.min()) < 0 or int(idx.max()) >= self.num_slots:
             raise IndexError(f"ring reset: slot ids must be in [0, {self.num_slots}), got {idx.tolist()}")
-        self.write_pos.index_fill_(0, idx, 0)
+        for c in self._cursors():  # a spec ring: origin 0 and flush 0 too (B >= T)
+            c.index_fill_(0, idx, 0)
 
     def reset_nosync(self, slots) -> None:
         """:meth:`reset` without the bounds check, so without a host sync.
@@ -173,7 +204,8 @@ class ReplayRing:
         else:
             idx = torch.as_tensor(slots, dtype=torch.long, device=self.device).reshape(-1)
         if idx.numel():
-            self.write_pos.index_fill_(0, idx, 0)
+            for c in self._cursors():
+                c.index_fill_(0, idx, 0)
 
     def copy_slots(self, src, dst) -> None:
         """Copy ring contents and cursors of ``src`` slots into ``dst`` slots (all layers)."""
@@ -183,10 +215,12 @@ class ReplayRing:
             raise ValueError(f"copy_slots: src and dst differ in length ({s.numel()} vs {d.numel()})")
         for t in self.tensors.values():
             t[:, d] = t[:, s]
-        self.write_pos[d] = self.write_pos[s]
+        for c in self._cursors():
+            c[d] = c[s]
 
 
-def make_ring(kind: str, num_layers: int, num_slots: int, device="cpu", **geom_kw) -> ReplayRing:
+def make_ring(kind: str, num_layers: int, num_slots: int, device="cpu", spec_window: Optional[int] = None,
+              **geom_kw) -> ReplayRing:
     """Convenience: ``make_ring("mamba2", 2, 9, nheads=8, ...)`` or ``make_ring("gdn", ...)``."""
     if kind == "mamba2":
         geom = Mamba2RingGeometry(**geom_kw)
@@ -194,4 +228,4 @@ def make_ring(kind: str, num_layers: int, num_slots: int, device="cpu", **geom_k
         geom = GDNRingGeometry(**geom_kw)
     else:
         raise ValueError(f"unknown ring kind {kind!r}; accepted: 'mamba2', 'gdn'")
-    return ReplayRing(geom, num_layers, num_slots, device)
+    return ReplayRing(geom, num_layers, num_slots, device, spec_window=spec_window)

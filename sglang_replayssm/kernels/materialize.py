@@ -51,7 +51,7 @@ state dtype, round-to-nearest-even also in Triton's CPU interpreter).
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import torch
 import triton
@@ -59,9 +59,8 @@ import triton.language as tl
 
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
 from .common import L2NORM_EPS, check_dot_precision, next_pow2
-from .gdn_replay import _cast_rtne, _history_weights, _load_history, _normalise_rows
-from .mamba2_replay import (_head_param, _load_B_window, _load_window_delta, _load_x_window,
-                            _rebuild_state, _window_weights)
+from .gdn_replay import _cast_rtne, _history_weights, _normalise_rows
+from .mamba2_replay import _head_param, _rebuild_state, _window_weights
 
 __all__ = [
     "mamba2_materialize",
@@ -90,6 +89,17 @@ def _slot_cursor(slot_ptr, i, wpos_ptr, null_slot, L):
 
 
 @triton.jit
+def _phys_positions(org_ptr, slot, offs, L, HAS_ORIGIN: tl.constexpr):
+    """Physical ring index (int64) of logical positions ``offs`` of ``slot``."""
+    if HAS_ORIGIN:
+        org = tl.load(org_ptr + slot).to(tl.int32)
+        org = tl.minimum(tl.maximum(org, 0), L - 1)
+        return ((org + offs) % L).to(tl.int64)
+    else:
+        return offs.to(tl.int64)
+
+
+@triton.jit
 def _reset_cursor_kernel(slot_ptr, wpos_ptr, null_slot, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inb = offs < n
@@ -100,7 +110,7 @@ def _reset_cursor_kernel(slot_ptr, wpos_ptr, null_slot, n, BLOCK: tl.constexpr):
 
 @triton.jit
 def _mamba2_materialize_kernel(
-    state_ptr, xr_ptr, Br_ptr, dtr_ptr, A_ptr, slot_ptr, wpos_ptr,
+    state_ptr, xr_ptr, Br_ptr, dtr_ptr, A_ptr, slot_ptr, wpos_ptr, org_ptr,
     null_slot, P, N, L, heads_per_group,
     s_st_s, s_st_h, s_st_p, s_st_n,
     s_xr_s, s_xr_h, s_xr_l, s_xr_p,
@@ -108,6 +118,7 @@ def _mamba2_materialize_kernel(
     s_dtr_s, s_dtr_h, s_dtr_l,
     s_A_h,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_NC: tl.constexpr, WIN: tl.constexpr,
+    HAS_ORIGIN: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     i = tl.program_id(1).to(tl.int64)
@@ -118,12 +129,15 @@ def _mamba2_materialize_kernel(
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         mask_m = offs_m < P
         offs_w = tl.arange(0, WIN)
+        valid = offs_w < w
+        # ring entry of logical position j: physical j (linear ring) or (origin + j) % L (spec ring)
+        phys = _phys_positions(org_ptr, slot, offs_w, L, HAS_ORIGIN)
         A = tl.load(A_ptr + h * s_A_h).to(tl.float32)
-        # window = ring entries 0..w-1 only: no current token (pos_cur = -1 never matches)
-        delta_win = _load_window_delta(dtr_ptr + slot * s_dtr_s + h * s_dtr_h, s_dtr_l, offs_w, w, -1, 0.0)
-        s_w, decay = _window_weights(delta_win, A, offs_w, w - 1)
-        x_win = _load_x_window(xr_ptr + slot * s_xr_s + h * s_xr_h, s_xr_l, s_xr_p, offs_m, mask_m, offs_w,
-                               w, -1, tl.zeros([BLOCK_M], dtype=tl.float32))
+        # window = ring entries 0..w-1 only (no current token)
+        delta_win = tl.load(dtr_ptr + slot * s_dtr_s + h * s_dtr_h + phys * s_dtr_l, mask=valid, other=0.0)
+        s_w, decay = _window_weights(delta_win.to(tl.float32), A, offs_w, w - 1)
+        x_win = tl.load(xr_ptr + slot * s_xr_s + h * s_xr_h + offs_m[:, None] * s_xr_p + phys[None, :] * s_xr_l,
+                        mask=mask_m[:, None] & valid[None, :], other=0.0).to(tl.float32)
         st_base = state_ptr + slot * s_st_s + h * s_st_h
         Br_base = Br_ptr + slot * s_Br_s + g * s_Br_g
         for n0 in range(0, N, BLOCK_NC):
@@ -132,15 +146,15 @@ def _mamba2_materialize_kernel(
             st_ptrs = st_base + offs_m[:, None] * s_st_p + offs_c[None, :] * s_st_n
             st_mask = mask_m[:, None] & mask_c[None, :]
             S = tl.load(st_ptrs, mask=st_mask, other=0.0).to(tl.float32)
-            B_win = _load_B_window(Br_base, s_Br_l, s_Br_n, offs_w, offs_c, mask_c, w, -1,
-                                   tl.zeros([BLOCK_NC], dtype=tl.float32))
+            B_win = tl.load(Br_base + phys[:, None] * s_Br_l + offs_c[None, :] * s_Br_n,
+                            mask=valid[:, None] & mask_c[None, :], other=0.0).to(tl.float32)
             S = _rebuild_state(S, decay, x_win, B_win, s_w, DOT_PRECISION)
             tl.store(st_ptrs, _cast_rtne(S, state_ptr.dtype.element_ty), mask=st_mask)
 
 
 @triton.jit
 def _gdn_materialize_kernel(
-    state_ptr, d_ring, k_ring, g_ring, slot_ptr, wpos_ptr,
+    state_ptr, d_ring, k_ring, g_ring, slot_ptr, wpos_ptr, org_ptr,
     null_slot,
     s_st_s, s_st_h, s_st_v,
     s_d_s, s_d_h, s_d_l,
@@ -148,7 +162,7 @@ def _gdn_materialize_kernel(
     s_g_s, s_g_h,
     HV: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr,
-    USE_L2NORM: tl.constexpr, EPS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_L2NORM: tl.constexpr, EPS: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_ORIGIN: tl.constexpr,
 ):
     pid_v = tl.program_id(0)
     i = tl.program_id(1).to(tl.int64)
@@ -160,10 +174,14 @@ def _gdn_materialize_kernel(
         mask_v = o_v < V
         o_k = tl.arange(0, BK)
         mask_k = o_k < K
-        g_hist, k_raw, d_hist = _load_history(g_ring + slot * s_g_s + h * s_g_h,
-                                              k_ring + slot * s_k_s + hk * s_k_h, s_k_l,
-                                              d_ring + slot * s_d_s + h * s_d_h, s_d_l,
-                                              o_v, mask_v, w, K, LP, BK)
+        o_j = tl.arange(0, LP)
+        valid = o_j < w
+        phys = _phys_positions(org_ptr, slot, o_j, L, HAS_ORIGIN)
+        g_hist = tl.load(g_ring + slot * s_g_s + h * s_g_h + phys, mask=valid, other=0.0)
+        k_raw = tl.load(k_ring + slot * s_k_s + hk * s_k_h + phys[:, None] * s_k_l + o_k[None, :],
+                        mask=valid[:, None] & mask_k[None, :], other=0)
+        d_hist = tl.load(d_ring + slot * s_d_s + h * s_d_h + phys[None, :] * s_d_l + o_v[:, None],
+                         mask=mask_v[:, None] & valid[None, :], other=0)
         c, eG = _history_weights(g_hist, w, LP)
         k_hat = _normalise_rows(k_raw, USE_L2NORM, EPS)  # zeros past w stay zero
         st_ptrs = state_ptr + slot * s_st_s + h * s_st_h + o_v[:, None] * s_st_v + o_k[None, :]
@@ -206,6 +224,26 @@ def _check_common(fn, write_pos, dot_precision, S, device):
     check_dot_precision(dot_precision, fn)
 
 
+def _check_spec_cursors(fn, spec_cursors, write_pos) -> torch.Tensor:
+    """The origin tensor of ``spec_cursors=(origin, flush)`` (validated), or a dummy pointer."""
+    if spec_cursors is None:
+        return write_pos  # never read (HAS_ORIGIN=False)
+    if not isinstance(spec_cursors, (tuple, list)) or len(spec_cursors) != 2:
+        _err(fn, "spec_cursors must be a tuple (origin, flush) of per-slot int tensors")
+    for name, t in zip(("origin", "flush"), spec_cursors):
+        if not isinstance(t, torch.Tensor) or t.dtype not in _INT_DTYPES or t.shape != write_pos.shape:
+            _err(fn, f"spec_cursors {name} must be an int32/int64 tensor shaped like write_pos {tuple(write_pos.shape)}")
+        if t.device != write_pos.device or not t.is_contiguous():
+            _err(fn, f"spec_cursors {name} must be contiguous on {write_pos.device}")
+    return spec_cursors[0]
+
+
+def _reset_all(write_pos, spec_cursors, slots, null_slot) -> None:
+    reset_cursors(write_pos, slots, null_slot=null_slot)
+    for t in spec_cursors or ():
+        reset_cursors(t, slots, null_slot=null_slot)  # origin 0, flush 0 (2T <= R always)
+
+
 def reset_cursors(write_pos: torch.Tensor, slots, *, null_slot: Optional[int] = 0) -> None:
     """``write_pos[slot] = 0`` for every listed slot that is >= 0 and != ``null_slot`` (one launch, no sync)."""
     slots = _as_slots("reset_cursors", slots, write_pos.device)
@@ -231,6 +269,7 @@ def mamba2_materialize(
     dot_precision: str = "tf32x3",
     block_m: int = 32,
     block_nc: int = 32,
+    spec_cursors: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> None:
     """Fold ring[0:w] of each listed slot into its Mamba2 checkpoint, in place (see module docstring).
 
@@ -239,7 +278,10 @@ def mamba2_materialize(
     :class:`~sglang_replayssm.ring.ReplayRing`, strided views fine); A [H] or tied [H, P]
     / [H, P, N] (the layer's A = -exp(A_log), fp32); write_pos [S] the per-slot cursors;
     slots [n] physical slot ids.  ``reset_cursor=False`` leaves ``write_pos`` alone
-    (multi-layer callers reset it once after the last layer).  Returns None.
+    (multi-layer callers reset it once after the last layer).  ``spec_cursors=(origin,
+    flush)``: the ring is a circular spec ring (``spec_cursor``): logical j is read at
+    physical ``(origin[slot] + j) % L``, and the reset also zeroes origin and flush.
+    Returns None.
     """
     fn = "mamba2_materialize"
     for name, t in (("state", state), ("x_ring", x_ring), ("B_ring", B_ring), ("dt_ring", dt_ring), ("A", A)):
@@ -266,6 +308,7 @@ def mamba2_materialize(
             _err(fn, f"{name} must be float32/bfloat16/float16, got {t.dtype}")
     s_A_h, _ = _head_param("A", A, H, P, N)
     _check_common(fn, write_pos, dot_precision, S, state.device)
+    origin = _check_spec_cursors(fn, spec_cursors, write_pos)
     for name, v in (("block_m", block_m), ("block_nc", block_nc)):
         if v < 16 or v & (v - 1):
             _err(fn, f"{name} must be a power of two >= 16, got {v}")
@@ -279,14 +322,14 @@ def mamba2_materialize(
         BLOCK_NC = min(block_nc, max(16, next_pow2(N)))
         WIN = max(16, next_pow2(L))
         _mamba2_materialize_kernel[(triton.cdiv(P, BLOCK_M), n, H)](
-            state, x_ring, B_ring, dt_ring, A, slots, write_pos,
+            state, x_ring, B_ring, dt_ring, A, slots, write_pos, origin,
             null, P, N, L, H // G,
             *state.stride(), *x_ring.stride(), *B_ring.stride(), *dt_ring.stride(), s_A_h,
             DOT_PRECISION=dot_precision, BLOCK_M=BLOCK_M, BLOCK_NC=BLOCK_NC, WIN=WIN,
-            num_warps=4, num_stages=1,
+            HAS_ORIGIN=spec_cursors is not None, num_warps=4, num_stages=1,
         )
     if reset_cursor:
-        reset_cursors(write_pos, slots, null_slot=null_slot)
+        _reset_all(write_pos, spec_cursors, slots, null_slot)
 
 
 def gdn_materialize(
@@ -302,6 +345,7 @@ def gdn_materialize(
     reset_cursor: bool = True,
     dot_precision: str = "tf32x3",
     block_v: int = 16,
+    spec_cursors: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> None:
     """Fold ring[0:w] of each listed slot into its GDN checkpoint, in place (see module docstring).
 
@@ -309,7 +353,8 @@ def gdn_materialize(
     [S, Hk, L, K] raw keys (activation dtype; L2-normalised here when
     ``use_qk_l2norm``), g_ring [S, HV, L] fp32 (one ring layer; the number of key heads
     Hk is ``k_ring.shape[1]``); last dims contiguous, other strides free; write_pos [S];
-    slots [n].  ``reset_cursor`` as in :func:`mamba2_materialize`.  Returns None.
+    slots [n].  ``reset_cursor`` and ``spec_cursors`` as in :func:`mamba2_materialize`.
+    Returns None.
     """
     fn = "gdn_materialize"
     for name, t in (("state", state), ("d_ring", d_ring), ("k_ring", k_ring), ("g_ring", g_ring)):
@@ -339,6 +384,7 @@ def gdn_materialize(
     if g_ring.stride(-1) != 1:
         _err(fn, f"g_ring must be contiguous in its last dim, got strides {tuple(g_ring.stride())}")
     _check_common(fn, write_pos, dot_precision, S, state.device)
+    origin = _check_spec_cursors(fn, spec_cursors, write_pos)
     if block_v < 16 or block_v & (block_v - 1):
         _err(fn, f"block_v must be a power of two >= 16, got {block_v}")
     slots = _as_slots(fn, slots, state.device)
@@ -351,7 +397,7 @@ def gdn_materialize(
         BV = min(block_v, max(16, next_pow2(V)))
         LP = max(16, next_pow2(L - 1))
         _gdn_materialize_kernel[(triton.cdiv(V, BV), n, HV)](
-            state, d_ring, k_ring, g_ring, slots, write_pos,
+            state, d_ring, k_ring, g_ring, slots, write_pos, origin,
             null,
             state.stride(0), state.stride(1), state.stride(2),
             d_ring.stride(0), d_ring.stride(1), d_ring.stride(2),
@@ -359,10 +405,10 @@ def gdn_materialize(
             g_ring.stride(0), g_ring.stride(1),
             HV=HV, HK=Hk, K=K, V=V, L=L, BK=BK, BV=BV, LP=LP,
             USE_L2NORM=bool(use_qk_l2norm), EPS=L2NORM_EPS, DOT_PRECISION=dot_precision,
-            num_warps=4, num_stages=1,
+            HAS_ORIGIN=spec_cursors is not None, num_warps=4, num_stages=1,
         )
     if reset_cursor:
-        reset_cursors(write_pos, slots, null_slot=null_slot)
+        _reset_all(write_pos, spec_cursors, slots, null_slot)
 
 
 def materialize_ring(ring, temporal: Sequence[torch.Tensor], slots, *, A: Optional[Sequence[torch.Tensor]] = None,
@@ -373,21 +419,25 @@ def materialize_ring(ring, temporal: Sequence[torch.Tensor], slots, *, A: Option
     ``temporal[i]`` is pool layer i's checkpoint ``[S, ...]`` (SGLang's
     ``mamba_cache.temporal`` indexes as ``temporal[i]``); ``A[i]`` is that layer's
     Mamba2 A (required for ``ring.kind == "mamba2"``, ignored for GDN).  All layers
-    read the same cursors, which are reset once after the last layer.
+    read the same cursors, which are reset once after the last layer.  A spec ring
+    (``ring.spec_window`` set) is read through its origin cursor and all three of its
+    cursors are reset.
     """
     slots = _as_slots("materialize_ring", slots, ring.write_pos.device)
+    spec = ring.spec_cursors
     if ring.kind == "mamba2" and (A is None or len(A) < ring.num_layers):
         raise ValueError(f"materialize_ring: a Mamba2 ring of {ring.num_layers} layer(s) needs A per layer")
     for i in range(ring.num_layers):
         t = ring.layer(i)
         if ring.kind == "mamba2":
             mamba2_materialize(temporal[i], t["x"], t["B"], t["dt"], A[i], ring.write_pos, slots,
-                               null_slot=null_slot, reset_cursor=False, dot_precision=dot_precision)
+                               null_slot=null_slot, reset_cursor=False, dot_precision=dot_precision,
+                               spec_cursors=spec)
         else:
             gdn_materialize(temporal[i], t["d"], t["k"], t["g"], ring.write_pos, slots,
                             use_qk_l2norm=use_qk_l2norm, null_slot=null_slot, reset_cursor=False,
-                            dot_precision=dot_precision)
-    reset_cursors(ring.write_pos, slots, null_slot=null_slot)
+                            dot_precision=dot_precision, spec_cursors=spec)
+    _reset_all(ring.write_pos, spec, slots, null_slot)
 
 
 # --------------------------------------------------------------------------------------
@@ -395,65 +445,73 @@ def materialize_ring(ring, temporal: Sequence[torch.Tensor], slots, *, A: Option
 # --------------------------------------------------------------------------------------
 
 
-def _live_slots(slots, write_pos, null_slot, L):
+def _live_slots(slots, write_pos, null_slot, L, spec_cursors=None):
+    """[(slot, physical ring positions of its w pending entries)] of the live listed slots."""
     null = -1 if null_slot is None else int(null_slot)
     out = []
     for s in torch.as_tensor(slots).reshape(-1).tolist():
         if s < 0 or s == null:
             continue
-        out.append((int(s), min(max(int(write_pos[s]), 0), L - 1)))
+        w = min(max(int(write_pos[s]), 0), L - 1)
+        o = min(max(int(spec_cursors[0][s]), 0), L - 1) if spec_cursors is not None else 0
+        out.append((int(s), [(o + j) % L for j in range(w)]))
     return out
+
+
+def _reset_ref(write_pos, spec_cursors, live):
+    for s, _ in live:
+        write_pos[s] = 0
+        for t in spec_cursors or ():
+            t[s] = 0
 
 
 @torch.no_grad()
 def mamba2_materialize_ref(state, x_ring, B_ring, dt_ring, A, write_pos, slots, *, null_slot=0,
-                           reset_cursor=True, **_unused):
+                           reset_cursor=True, spec_cursors=None, **_unused):
     """PyTorch twin of :func:`mamba2_materialize` (fp32, one slot at a time)."""
     f32 = torch.float32
     H = state.shape[1]
     G = B_ring.shape[1]
     L = x_ring.shape[2]
     A_h = (A if A.dim() == 1 else A.reshape(H, -1)[:, 0]).to(f32)
-    live = _live_slots(slots, write_pos, null_slot, L)
-    for s, w in live:
-        if w == 0:
+    live = _live_slots(slots, write_pos, null_slot, L, spec_cursors)
+    for s, pos in live:
+        if not pos:
             continue
-        delta = dt_ring[s, :, :w].to(f32)  # [H, w]
+        delta = dt_ring[s][:, pos].to(f32)  # [H, w]
         lam = torch.cumsum(delta, 1)
         sj = delta * torch.exp(A_h[:, None] * (lam[:, -1:] - lam))
         decay = torch.exp(A_h * lam[:, -1])
-        X = x_ring[s, :, :w].to(f32)  # [H, w, P]
-        Bw = B_ring[s, :, :w].to(f32).repeat_interleave(H // G, 0)  # [H, w, N]
+        X = x_ring[s][:, pos].to(f32)  # [H, w, P]
+        Bw = B_ring[s][:, pos].to(f32).repeat_interleave(H // G, 0)  # [H, w, N]
         S_new = decay[:, None, None] * state[s].to(f32) + torch.einsum("hjp,hjn->hpn", X * sj[:, :, None], Bw)
         state[s] = S_new.to(state.dtype)
     if reset_cursor:
-        for s, _ in live:
-            write_pos[s] = 0
+        _reset_ref(write_pos, spec_cursors, live)
 
 
 @torch.no_grad()
 def gdn_materialize_ref(state, d_ring, k_ring, g_ring, write_pos, slots, *, use_qk_l2norm=True, null_slot=0,
-                        reset_cursor=True, **_unused):
+                        reset_cursor=True, spec_cursors=None, **_unused):
     """PyTorch twin of :func:`gdn_materialize` (fp32, one slot at a time)."""
     f32 = torch.float32
     HV = state.shape[1]
     Hk = k_ring.shape[1]
     L = d_ring.shape[2]
-    live = _live_slots(slots, write_pos, null_slot, L)
-    for s, w in live:
-        if w == 0:
+    live = _live_slots(slots, write_pos, null_slot, L, spec_cursors)
+    for s, pos in live:
+        if not pos:
             continue
-        g = g_ring[s, :, :w].to(f32)  # [HV, w]
+        g = g_ring[s][:, pos].to(f32)  # [HV, w]
         suffix = torch.flip(torch.cumsum(torch.flip(g, [-1]), -1), [-1])
         c = torch.exp(suffix - g)
         eG = torch.exp(g.sum(-1))
-        kr = k_ring[s, :, :w].to(f32)
+        kr = k_ring[s][:, pos].to(f32)
         if use_qk_l2norm:
             kr = kr / torch.sqrt((kr * kr).sum(-1, keepdim=True) + L2NORM_EPS)
         kr = kr.repeat_interleave(HV // Hk, 0)  # [HV, w, K]
-        dh = d_ring[s, :, :w].to(f32)  # [HV, w, V]
+        dh = d_ring[s][:, pos].to(f32)  # [HV, w, V]
         S_new = eG[:, None, None] * state[s].to(f32) + torch.einsum("hjv,hjk->hvk", dh * c[:, :, None], kr)
         state[s] = S_new.to(state.dtype)
     if reset_cursor:
-        for s, _ in live:
-            write_pos[s] = 0
+        _reset_ref(write_pos, spec_cursors, live)

@@ -388,3 +388,57 @@ def test_validation(device):
         gdn_materialize(gs.transpose(2, 3), d, k, g, wp, [1])
     with pytest.raises(ValueError, match="k_ring"):
         gdn_materialize(gs, d, torch.zeros(S, 1, L + 1, 16, device=device), g, wp, [1])
+
+
+# ======================================================================================
+# spec rings: logical j at physical (origin + j) % R; all three cursors reset
+# ======================================================================================
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_spec_ring_origin_matches_linearised_fold(device, seed, family):
+    """Random circular rings (wrapped origins): the kernel equals its reference, and the reference equals
+    the linear-ring fold of the same entries gathered into logical order (an independent path)."""
+    gen = torch.Generator().manual_seed(seed)
+    S, R = 7, 9
+    wp = torch.tensor([0, 3, 6, 6, 2, 5, 4], dtype=torch.int32)
+    origin = torch.randint(0, R, (S,), generator=gen, dtype=torch.int32)
+    origin[3] = R - 2  # wraps after two entries
+    flush = (wp + 4 > R).to(torch.int32)
+    slots = torch.tensor([1, 2, 3, 5, -1, 0], dtype=torch.int64)
+    if family == "mamba2":
+        H, P, N, G = 4, 16, 16, 2
+        state = torch.randn(S, H, P, N, generator=gen)
+        rings = [torch.randn(S, H, R, P, generator=gen), torch.randn(S, G, R, N, generator=gen),
+                 torch.rand(S, H, R, generator=gen)]
+        A = -torch.exp(torch.rand(H, generator=gen))
+        fn, ref, extra = mamba2_materialize, mamba2_materialize_ref, (A.to(device),)
+    else:
+        HV, Hk, K, V = 4, 2, 16, 16
+        state = torch.randn(S, HV, V, K, generator=gen)
+        rings = [torch.randn(S, HV, R, V, generator=gen), torch.randn(S, Hk, R, K, generator=gen),
+                 -torch.rand(S, HV, R, generator=gen)]
+        fn, ref, extra = gdn_materialize, gdn_materialize_ref, ()
+    dev = [t.clone().to(device) for t in [state] + rings]
+    cur = [t.clone().to(device) for t in (wp, origin, flush)]
+    fn(*dev, *extra, cur[0], slots.to(device), spec_cursors=(cur[1], cur[2]))
+    ref_t = [t.clone() for t in [state] + rings]
+    ref_c = [t.clone() for t in (wp, origin, flush)]
+    ref(*ref_t, *[e.cpu() for e in extra], ref_c[0], slots, spec_cursors=(ref_c[1], ref_c[2]))
+    check_close(dev[0], ref_t[0], (2e-5, 2e-5, 0.0), f"{family} spec fold vs reference", seed)
+    for c, r in zip(cur, ref_c):
+        assert torch.equal(c.cpu(), r)
+    for s in (1, 2, 3, 5):
+        assert int(cur[0][s]) == 0 and int(cur[1][s]) == 0 and int(cur[2][s]) == 0, "cursors not reset"
+    assert int(cur[0][6]) == 4 and int(cur[1][6]) == int(origin[6]), "an unlisted slot's cursors changed"
+    assert torch.equal(dev[0][6].cpu(), state[6]), "an unlisted slot's state changed"
+    # independent path: gather each slot's entries into logical order, fold as a linear ring
+    lin = [torch.empty_like(t) for t in rings]
+    for s in range(S):
+        pos = [(int(origin[s]) + j) % R for j in range(R)]
+        for dst, src in zip(lin, rings):
+            dst[s] = src[s][:, pos]
+    lin_state = state.clone()
+    ref(lin_state, *lin, *[e.cpu() for e in extra], wp.clone(), slots)
+    check_close(ref_t[0], lin_state, (1e-6, 1e-6, 0.0), f"{family} circular vs linearised fold", seed)
+    assert not torch.equal(lin_state[3], state[3]), "the wrapped slot was not folded"

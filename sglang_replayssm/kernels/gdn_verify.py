@@ -1,0 +1,440 @@
+"""Gated DeltaNet (GDN) ReplaySSM speculative verify: a window of T tokens over a
+checkpoint plus a circular ring of committed history.
+
+Pure math and plumbing (no SGLang import).  Reference: :mod:`gdn_verify_ref`.
+
+Layouts (the standard-decode ring of :mod:`gdn_replay`, used as a circular ring)
+------------------------------------------------------------------------------
+* ``state``  [S, HV, V, K]  checkpoint S_ck (fp32 / bf16 / fp16), K contiguous.
+* ``d_ring`` [S, HV, R, V]  state dtype: d_j = beta_j (v_j - alpha_j S_{j-1} k^_j).
+* ``k_ring`` [S, Hk, R, K]  activation dtype: the *raw* (pre-L2-norm) k_j.
+* ``g_ring`` [S, HV, R]     fp32 log-decay g_j.
+* ``mixed_qkv`` [B, T, 2*Hk*K + HV*V] packed q|k|v of the window, ``a``/``b`` [B, T, HV],
+  ``out`` [B, T, HV, V] (activation dtype by default).
+Every pool is addressed through its real strides (slot stride(0) may exceed the
+product of the trailing dims: views into a paged pool); last dims must be contiguous.
+
+Cursor contract (:mod:`spec_cursor`)
+------------------------------------
+``R = B_hist + T`` (history block B_hist >= T).  Per *physical* slot s: ``wp[s]``
+committed history entries (logical 0 .. wp-1), ``origin[s]`` the physical index of
+logical 0 (logical j lives at physical (origin + j) % R), ``flush[s]`` set when this
+verify must first fold the history into the checkpoint.  This kernel reads the
+cursors and never writes them; :func:`spec_cursor.spec_commit` moves them between
+forwards.  The commit rule guarantees ``wp + T <= R``; the kernel clamps wp to
+[0, R - T] and origin to [0, R - 1] for memory safety only.
+
+Math (per live row, v-head h; w = wp[s], G_j inclusive prefix of the cached g over
+logical 0..j, G = G_{w-1}, k^_j = l2norm(cached raw k_j))
+------------------------------------------------------------------------------------
+Committed state  S_c = e^G S_ck + sum_{j<w} e^{G - G_j} d_j k^_j^T.
+
+* flush[s] != 0: S_c is built (V tile by V tile), stored as the new checkpoint
+  (history only, never a window token; skipped when w == 0, where S_c = S_ck), and
+  the window is computed from the *stored* (state-dtype) S_c with an empty history,
+  so the outputs are exactly what a verify from that checkpoint would produce.
+* flush[s] == 0: S_c is never built.  For any vector x,
+  S_c x = e^G (S_ck x) + sum_j e^{G - G_j} (k^_j . x) d_j   (output-only replay).
+
+Window tokens i = 0..T-1: g_i = -exp(A_log) softplus(a_i + dt_bias) (threshold 20),
+beta_i = sigmoid(b_i) in fp32 (rounded to b's dtype only with ``round_beta=True``,
+like the packed decode kernel; SGLang's stock target-verify kernel does not round),
+q^_i, k^_i L2-normalised with 1/sqrt(sum x^2 + 1e-6), q^ scaled.  Gamma_i = sum_{m<=i}
+g_m (window-local).  The sequential delta rule S_i = alpha_i S_{i-1} + d_i k^_i^T,
+d_i = beta_i (v_i - alpha_i S_{i-1} k^_i), o_i = S_i q^_i from S_c unrolls to a
+unit-lower-triangular (UT) system solved by forward substitution:
+
+    r_i  = beta_i (v_i - e^{Gamma_i} S_c k^_i)
+    A_ij = beta_i e^{Gamma_i - Gamma_j} (k^_i . k^_j)            j < i
+    d_i  = r_i - sum_{j<i} A_ij d_j
+    o_i  = e^{Gamma_i} S_c q^_i + sum_{j<=i} e^{Gamma_i - Gamma_j} (k^_j . q^_i) d_j
+
+Every window output is produced (the rejection sampler reads all of them) and the
+window's (d_i, raw k_i, g_i) are written to the ring at logical w + i, physical
+(origin + w + i) % R.  Those positions are disjoint from the history (w + T <= R), so
+programs of one row never race.  Rejected drafts stay there, masked by the next
+cursors, and are overwritten by the next verify: rollback is a cursor move.
+
+Programs and traffic
+--------------------
+Grid ``(cdiv(V, BV), B, HV)``: one program per BV value rows of one (row, v-head),
+holding the whole K row (BK = next_pow2(K)).  Each reads its S_ck tile [BV, K] once,
+the history d slice [BV, w] (state dtype), the history raw keys [w, K] of its k-head
+and g [w], and the window's q, k [T, K], v slice [T, BV], a, b [T].  It writes the
+out slice [T, BV] and the window's d slice [T, BV]; the program with V tile 0 also
+writes the window's g (one writer per (row, v-head)) and, for the first v-head of a
+k-head group, the window's raw k (one writer per (row, k-head)).  Flush rows also
+write their checkpoint tile [BV, K].  Rows whose slot is < 0 or == ``null_slot``
+write nothing at all (no out, no state, no ring).  Tiles: history LP =
+max(16, next_pow2(R - T)) positions (the largest history is R - T), window
+TP = max(2, next_pow2(T)); the window is walked by static loops over T.
+
+Numerics
+--------
+Every reduction and every element-wise product is fp32 on CUDA cores (no tensor
+cores, no TF32): the checkpoint/history replay reuses the standard-decode helpers
+(suffix-sum decays, so no two large prefix sums are subtracted; the window's
+e^{Gamma_i - Gamma_j} likewise come from suffix sums over g_{j+1..i}).  The flush fold
+is w exact fp32 rank-1 updates (``flush: rank1``, default) or one ``tl.dot`` [BV, LP] x
+[LP, K] with ``dot_precision`` "tf32x3" / "ieee" (``flush: dot``; plain tf32 is
+refused).  The window d_i stay fp32 inside the solve; the only roundings are the
+stores (out, ring d in the state dtype, the checkpoint).  Measured vs an fp64
+sequential oracle at fp32 state: see tests/kernels/test_gdn_verify.py.
+
+Launch parameters: ``common.launch_config("gdn_verify", key, GDN_VERIFY_DEFAULT_LAUNCH)``
+with key ``HV{HV}_HK{Hk}_K{K}_V{V}_R{R}_T{T}``.  The wrapper does no host sync
+(CUDA-graph safe); flush vs verify is a per-row runtime branch on ``flush[slot]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import FLOAT_DTYPES as _FLOAT_DTYPES
+from .common import INDEX_DTYPES as _INT_DTYPES
+from .common import L2NORM_EPS, SOFTPLUS_THRESHOLD, check_dot_precision, config_file, launch_config, next_pow2
+from .gdn_replay import (_cast_rtne, _gdn_gate, _history_coeffs, _history_weights, _l2norm_vec,
+                         _normalise_rows, _replay_apply)
+
+__all__ = ["gdn_verify", "gdn_verify_launch_params", "GDN_VERIFY_DEFAULT_LAUNCH", "gdn_verify_key"]
+
+# Untuned starting point (no GPU measurement yet): the standard-decode tile (BV 16) with
+# 2 warps for the extra window registers (q^/k^ [T, K] and the [BV, T] solve tiles).
+GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = {
+    "BV": 16,  # value rows per program (power of two; the whole K row sits in one program)
+    "num_warps": 2,
+    "num_stages": 1,
+    "flush": "rank1",  # flush fold: "rank1" (exact fp32 CUDA-core FMAs) or "dot" (tl.dot, dot_precision)
+    "dot_precision": "tf32x3",
+}
+_FLUSH_MODES = ("rank1", "dot")
+
+
+def gdn_verify_key(HV: int, Hk: int, K: int, V: int, R: int, T: int) -> str:
+    return f"HV{HV}_HK{Hk}_K{K}_V{V}_R{R}_T{T}"
+
+
+# ----------------------------------------------------------------------------------
+# kernel
+# ----------------------------------------------------------------------------------
+@triton.jit
+def _pick(x, sel, axis: tl.constexpr):
+    """The entry of ``x`` selected by the one-hot mask ``sel`` along ``axis`` (exact)."""
+    return tl.sum(tl.where(sel, x, 0.0), axis=axis)
+
+
+@triton.jit
+def _gdn_verify_kernel(
+    qkv, a, b, A_log, dt_bias,
+    state, d_ring, k_ring, g_ring,
+    state_indices, wp, origin, flush, out,
+    scale, null_slot,
+    stride_idx, stride_wp, stride_org, stride_fl,
+    stride_x0, stride_x1,
+    stride_a0, stride_a1, stride_b0, stride_b1,
+    stride_s0, stride_s1, stride_s2,
+    stride_d0, stride_d1, stride_d2,
+    stride_k0, stride_k1, stride_k2,
+    stride_g0, stride_g1, stride_g2,
+    stride_o0, stride_o1, stride_o2,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr, T: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, TP: tl.constexpr,
+    USE_L2NORM: tl.constexpr, ROUND_BETA: tl.constexpr, FLUSH_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_n = tl.program_id(1).to(tl.int64)
+    i_hv = tl.program_id(2)
+    i_hk = i_hv // (HV // HK)
+
+    slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
+    if (slot < 0) | (slot == null_slot):
+        return  # padded / null row: nothing is written
+    w = tl.load(wp + slot * stride_wp).to(tl.int32)
+    org = tl.load(origin + slot * stride_org).to(tl.int32)
+    is_flush = tl.load(flush + slot * stride_fl) != 0
+    w = tl.minimum(tl.maximum(w, 0), R - T)  # memory safety only (the commit rule keeps w + T <= R)
+    org = tl.minimum(tl.maximum(org, 0), R - 1)
+
+    o_k = tl.arange(0, BK)
+    mask_k = o_k < K
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_v = o_v < V
+    o_j = tl.arange(0, LP)
+    valid = o_j < w
+    ph = (org + o_j) % R  # physical ring index of history position j
+    o_t = tl.arange(0, TP)
+    mask_t = o_t < T
+    pw = (org + w + o_t) % R  # physical ring index of window token i
+
+    s_head = state + slot * stride_s0 + i_hv * stride_s1
+    d_head = d_ring + slot * stride_d0 + i_hv * stride_d1
+    k_head = k_ring + slot * stride_k0 + i_hk * stride_k1
+    g_head = g_ring + slot * stride_g0 + i_hv * stride_g1
+    x_row = qkv + i_n * stride_x0
+    v_row = x_row + 2 * HK * K + i_hv * V
+    out_row = out + i_n * stride_o0 + i_hv * stride_o2
+
+    # ---- loads: checkpoint tile, history (d, raw k, g), window (q, k, a, b) ----
+    s_ck = tl.load(s_head + o_v[:, None] * stride_s2 + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :],
+                   other=0)
+    g_hist = tl.load(g_head + ph * stride_g2, mask=valid, other=0.0)
+    k_hist = tl.load(k_head + ph[:, None] * stride_k2 + o_k[None, :], mask=valid[:, None] & mask_k[None, :],
+                     other=0)
+    d_hist = tl.load(d_head + ph[None, :] * stride_d2 + o_v[:, None], mask=mask_v[:, None] & valid[None, :],
+                     other=0)
+    mask_tk = mask_t[:, None] & mask_k[None, :]
+    q_win = tl.load(x_row + o_t[:, None] * stride_x1 + i_hk * K + o_k[None, :], mask=mask_tk, other=0)
+    k_raw = tl.load(x_row + o_t[:, None] * stride_x1 + HK * K + i_hk * K + o_k[None, :], mask=mask_tk, other=0)
+    a_win = tl.load(a + i_n * stride_a0 + o_t * stride_a1 + i_hv, mask=mask_t, other=0)
+    b_win = tl.load(b + i_n * stride_b0 + o_t * stride_b1 + i_hv, mask=mask_t, other=0)
+    A_log_val = tl.load(A_log + i_hv)
+    dt_bias_val = tl.load(dt_bias + i_hv)
+
+    # ---- window gates and normalised q / k (fp32) ----
+    g_win, beta_r = _gdn_gate(a_win, b_win, A_log_val, dt_bias_val, SOFTPLUS_THRESHOLD)
+    g_win = tl.where(mask_t, g_win, 0.0)
+    if ROUND_BETA:
+        beta = beta_r
+    else:
+        beta = tl.sigmoid(b_win.to(tl.float32))
+    q_hat = _normalise_rows(q_win, USE_L2NORM, EPS) * scale
+    k_hat = _normalise_rows(k_raw, USE_L2NORM, EPS)
+
+    # ---- history: replay weights and normalised keys ----
+    c, eG = _history_weights(g_hist, w, LP)
+    k_hist = _normalise_rows(k_hist, USE_L2NORM, EPS)
+    d_hist = d_hist.to(tl.float32)
+    s = s_ck.to(tl.float32)
+
+    # ---- flush: S_c = e^G S_ck + sum_j c_j d_j k^_j^T becomes the checkpoint ----
+    if is_flush:
+        if w > 0:
+            if FLUSH_DOT:
+                s = eG * s + tl.dot(d_hist * c[None, :], k_hist, input_precision=DOT_PRECISION)
+            else:
+                s = eG * s
+                for j in range(0, w):  # exact fp32 rank-1 updates (d_j, k_j re-read: L1-resident)
+                    p_j = (org + j) % R
+                    c_j = _pick(c, o_j == j, 0)
+                    d_j = tl.load(d_head + p_j * stride_d2 + o_v, mask=mask_v, other=0).to(tl.float32)
+                    k_j = _l2norm_vec(tl.load(k_head + p_j * stride_k2 + o_k, mask=mask_k, other=0).to(tl.float32),
+                                      USE_L2NORM, EPS)
+                    s += (c_j * d_j)[:, None] * k_j[None, :]
+            s_st = _cast_rtne(s, s_head.dtype.element_ty)
+            tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :], s_st, mask=mask_v[:, None] & mask_k[None, :])
+            s = s_st.to(tl.float32)  # the window runs on the stored checkpoint
+    # with a flush the history is folded: S_c x = s x
+    eG_x = tl.where(is_flush, 1.0, eG)
+    c_x = tl.where(is_flush, 0.0, c)
+
+    # ---- window: UT forward substitution, one token at a time ----
+    d_win = tl.zeros([BV, TP], dtype=tl.float32)
+    for i in tl.static_range(T):
+        sel = o_t == i
+        q_i = _pick(q_hat, sel[:, None], 0)
+        k_i = _pick(k_hat, sel[:, None], 0)
+        beta_i = _pick(beta, sel, 0)
+        v_i = tl.load(v_row + i * stride_x1 + o_v, mask=mask_v, other=0).to(tl.float32)
+        # S_c q^_i and S_c k^_i (checkpoint tile + replayed history)
+        sq = _replay_apply(tl.sum(s * q_i[None, :], axis=1), eG_x, d_hist, _history_coeffs(k_hist, c_x, q_i))
+        sk = _replay_apply(tl.sum(s * k_i[None, :], axis=1), eG_x, d_hist, _history_coeffs(k_hist, c_x, k_i))
+        # window decays: cw_j = e^{Gamma_i - Gamma_j} (j <= i, 0 past i), e^{Gamma_i}
+        cw, e_gam = _history_weights(tl.where(o_t <= i, g_win, 0.0), i + 1, TP)
+        kk = tl.sum(k_hat * k_i[None, :], axis=1)  # k^_j . k^_i  [TP]
+        kq = tl.sum(k_hat * q_i[None, :], axis=1)  # k^_j . q^_i  [TP]
+        r_i = beta_i * (v_i - e_gam * sk)
+        a_row = tl.where(o_t < i, beta_i * cw * kk, 0.0)
+        d_i = r_i - tl.sum(d_win * a_row[None, :], axis=1)
+        d_win = tl.where(sel[None, :], d_i[:, None], d_win)
+        o_i = e_gam * sq + tl.sum(d_win * (cw * kq)[None, :], axis=1)
+        tl.store(out_row + i * stride_o1 + o_v, _cast_rtne(o_i, out_row.dtype.element_ty), mask=mask_v)
+        p_i = (org + w + i) % R
+        tl.store(d_head + p_i * stride_d2 + o_v, _cast_rtne(d_i, d_head.dtype.element_ty), mask=mask_v)
+
+    # ---- the window's g (one writer per (row, v-head)) and raw k (one per (row, k-head)) ----
+    if i_v == 0:
+        tl.store(g_head + pw * stride_g2, g_win, mask=mask_t)
+        if i_hv % (HV // HK) == 0:
+            tl.store(k_head + pw[:, None] * stride_k2 + o_k[None, :], k_raw.to(k_head.dtype.element_ty),
+                     mask=mask_tk)
+
+
+# ----------------------------------------------------------------------------------
+# wrapper
+# ----------------------------------------------------------------------------------
+_CFG_CACHE: Dict[Tuple[str, str], Dict[str, Any]] = {}
+
+
+def gdn_verify_launch_params(HV: int, Hk: int, K: int, V: int, R: int, T: int) -> Dict[str, Any]:
+    """Launch parameters for a geometry (cached per config file; YAML via ``launch_config``)."""
+    key = gdn_verify_key(HV, Hk, K, V, R, T)
+    ck = (key, str(config_file()))
+    cfg = _CFG_CACHE.get(ck)
+    if cfg is None:
+        cfg = launch_config("gdn_verify", key, GDN_VERIFY_DEFAULT_LAUNCH)
+        where = f"gdn_verify launch config [{key}]"
+        check_dot_precision(cfg["dot_precision"], where)
+        if cfg["flush"] not in _FLUSH_MODES:
+            raise ValueError(f"{where}: flush must be one of {_FLUSH_MODES}, got {cfg['flush']!r}")
+        for name in ("BV", "num_warps", "num_stages"):
+            val = cfg[name]
+            if not isinstance(val, int) or val < 1:
+                raise ValueError(f"{where}: {name} must be a positive int, got {val!r}")
+        if cfg["BV"] & (cfg["BV"] - 1):
+            raise ValueError(f"{where}: BV must be a power of two, got {cfg['BV']}")
+        _CFG_CACHE[ck] = cfg
+    return cfg
+
+
+def _err(msg: str):
+    raise ValueError(f"gdn_verify: {msg}")
+
+
+def _shape(name: str, t: torch.Tensor, shape, what: str = ""):
+    if tuple(t.shape) != tuple(shape):
+        _err(f"{name} must have shape {tuple(shape)}{what}, got {tuple(t.shape)}")
+
+
+def gdn_verify(
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    d_ring: torch.Tensor,
+    k_ring: torch.Tensor,
+    g_ring: torch.Tensor,
+    state_indices: torch.Tensor,
+    wp: torch.Tensor,
+    origin: torch.Tensor,
+    flush: torch.Tensor,
+    *,
+    scale: Optional[float] = None,
+    use_qk_l2norm: bool = True,
+    round_beta: bool = False,
+    out: Optional[torch.Tensor] = None,
+    null_slot: Optional[int] = 0,
+) -> torch.Tensor:
+    """Speculative verify of a window of T tokens per row (see the module docstring).
+
+    Shapes: mixed_qkv [B, T, 2*Hk*K + HV*V]; a, b [B, T, HV]; A_log, dt_bias [HV];
+    state [S, HV, V, K] (fp32/bf16/fp16); d_ring [S, HV, R, V] (state dtype);
+    k_ring [S, Hk, R, K] (mixed_qkv dtype, raw k); g_ring [S, HV, R] fp32;
+    state_indices [B]; wp, origin, flush [S] (per-slot cursors, int32/int64; read
+    only); out [B, T, HV, V] (allocated in mixed_qkv's dtype when None).  Any strides
+    with a contiguous last dim.  Rows whose slot is < 0 or == ``null_slot`` are
+    skipped entirely (``null_slot=None``: only negative slots).  No device syncs.
+    """
+    tensors = dict(mixed_qkv=mixed_qkv, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=state, d_ring=d_ring,
+                   k_ring=k_ring, g_ring=g_ring, state_indices=state_indices, wp=wp, origin=origin, flush=flush)
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            _err(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    dev = mixed_qkv.device
+    for name, t in tensors.items():
+        if t.device != dev:
+            _err(f"{name} is on {t.device}, mixed_qkv on {dev}; all inputs must share a device")
+
+    if state.ndim != 4:
+        _err(f"state must be [S, HV, V, K], got shape {tuple(state.shape)}")
+    S, HV, V, K = state.shape
+    if d_ring.ndim != 4:
+        _err(f"d_ring must be [S, HV, R, V], got shape {tuple(d_ring.shape)}")
+    R = d_ring.shape[2]
+    _shape("d_ring", d_ring, (S, HV, R, V))
+    if k_ring.ndim != 4:
+        _err(f"k_ring must be [S, Hk, R, K], got shape {tuple(k_ring.shape)}")
+    Hk = k_ring.shape[1]
+    if Hk < 1 or HV % Hk:
+        _err(f"k_ring: HV ({HV}) must be a positive multiple of Hk = k_ring.shape[1] ({Hk})")
+    _shape("k_ring", k_ring, (S, Hk, R, K))
+    _shape("g_ring", g_ring, (S, HV, R))
+    if mixed_qkv.ndim != 3:
+        _err(f"mixed_qkv must be [B, T, 2*Hk*K + HV*V], got shape {tuple(mixed_qkv.shape)}")
+    B, T, width = mixed_qkv.shape
+    if width != 2 * Hk * K + HV * V:
+        _err(f"mixed_qkv last dim must be 2*Hk*K + HV*V = {2 * Hk * K + HV * V} "
+             f"(Hk={Hk}, K={K}, HV={HV}, V={V}), got {width}")
+    if T < 1:
+        _err("mixed_qkv: the window T = mixed_qkv.shape[1] must be >= 1")
+    if R < 2 * T:
+        _err(f"d_ring: ring length R = d_ring.shape[2] = {R} must be >= 2T = {2 * T} (history block B = R - T "
+             f">= window T)")
+    _shape("a", a, (B, T, HV))
+    _shape("b", b, (B, T, HV))
+    _shape("A_log", A_log, (HV,))
+    _shape("dt_bias", dt_bias, (HV,))
+    _shape("state_indices", state_indices, (B,))
+    for name in ("wp", "origin", "flush"):
+        _shape(name, tensors[name], (S,), " (one cursor per state slot)")
+    for name in ("state_indices", "wp", "origin", "flush"):
+        if tensors[name].dtype not in _INT_DTYPES:
+            _err(f"{name} must be int32 or int64, got {tensors[name].dtype}")
+
+    act = mixed_qkv.dtype
+    if act not in _FLOAT_DTYPES:
+        _err(f"mixed_qkv dtype must be fp32/bf16/fp16, got {act}")
+    if state.dtype not in _FLOAT_DTYPES:
+        _err(f"state dtype must be fp32/bf16/fp16, got {state.dtype}")
+    if d_ring.dtype != state.dtype:
+        _err(f"d_ring dtype must equal the state dtype {state.dtype}, got {d_ring.dtype}")
+    if k_ring.dtype != act:
+        _err(f"k_ring dtype must equal the activation (mixed_qkv) dtype {act}, got {k_ring.dtype}")
+    if g_ring.dtype != torch.float32:
+        _err(f"g_ring dtype must be float32, got {g_ring.dtype}")
+    for name in ("a", "b", "A_log", "dt_bias"):
+        if tensors[name].dtype not in _FLOAT_DTYPES:
+            _err(f"{name} must be fp32/bf16/fp16, got {tensors[name].dtype}")
+    for name in ("mixed_qkv", "a", "b", "state", "d_ring", "k_ring"):
+        if tensors[name].stride(-1) != 1:
+            _err(f"{name} must be contiguous in its last dim (got strides {tuple(tensors[name].stride())})")
+    for name in ("A_log", "dt_bias"):
+        if tensors[name].stride(0) != 1:
+            _err(f"{name} must be contiguous (got stride {tensors[name].stride(0)})")
+
+    if out is None:
+        out = torch.empty((B, T, HV, V), dtype=act, device=dev)
+    if not isinstance(out, torch.Tensor) or out.device != dev:
+        _err("out must be a tensor on the inputs' device")
+    _shape("out", out, (B, T, HV, V))
+    if out.dtype not in _FLOAT_DTYPES:
+        _err(f"out dtype must be fp32/bf16/fp16, got {out.dtype}")
+    if out.stride(-1) != 1:
+        _err(f"out must be contiguous in its last dim (got strides {tuple(out.stride())})")
+
+    if B == 0:
+        return out
+    if scale is None:
+        scale = K ** -0.5
+
+    cfg = gdn_verify_launch_params(HV, Hk, K, V, R, T)
+    BK = max(16, next_pow2(K))
+    BV = max(16, min(cfg["BV"], next_pow2(V)))
+    LP = max(16, next_pow2(R - T))
+    TP = max(2, next_pow2(T))
+    grid = (triton.cdiv(V, BV), B, HV)
+    _gdn_verify_kernel[grid](
+        mixed_qkv, a, b, A_log, dt_bias,
+        state, d_ring, k_ring, g_ring,
+        state_indices, wp, origin, flush, out,
+        float(scale), -1 if null_slot is None else int(null_slot),
+        state_indices.stride(0), wp.stride(0), origin.stride(0), flush.stride(0),
+        mixed_qkv.stride(0), mixed_qkv.stride(1),
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+        state.stride(0), state.stride(1), state.stride(2),
+        d_ring.stride(0), d_ring.stride(1), d_ring.stride(2),
+        k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
+        g_ring.stride(0), g_ring.stride(1), g_ring.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        HK=Hk, HV=HV, K=K, V=V, R=R, T=T, BK=BK, BV=BV, LP=LP, TP=TP,
+        USE_L2NORM=bool(use_qk_l2norm), ROUND_BETA=bool(round_beta), FLUSH_DOT=cfg["flush"] == "dot",
+        DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return out

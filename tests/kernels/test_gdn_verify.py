@@ -1,0 +1,481 @@
+"""Tests of the GDN ReplaySSM speculative verify kernel (``kernels/gdn_verify.py``).
+
+Runs on CUDA when present, else in Triton's CPU interpreter (conftest sets
+TRITON_INTERPRET).  Every test draws fresh random inputs from a seed taken from
+os.urandom (printed, and shown by pytest on failure; set GDN_VERIFY_TEST_SEED=<n> to
+replay one).
+
+Oracles
+  * ``gdn_window_oracle`` (fp64 sequential GDN recurrence, token by token; itself
+    checked against ``gdn_ref.gdn_step_oracle``).  The simulation keeps, per slot, the
+    fp64 state after every *committed* token; every window output is compared with
+    the recurrence run from it over the window prefix, and every flushed checkpoint
+    with the state at the folded count.  With a reduced-precision state the oracle
+    is re-anchored to the stored checkpoint after each checked flush (the kernel
+    rounds there, and only there).
+  * ``gdn_verify_ref`` (the same replay + UT-solve algebra in PyTorch), run on a clone
+    of the pools taken right before each launch: outputs, ring writes and the
+    checkpoint must agree to about one rounding of the stored dtype.
+  * Histories are seeded either by running earlier verify steps (simulation) or by
+    writing the ring from the oracle (d_j, raw k_j, g_j of a sequential run).
+
+Tolerances |x - ref| <= atol + rtol |ref| + scale max|ref| (outputs ~0.05-1, states <~5):
+  vs oracle   fp32 state: 2e-5 / 2e-5 (outputs and checkpoints; the fork's tripwire was
+              1e-3, a single-pass TF32 fold drifts ~1e-2); bf16 activations change
+              nothing (the oracle sees the same bf16 inputs).
+              bf16/fp16 state: rtol eps, scale 2 eps (out) / 4 eps (state) of the max.
+  vs reference (one launch, same pools): out 2e-6 / 1e-5 in fp32, one ulp of the
+              stored dtype otherwise; ring d / checkpoint 1e-5 / 1e-5 (fp32) or one ulp;
+              raw k bit-exact; g 1e-5 relative.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from sglang_replayssm.kernels import gdn_verify as gv
+from sglang_replayssm.kernels.common import interpreting
+from sglang_replayssm.kernels.gdn_ref import gdn_gates, gdn_step_oracle
+from sglang_replayssm.kernels.gdn_replay import gdn_replay_decode
+from sglang_replayssm.kernels.gdn_verify import gdn_verify
+from sglang_replayssm.kernels.gdn_verify_ref import gdn_verify_ref, gdn_window_oracle
+from sglang_replayssm.kernels.spec_cursor import (check_spec_cursors, spec_commit, spec_commit_ref, spec_reset,
+                                                  spec_ring_len)
+
+INTERP = interpreting()
+F32, BF16, F16, F64 = torch.float32, torch.bfloat16, torch.float16, torch.float64
+
+PRECISIONS = {  # (state dtype, activation dtype)
+    "s32-a32": (F32, F32),
+    "s32-a16b": (F32, BF16),
+    "s16b-a16b": (BF16, BF16),
+    "s16-a16": (F16, F16),
+}
+EPS = {BF16: 2.0 ** -7, F16: 2.0 ** -10}
+ORACLE_TOL = {  # state dtype -> {"out": (atol, rtol, scale), "state": (atol, rtol, scale)}
+    F32: {"out": (2e-5, 2e-5, 0.0), "state": (2e-5, 2e-5, 0.0)},
+    BF16: {"out": (0.0, EPS[BF16], 2 * EPS[BF16]), "state": (0.0, EPS[BF16], 4 * EPS[BF16])},
+    F16: {"out": (0.0, EPS[F16], 2 * EPS[F16]), "state": (0.0, EPS[F16], 4 * EPS[F16])},
+}
+ULP_RTOL = {F32: 1e-5, BF16: 2.0 ** -7, F16: 2.0 ** -10}
+REF_OUT_TOL = (2e-6, 1e-5)
+
+
+# ----------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------
+@pytest.fixture
+def seed(request):
+    s = int(os.environ.get("GDN_VERIFY_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
+    print(f"[{request.node.name}] seed={s}  (replay: GDN_VERIFY_TEST_SEED={s})")
+    return s
+
+
+@pytest.fixture
+def launch(tmp_path, monkeypatch):
+    """Pin gdn_verify launch params through a YAML file (interpreter only unless ``always``).
+
+    Interpreter time grows with the number of programs, so big geometries use one V
+    tile there; small ones keep BV small enough to have several V tiles.
+    """
+
+    def use(always=False, **params):
+        if not (INTERP or always):
+            return
+        f = tmp_path / "gdn_verify_launch.yaml"
+        f.write_text("gdn_verify:\n  default:\n" + "".join(f"    {k}: {v}\n" for k, v in params.items()))
+        monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
+
+    return use
+
+
+def check_close(actual, expected, atol, rtol, what, scale=0.0):
+    a = actual.detach().double().cpu()
+    e = expected.detach().double().cpu()
+    assert a.shape == e.shape, f"{what}: shape {tuple(a.shape)} vs {tuple(e.shape)}"
+    err = (a - e).abs()
+    if scale and e.numel():
+        atol = atol + scale * float(e.abs().max())
+    bad = ~(err <= atol + rtol * e.abs())  # NaN counts as bad
+    if bad.any():
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        raise AssertionError(
+            f"{what}: {int(bad.sum())}/{bad.numel()} elements off (atol={atol:g}, rtol={rtol:g}); "
+            f"max err {float(err.nan_to_num(float('inf')).max()):.3e}; first at {idx}: "
+            f"got {float(a[idx]):.7g}, want {float(e[idx]):.7g}")
+    return float(err.max()) if err.numel() else 0.0
+
+
+def bits(t):
+    """Bit pattern of a tensor (NaN-safe equality)."""
+    t = t.detach().contiguous().cpu()
+    if not t.is_floating_point():
+        return t
+    return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()])
+
+
+def max_err(a, b):
+    return float((a.double().cpu() - b.double().cpu()).abs().max())
+
+
+class Sim:
+    """Slot pools, per-slot spec cursors and fp64 oracle states for one geometry.
+
+    ``strided=True``: every pool is a strided view into a larger buffer (slot stride
+    larger than the trailing dims) and every per-step input a slice of a wider tensor.
+    Cursor tensors stay dense (the commit kernel addresses them densely).
+    """
+
+    def __init__(self, device, seed, *, Hk, HV, K, V, Bh, T, n_slots, state_dtype, act_dtype,
+                 strided=False, round_beta=False, use_qk_l2norm=True, idx_dtype=torch.int32):
+        self.dev = torch.device(device)
+        self.gen = torch.Generator().manual_seed(seed)
+        self.Hk, self.HV, self.K, self.V, self.T, self.S = Hk, HV, K, V, T, n_slots
+        self.R = R = spec_ring_len(Bh, T)
+        self.sd, self.ad = state_dtype, act_dtype
+        self.strided, self.round_beta, self.l2, self.idx_dtype = strided, round_beta, use_qk_l2norm, idx_dtype
+        self.W = 2 * Hk * K + HV * V
+        # realistic decays: A = exp(A_log) ~ U(1, 16); v-head 0 keeps a long memory
+        # (alpha ~ 0.9-0.99) so old ring entries stay visible there (the teeth tests).
+        A = self.uniform((HV,), 1.0, 16.0)
+        A[0] = self.uniform((1,), 0.02, 0.2)
+        self.A_log = torch.log(A).to(self.dev)
+        self.dt_bias = self.uniform((HV,), -1.0, 0.5).to(self.dev)
+        S = n_slots
+        if strided:  # pools carved out of larger buffers, filled with junk
+            self.bases = {
+                "state": self.randn((S, HV + 1, V, K), 2.0).to(state_dtype),
+                "d": self.randn((S, HV, R + 2, V)).to(state_dtype),
+                "k": self.randn((S, 2 * Hk, R, K)).to(act_dtype),
+                "g": -self.uniform((S, HV, R + 3), 0.0, 4.0),
+            }
+            self.view_fns = {
+                "state": lambda t: t[:, 1:],
+                "d": lambda t: t[:, :, 1:R + 1],
+                "k": lambda t: t[:, 1::2],
+                "g": lambda t: t[:, :, 2:R + 2],
+            }
+        else:  # dense pools; ring contents start as junk (stale entries must be masked)
+            self.bases = {
+                "state": self.randn((S, HV, V, K), 2.0).to(state_dtype),
+                "d": self.randn((S, HV, R, V)).to(state_dtype),
+                "k": self.randn((S, Hk, R, K)).to(act_dtype),
+                "g": -self.uniform((S, HV, R), 0.0, 4.0),
+            }
+            self.view_fns = {n: (lambda t: t) for n in self.bases}
+        self.bases = {n: t.to(self.dev) for n, t in self.bases.items()}
+        z = torch.zeros(S, dtype=torch.int32, device=self.dev)
+        self.cur = {"wp": z.clone(), "origin": z.clone(), "flush": z.clone()}
+        self.oracle = {}  # slot -> fp64 state after every committed token [HV, V, K]
+        self.max_errs = {}
+        self.flushes = 0  # flush verifies that folded a non-empty history
+        self.wrapped = False  # some history or window crossed the physical end of the ring
+
+    # random draws on a CPU generator (same numbers on every device)
+    def randn(self, shape, std=1.0):
+        return torch.randn(shape, generator=self.gen) * std
+
+    def uniform(self, shape, lo, hi):
+        return torch.rand(shape, generator=self.gen) * (hi - lo) + lo
+
+    def pools(self, bases=None):
+        bases = self.bases if bases is None else bases
+        p = {n: self.view_fns[n](bases[n]) for n in bases}
+        assert tuple(p["state"].shape) == (self.S, self.HV, self.V, self.K)
+        return p
+
+    def inputs(self, B, T=None):
+        T = self.T if T is None else T
+
+        def cols(width, std=1.0):
+            if not self.strided:
+                return (self.randn((B, T, width)) * std).to(self.ad).to(self.dev)
+            wide = (self.randn((B, T + 1, width + 5)) * std).to(self.ad).to(self.dev)
+            return wide[:, 1:, 3:3 + width]  # row and token strides > width
+
+        x, a, b = cols(self.W), cols(self.HV), cols(self.HV)
+        if not self.l2:
+            x = x * 0.1  # without normalisation keep k small so the delta rule stays contractive
+        return x, a, b
+
+    def activate(self, slot):
+        """Start a request in ``slot`` (reset kernel: empty ring); oracle = its checkpoint."""
+        spec_reset(self.cur["wp"], self.cur["origin"], self.cur["flush"],
+                   torch.tensor([slot], dtype=torch.int32, device=self.dev), window=self.T, ring_len=self.R)
+        self.oracle[slot] = self.pools()["state"][slot].double().cpu()
+
+    def seed_history(self, slot, n, origin, flush=None):
+        """Give ``slot`` ``n`` committed history tokens at physical ``origin`` (no kernel):
+        the ring holds the oracle's (d_j, raw k_j, g_j) of a sequential run from the
+        checkpoint; cursors wp = n, origin, flush (commit rule unless given)."""
+        p = self.pools()
+        ck = p["state"][slot].double().cpu()
+        self.oracle[slot] = ck
+        if n > 0:
+            x, a, b = self.inputs(1, n)
+            _, d, st = gdn_window_oracle(x.cpu(), a.cpu(), b.cpu(), self.A_log.cpu(), self.dt_bias.cpu(), ck[None],
+                                         num_k_heads=self.Hk, use_qk_l2norm=self.l2, round_beta=self.round_beta)
+            g, _ = gdn_gates(a[0].cpu(), b[0].cpu(), self.A_log.cpu(), self.dt_bias.cpu(), p["g"].dtype)  # [n, HV]
+            kraw = x[0, :, self.Hk * self.K: 2 * self.Hk * self.K].reshape(n, self.Hk, self.K)
+            for j in range(n):
+                ph = (origin + j) % self.R
+                p["d"][slot, :, ph] = d[0, j].to(self.sd).to(self.dev)
+                p["k"][slot, :, ph] = kraw[j]
+                p["g"][slot, :, ph] = g[j].to(self.dev)
+            self.oracle[slot] = st[0, n - 1]
+        self.cur["wp"][slot] = n
+        self.cur["origin"][slot] = origin
+        self.cur["flush"][slot] = int(n + 2 * self.T > self.R) if flush is None else int(flush)
+
+    def index_tensor(self, rows):
+        idx = torch.tensor(rows, dtype=self.idx_dtype, device=self.dev)
+        if self.strided:  # non-unit stride index tensor
+            idx = torch.stack([idx, idx], 1).reshape(-1)[::2]
+            assert idx.stride(0) == 2
+        return idx
+
+    def new_out(self, B, dtype):
+        if self.strided:
+            big = torch.full((B, self.T, self.HV + 1, self.V), float("nan"), dtype=dtype, device=self.dev)
+            return big[:, :, 1:]
+        return torch.full((B, self.T, self.HV, self.V), float("nan"), dtype=dtype, device=self.dev)
+
+    def launch(self, fn, x, a, b, idx, bases, cur, out, null_slot=0, **kw):
+        p = self.pools(bases)
+        return fn(x, a, b, self.A_log, self.dt_bias, p["state"], p["d"], p["k"], p["g"], idx,
+                  cur["wp"], cur["origin"], cur["flush"], use_qk_l2norm=self.l2, round_beta=self.round_beta,
+                  out=out, null_slot=null_slot, **kw)
+
+    def note(self, key, val):
+        self.max_errs[key] = max(self.max_errs.get(key, 0.0), val)
+
+    def step(self, rows, *, accepts=None, null_slot=0, out_dtype=F32, check_ref=True, commit=True):
+        """One checked verify (+ commit). ``rows``: slot id per batch row (pads allowed);
+        ``accepts``: committed window tokens per row (random in [1, T] when None)."""
+        B, T, R = len(rows), self.T, self.R
+        live = [r for r, s in enumerate(rows) if s >= 0 and not (null_slot is not None and s == null_slot)]
+        assert all(rows[r] in self.oracle for r in live), "live row on an inactive slot"
+        x, a, b = self.inputs(B)
+        idx = self.index_tensor(rows)
+        before = {n: t.clone() for n, t in self.bases.items()}
+        cur_before = {n: t.clone() for n, t in self.cur.items()}
+        wpc, orc, flc = (self.cur[n].cpu().tolist() for n in ("wp", "origin", "flush"))
+        out = self.new_out(B, out_dtype)
+        poison = out.clone()
+        ret = self.launch(gdn_verify, x, a, b, idx, self.bases, self.cur, out, null_slot)
+        assert ret is out
+
+        dead = [r for r in range(B) if r not in live]
+        if dead:
+            assert torch.equal(bits(out[dead]), bits(poison[dead])), "padded row output was written"
+        assert torch.isfinite(out[live]).all(), "live output left unwritten (poison NaN survived)"
+        # the kernel never writes a cursor
+        for n in self.cur:
+            assert torch.equal(self.cur[n], cur_before[n]), f"cursor {n} was written by the verify"
+
+        live_slots = {rows[r] for r in live}
+        if check_ref:
+            ref_bases = {n: t.clone() for n, t in before.items()}
+            ref_out = self.new_out(B, out_dtype)
+            self.launch(gdn_verify_ref, x, a, b, idx, ref_bases, cur_before, ref_out, null_slot)
+            if out_dtype == F32:
+                e = check_close(out[live], ref_out[live], *REF_OUT_TOL, "out vs reference")
+            else:
+                e = check_close(out[live], ref_out[live], 1e-6, ULP_RTOL[out_dtype], "out vs reference")
+            self.note("out_vs_ref", e)
+            for n in ("state", "d"):
+                e = check_close(self.bases[n], ref_bases[n], 1e-5 if self.sd == F32 else 1e-6, ULP_RTOL[self.sd],
+                                f"{n} pool vs reference")
+                self.note(f"{n}_vs_ref", e)
+            assert torch.equal(bits(self.bases["k"]), bits(ref_bases["k"])), "k ring differs from reference"
+            check_close(self.bases["g"], ref_bases["g"], 0.0, 1e-5, "g ring vs reference")
+        # slots without a live row are bit-identical (null slot, unused slots)
+        now, then = self.pools(), self.pools(before)
+        untouched = [s for s in range(self.S) if s not in live_slots]
+        for n in now:
+            assert torch.equal(bits(now[n][untouched]), bits(then[n][untouched])), \
+                f"{n}: a slot without a live row was modified"
+        if self.strided:  # nothing outside the views changed either
+            for n in self.bases:
+                mask = torch.ones_like(self.bases[n], dtype=torch.bool)
+                self.view_fns[n](mask).fill_(False)
+                assert torch.equal(bits(self.bases[n][mask]), bits(before[n][mask])), \
+                    f"{n}: memory outside the pool view was modified"
+
+        # oracle: the sequential recurrence from each slot's committed state over the window
+        tol = ORACLE_TOL[self.sd]
+        if live:
+            ls = [rows[r] for r in live]
+            o_orc, _, st_orc = gdn_window_oracle(
+                x[live].cpu(), a[live].cpu(), b[live].cpu(), self.A_log.cpu(), self.dt_bias.cpu(),
+                torch.stack([self.oracle[s] for s in ls]), num_k_heads=self.Hk, use_qk_l2norm=self.l2,
+                round_beta=self.round_beta)
+            for i, (r, s) in enumerate(zip(live, ls)):
+                w, o, f = wpc[s], orc[s], flc[s]
+                if o + w > R or o + w + T > R:
+                    self.wrapped = True
+                if f:  # the checkpoint is the committed state (history folded, window excluded)
+                    if w > 0:
+                        self.flushes += 1
+                        e = check_close(now["state"][s], self.oracle[s], *tol["state"][:2], f"flushed state slot {s}",
+                                        scale=tol["state"][2])
+                        self.note("state_vs_oracle", e)
+                        if self.sd != F32:  # re-anchor where the kernel rounds
+                            self.oracle[s] = now["state"][s].double().cpu()
+                            o1, _, st1 = gdn_window_oracle(
+                                x[r:r + 1].cpu(), a[r:r + 1].cpu(), b[r:r + 1].cpu(), self.A_log.cpu(),
+                                self.dt_bias.cpu(), self.oracle[s][None], num_k_heads=self.Hk,
+                                use_qk_l2norm=self.l2, round_beta=self.round_beta)
+                            o_orc[i], st_orc[i] = o1[0], st1[0]
+                    else:
+                        assert torch.equal(bits(now["state"][s]), bits(then["state"][s])), \
+                            "flush with an empty history changed the checkpoint"
+                else:
+                    assert torch.equal(bits(now["state"][s]), bits(then["state"][s])), \
+                        "a verify without flush wrote the checkpoint"
+            e = check_close(out[live], o_orc, *tol["out"][:2], "out vs sequential oracle", scale=tol["out"][2])
+            self.note("out_vs_oracle", e)
+
+        if not commit:
+            return x, out
+        # commit a random prefix of every live window (the Triton commit kernel), mirror on the host
+        if accepts is None:
+            accepts = [int(torch.randint(1, T + 1, (1,), generator=self.gen)) if r in live else 0
+                       for r in range(B)]
+        acc = torch.tensor(accepts, dtype=torch.int32, device=self.dev)
+        host = {n: t.cpu().clone() for n, t in self.cur.items()}
+        spec_commit(self.cur["wp"], self.cur["origin"], self.cur["flush"], idx.contiguous(), acc, window=T,
+                    ring_len=R, null_slot=null_slot)
+        spec_commit_ref(host["wp"], host["origin"], host["flush"], idx.cpu(), acc.cpu(), window=T, ring_len=R,
+                        null_slot=null_slot)
+        for n in self.cur:
+            assert torch.equal(self.cur[n].cpu(), host[n]), f"commit kernel vs reference: cursor {n}"
+        check_spec_cursors(self.cur["wp"], self.cur["origin"], self.cur["flush"], window=T, ring_len=R)
+        for i, r in enumerate(live):
+            self.oracle[rows[r]] = st_orc[i, accepts[r] - 1]
+        return x, out
+
+
+def small_geom(**kw):
+    g = dict(Hk=1, HV=2, K=32, V=32, n_slots=6)
+    g.update(kw)
+    return g
+
+
+# ----------------------------------------------------------------------------------
+# the references themselves (no kernel): UT solve == sequential recurrence in fp64
+# ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("round_beta", [False, True])
+def test_window_oracle_is_the_stock_step(seed, round_beta):
+    """gdn_window_oracle == gdn_step_oracle applied token by token (fp64)."""
+    gen = torch.Generator().manual_seed(seed)
+    Hk, HV, K, V, B, T = 2, 4, 16, 8, 3, 3
+    x = torch.randn(B, T, 2 * Hk * K + HV * V, generator=gen).to(BF16)
+    a = torch.randn(B, T, HV, generator=gen).to(BF16)
+    b = torch.randn(B, T, HV, generator=gen).to(BF16)
+    A_log = torch.log(torch.rand(HV, generator=gen) * 15 + 1)
+    dt_bias = torch.rand(HV, generator=gen) - 0.5
+    h = torch.randn(B, HV, V, K, generator=gen, dtype=F64)
+    o, d, st = gdn_window_oracle(x, a, b, A_log, dt_bias, h, num_k_heads=Hk, round_beta=round_beta)
+    for i in range(T):
+        # gdn_step_oracle rounds beta to b's dtype: an fp32 b gives the unrounded fp32 sigmoid
+        bi = b[:, i] if round_beta else b[:, i].float()
+        o_s, h = gdn_step_oracle(x[:, i], a[:, i], bi, A_log, dt_bias, h, num_k_heads=Hk)
+        # (1e-6, not 1e-12: torch's fp32 sigmoid may differ by an ulp between tensor shapes)
+        assert max_err(o[:, i], o_s) < 1e-6 and max_err(st[:, i], h) < 1e-6
+    # beta rounding is visible (the two modes differ)
+    o2, _, _ = gdn_window_oracle(x, a, b, A_log, dt_bias, st[:, 0] * 0 + h, num_k_heads=Hk,
+                                 round_beta=not round_beta)
+    o1, _, _ = gdn_window_oracle(x, a, b, A_log, dt_bias, st[:, 0] * 0 + h, num_k_heads=Hk, round_beta=round_beta)
+    assert max_err(o1, o2) > 1e-6
+
+
+@pytest.mark.parametrize("flush", [0, 1])
+def test_reference_ut_solve_equals_sequential_fp64(seed, flush):
+    """gdn_verify_ref in fp64 on fp64 pools == the sequential recurrence over
+    checkpoint + circular history + window, to rounding (1e-10)."""
+    sim = Sim("cpu", seed, state_dtype=F64, act_dtype=F32, Bh=6, T=4, **small_geom(Hk=2, HV=4, K=16, V=8))
+    sim.bases["g"] = sim.bases["g"].double()  # fp64 log-decays: the whole check runs in fp64
+    R = sim.R
+    rows = [1, 3, 4]
+    setups = [(5, 7), (2, 8), (0, 3)]  # (w, origin): history wraps for slot 1, window wraps for slot 3
+    for s, (w, o) in zip(rows, setups):
+        sim.seed_history(s, w, o, flush=flush)
+    x, a, b = sim.inputs(len(rows))
+    idx = torch.tensor(rows)
+    p = sim.pools()
+    out = torch.zeros(len(rows), sim.T, sim.HV, sim.V, dtype=F64)
+    before = {n: t.clone() for n, t in p.items()}
+    gdn_verify_ref(x, a, b, sim.A_log, sim.dt_bias, p["state"], p["d"], p["k"], p["g"], idx, sim.cur["wp"],
+                   sim.cur["origin"], sim.cur["flush"], out=out, compute_dtype=F64)
+    o_orc, d_orc, _ = gdn_window_oracle(x, a, b, sim.A_log, sim.dt_bias, torch.stack([sim.oracle[s] for s in rows]),
+                                        num_k_heads=sim.Hk)
+    assert max_err(out, o_orc) < 1e-10
+    for r, (s, (w, o)) in enumerate(zip(rows, setups)):
+        for i in range(sim.T):
+            ph = (o + w + i) % R
+            assert max_err(p["d"][s, :, ph], d_orc[r, i]) < 1e-10
+            assert torch.equal(p["k"][s, :, ph], x[r, i, sim.Hk * sim.K: 2 * sim.Hk * sim.K].reshape(sim.Hk, sim.K))
+        if flush and w > 0:
+            assert max_err(p["state"][s], sim.oracle[s]) < 1e-10
+        else:
+            assert torch.equal(p["state"][s], before["state"][s])
+        # history entries are untouched
+        for j in range(w):
+            assert torch.equal(p["d"][s, :, (o + j) % R], before["d"][s, :, (o + j) % R])
+
+
+# ----------------------------------------------------------------------------------
+# kernel vs reference vs oracle, one launch, rows in every phase
+# ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("prec", ["s32-a32", "s32-a16b", "s16b-a16b", "s16-a16"])
+def test_kernel_matches_reference_and_oracle(device, seed, launch, prec):
+    launch(BV=16)  # V=32: two V tiles per head
+    sd, ad = PRECISIONS[prec]
+    sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, Bh=6, T=3, round_beta=prec == "s16-a16",
+              **small_geom(Hk=2, HV=4, n_slots=7))
+    # R = 9: non-flush rows hold w <= 3, flush rows fold w = 4..6
+    setups = {1: (3, 7), 2: (6, 5), 3: (0, 4), 5: (4, 0), 6: (1, 8)}  # slot: (w, origin)
+    for s, (w, o) in setups.items():
+        sim.seed_history(s, w, o)
+    rows = [1, -1, 2, 3, 0, 5, 6]
+    flags = sim.cur["flush"].tolist()
+    assert {flags[s] for s in setups} == {0, 1}
+    sim.step(rows, out_dtype=F32 if sd == F32 else ad, commit=False)
+    assert sim.flushes == 2
+    print(prec, {k: f"{v:.2e}" for k, v in sim.max_errs.items()})
+
+
+# ----------------------------------------------------------------------------------
+# the 40-step speculative simulation: random accepts, commit kernel, flushes, wraps
+# ----------------------------------------------------------------------------------
+SIM_CASES = {  # T, history block, precision
+    "T1-B4-s32a32": (1, 4, "s32-a32"),
+    "T2-B4-s32a16b": (2, 4, "s32-a16b"),
+    "T3-B6-s32a32": (3, 6, "s32-a32"),
+    "T4-B4-s32a32": (4, 4, "s32-a32"),
+    "T4-B6-s16ba16b": (4, 6, "s16b-a16b"),
+}
+
+
+@pytest.mark.parametrize("case", list(SIM_CASES))
+def test_speculative_simulation(device, seed, launch, case):
+    launch(BV=32)
+    T, Bh, prec = SIM_CASES[case]
+    sd, ad = PRECISIONS[prec]
+    sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, Bh=Bh, T=T, **small_geom(n_slots=5))
+    slots, starts = [3, 1, 4], [0, 1, 3]  # desynchronised: row r joins at step starts[r]
+    steps = 40
+    for t in range(steps):
+        rows = []
+        for s, t0 in zip(slots, starts):
+            if t == t0:
+                sim.activate(s)
+            rows.append(s if t >= t0 else (-1 if t % 2 else 0))
+        sim.step(rows)
+    assert sim.flushes >= 3 and sim.wrapped
+    wps = sim.cur["wp"][slots].tolist()
+    print(case, "final wp", wps, "flushes", sim.flushes, {k: f"{v:.2e}" for k, v in sim.max_errs.items()})
