@@ -98,10 +98,19 @@ def open_layer(backend, ring, metadata, order: Tuple[int, ...], pool_idx: int, l
 
 
 def close_layer(backend, ring, step: ForwardStep) -> None:
-    """A layer of ``step`` finished; after the last one the cursors advance (on device)."""
+    """A layer of ``step`` finished; after the last one the cursors advance (on device).
+
+    A spec ring (``ring.spec_window`` set) runs plain decode rows as verifies of one
+    token, so its cursors take the spec commit of one token per live row instead."""
     step.pos += 1
     if step.pos == len(step.order):
-        advance_cursors(ring.write_pos, step.slots, step.wp_rows, ring.buffer_len)
+        if ring.spec_window is not None:
+            from ..kernels.spec_cursor import spec_commit
+
+            spec_commit(ring.write_pos, ring.origin, ring.flush, step.slots, None, window=ring.spec_window,
+                        ring_len=ring.ring_len, null_slot=NULL_SLOT)
+        else:
+            advance_cursors(ring.write_pos, step.slots, step.wp_rows, ring.buffer_len)
         setattr(backend, STEP_ATTR, None)
 
 
@@ -124,6 +133,10 @@ class LayerContext:
     route: Optional[str] = None   # Mamba2: kernel route
     geom: Any = None              # GDN: the layer's head geometry
     calls: int = 0
+    # "decode": standard-decode ring (per-row cursors wp_rows); "decode_spec": a decode row on
+    # a spec ring (a verify of one token); "verify": a target-verify window on a spec ring
+    mode: str = "decode"
+    spec: Any = None              # spec rings: (write_pos, origin, flush) per-slot cursor tensors
 
 
 class ContextHolder:

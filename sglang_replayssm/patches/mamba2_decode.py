@@ -179,8 +179,9 @@ def _plan(backend, layer_id, forward_batch):
         raise ReplayDecodeError(
             "MIXED forward (--enable-mixed-chunk): SGLang runs the running decode rows through the prefill "
             "scan, which reads the checkpoint state without the replay ring; disable --enable-mixed-chunk")
-    if md.num_decodes == 0 or md.is_target_verify:
-        return None
+    spec = ring.spec_window is not None
+    if md.num_decodes == 0 or (md.is_target_verify and not spec):
+        return None  # no decode rows; or SGLang's verify on a standard ring (exact while the rings are empty)
     if getattr(forward_batch, "mamba_track_mask", None) is not None:
         raise ReplayDecodeError("mamba state tracking (extra_buffer radix strategy) copies the checkpoint "
                                 "state without the replay ring; use --mamba-radix-cache-strategy no_buffer")
@@ -191,12 +192,15 @@ def _plan(backend, layer_id, forward_batch):
         _check_ring(ring, backend, order)
         if not getattr(backend, "_rssm_logged", False):
             backend._rssm_logged = True
-            logger.info("sglang_replayssm: Mamba2 decode on the replay ring (L=%d, %d layers, route %s)",
-                        ring.buffer_len, len(order), _route_of(backend))
+            logger.info("sglang_replayssm: Mamba2 %s on the replay ring (L=%d, %d layers, route %s)",
+                        f"verify (window {ring.spec_window})" if spec else "decode", ring.buffer_len, len(order),
+                        _route_of(backend))
     start = md.num_prefills
+    if md.is_target_verify:  # cursors are read per slot in the kernel and move only at the commit
+        return ring, None, pool_idx, "verify"
     step = open_layer(backend, ring, md, order, pool_idx, layer_id,
                       lambda: md.mamba_cache_indices[start:start + md.num_decodes], "Mamba2")
-    return ring, step, pool_idx
+    return ring, step, pool_idx, "decode_spec" if spec else "decode"
 
 
 def backend_forward_around(original, self, mixer, hidden_states, output, layer_id, forward_batch,
@@ -205,12 +209,18 @@ def backend_forward_around(original, self, mixer, hidden_states, output, layer_i
     plan = _plan(self, layer_id, forward_batch)
     if plan is None:
         return original(self, mixer, hidden_states, output, layer_id, forward_batch, *args, **kwargs)
-    ring, step, pool_idx = plan
+    ring, step, pool_idx, mode = plan
     temporal = self.req_to_token_pool.mamba_pool.mamba_cache.temporal
+    if step is None:  # verify: the decode-row slots straight from the metadata
+        md = self.forward_metadata
+        slots, wp_rows = md.mamba_cache_indices[md.num_prefills:md.num_prefills + md.num_decodes], None
+    else:
+        slots, wp_rows = step.slots, step.wp_rows
     ctx = _LayerContext(
-        ring_views=ring.layer(pool_idx), slots=step.slots, wp_rows=step.wp_rows,
+        ring_views=ring.layer(pool_idx), slots=slots, wp_rows=wp_rows,
         state_ptr=temporal[pool_idx].data_ptr(), num_slots=ring.num_slots,
-        route=_route_of(self), pool_idx=pool_idx, layer_id=layer_id)
+        route=_route_of(self), pool_idx=pool_idx, layer_id=layer_id, mode=mode,
+        spec=(ring.write_pos, ring.origin, ring.flush) if ring.spec_window is not None else None)
     if current_context() is not None:
         raise ReplayDecodeError("nested Mamba2AttnBackend.forward calls under a replay context")
     _CTX.set(ctx)
@@ -221,7 +231,7 @@ def backend_forward_around(original, self, mixer, hidden_states, output, layer_i
     if ctx.calls != 1:
         drop_step(self)
         raise ReplayDecodeError(
-            f"layer_id {layer_id}: the mixer made {ctx.calls} decode selective_state_update call(s) through "
+            f"layer_id {layer_id}: the mixer made {ctx.calls} {ctx.mode} selective_state_update call(s) through "
             f"{SSU_TARGET} (expected exactly 1); this mixer is not supported by the replay seam")
     A = getattr(mixer, "A", None)
     if A is None:
@@ -231,7 +241,8 @@ def backend_forward_around(original, self, mixer, hidden_states, output, layer_i
     from . import lifecycle  # finish folds of this layer's pending ring need the mixer's A
 
     lifecycle.register_layer_params(ring, pool_idx, A=A)
-    close_layer(self, ring, step)
+    if step is not None:
+        close_layer(self, ring, step)
     return result
 
 
@@ -261,9 +272,27 @@ def _not_plain_decode(a: Dict[str, Any], ctx: _LayerContext) -> Optional[str]:
     for name in _VERIFY_ONLY:
         if a.get(name) is not None:
             return f"{name} is set (a verify call)"
-    x, state, idx, out = a["x"], a["state"], a.get("state_batch_indices"), a.get("out")
-    if x.dim() != 3:
-        return f"x has shape {tuple(x.shape)}, expected [batch, H, P]"
+    if a["x"].dim() != 3:
+        return f"x has shape {tuple(a['x'].shape)}, expected [batch, H, P]"
+    return _not_this_layer(a, ctx)
+
+
+def _not_chain_verify(a: Dict[str, Any], ctx: _LayerContext) -> Optional[str]:
+    if not a.get("disable_state_update"):
+        return "disable_state_update is not set (not SGLang's target-verify call)"
+    if a.get("retrieve_parent_token") is not None:
+        return "retrieve_parent_token is set (tree verify; only chains, --speculative-eagle-topk 1, are supported)"
+    x = a["x"]
+    if x.dim() != 4:
+        return f"x has shape {tuple(x.shape)}, expected [batch, draft_tokens, H, P]"
+    steps = a.get("cache_steps")
+    if steps is not None and int(steps) != x.shape[1]:
+        return f"cache_steps={steps} differs from the window {x.shape[1]}"
+    return _not_this_layer(a, ctx)
+
+
+def _not_this_layer(a: Dict[str, Any], ctx: _LayerContext) -> Optional[str]:
+    state, idx, out = a["state"], a.get("state_batch_indices"), a.get("out")
     if state.dim() != 4 or state.data_ptr() != ctx.state_ptr or state.shape[0] != ctx.num_slots:
         return "state is not this layer's temporal cache"
     if idx is None or idx.data_ptr() != ctx.slots.data_ptr() or tuple(idx.shape) != tuple(ctx.slots.shape):
@@ -281,20 +310,27 @@ def selective_state_update_around(original, *args, **kwargs):
     if ctx is None:
         return original(*args, **kwargs)
     a = _bind(original, args, kwargs)
-    why = _not_plain_decode(a, ctx)
+    why = _not_chain_verify(a, ctx) if ctx.mode == "verify" else _not_plain_decode(a, ctx)
     if why is not None:
         raise ReplayDecodeError(f"layer_id {ctx.layer_id}: unexpected selective_state_update call during a "
-                                f"replay decode forward: {why}")
-    from ..kernels.mamba2_replay import mamba2_replay_decode
-
+                                f"replay {ctx.mode} forward: {why}")
     rv = ctx.ring_views
-    mamba2_replay_decode(
-        a["state"], rv["x"], rv["B"], rv["dt"],
-        a["x"], a["dt"], a["A"], a["B"], a["C"],
-        a["state_batch_indices"], ctx.wp_rows,
-        D=a.get("D"), z=a.get("z"), dt_bias=a.get("dt_bias"), dt_softplus=bool(a.get("dt_softplus")),
-        out=a["out"], route=ctx.route, null_slot=NULL_SLOT,
-    )
+    common = dict(D=a.get("D"), z=a.get("z"), dt_bias=a.get("dt_bias"), dt_softplus=bool(a.get("dt_softplus")),
+                  null_slot=NULL_SLOT)
+    if ctx.mode == "decode":
+        from ..kernels.mamba2_replay import mamba2_replay_decode
+
+        mamba2_replay_decode(a["state"], rv["x"], rv["B"], rv["dt"], a["x"], a["dt"], a["A"], a["B"], a["C"],
+                             a["state_batch_indices"], ctx.wp_rows, out=a["out"], route=ctx.route, **common)
+    else:
+        from ..kernels.mamba2_verify import mamba2_verify
+
+        win = (lambda t: t) if ctx.mode == "verify" else (lambda t: None if t is None else t.unsqueeze(1))
+        if ctx.mode == "decode_spec":
+            common["z"] = win(common["z"])
+        # the per-draft snapshot buffer (intermediate_states_buffer) is neither read nor written
+        mamba2_verify(a["state"], rv["x"], rv["B"], rv["dt"], win(a["x"]), win(a["dt"]), a["A"], win(a["B"]),
+                      win(a["C"]), a["state_batch_indices"], *ctx.spec, out=win(a["out"]), **common)
     ctx.calls += 1
     return None
 

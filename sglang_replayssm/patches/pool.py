@@ -283,11 +283,36 @@ def plan_ring(cache_params, cfg: ReplaySSMConfig, state_dtype: Optional[torch.dt
     return RingPlan(kind, geom, kind_source, dtype_source)
 
 
+SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "MTP", "STANDALONE")
+
+
+def spec_window(server_args, cfg: ReplaySSMConfig) -> Optional[int]:
+    """The verify window T a spec ring must hold (1 + draft tokens, the largest the server
+    may use), or None when the server does not speculate or ``cfg.spec`` is off."""
+    if server_args is None or not cfg.spec:
+        return None
+    algo = getattr(server_args, "speculative_algorithm", None)
+    if not algo or str(algo).upper() == "NONE":
+        return None
+    sizes = [getattr(server_args, name, None) for name in
+             ("speculative_num_draft_tokens", "max_speculative_num_draft_tokens")]
+    sizes = [int(x) for x in sizes if x]
+    if not sizes:
+        raise RingGeometryError(f"--speculative-algorithm {algo} without --speculative-num-draft-tokens: "
+                                "the spec ring cannot be sized")
+    return max(sizes)
+
+
 def build_ring(mamba_pool, cache_params, mamba_layer_ids, cfg: ReplaySSMConfig,
-               model_config: Any = _AUTO) -> Optional[ReplayRing]:
-    """The ring for an already built ``MambaPool`` (same slots, layers and device), or None."""
+               model_config: Any = _AUTO, window: Any = _AUTO) -> Optional[ReplayRing]:
+    """The ring for an already built ``MambaPool`` (same slots, layers and device), or None.
+
+    ``window``: the verify window of a spec ring (None: a standard-decode ring); by default
+    from the published server args (:func:`spec_window`)."""
     temporal = mamba_pool.mamba_cache.temporal
     plan = plan_ring(cache_params, cfg, state_dtype=temporal.dtype, model_config=model_config)
+    if window is _AUTO:
+        window = spec_window(published_config()[0], cfg)
     num_layers = len(mamba_layer_ids)
     if plan is None or num_layers == 0:
         return None
@@ -301,10 +326,11 @@ def build_ring(mamba_pool, cache_params, mamba_layer_ids, cfg: ReplaySSMConfig,
 
         region = adapter.region(GPU_MEMORY_TYPE_KV_CACHE)
     with region:
-        ring = ReplayRing(plan.geom, num_layers, num_slots, device=temporal.device)
-    logger.info("sglang_replayssm: %s ring on the mamba pool (type from %s; activation dtype from %s): %s, "
-                "%d layer(s) x %d slots, %.2f MiB", plan.kind, plan.kind_source, plan.dtype_source,
-                plan.geom, num_layers, num_slots, ring.nbytes() / (1 << 20))
+        ring = ReplayRing(plan.geom, num_layers, num_slots, device=temporal.device, spec_window=window)
+    logger.info("sglang_replayssm: %s %s ring on the mamba pool (type from %s; activation dtype from %s): %s, "
+                "ring length %d, %d layer(s) x %d slots, %.2f MiB", plan.kind,
+                "standard-decode" if window is None else f"spec (verify window {window})", plan.kind_source,
+                plan.dtype_source, plan.geom, ring.ring_len, num_layers, num_slots, ring.nbytes() / (1 << 20))
     return ring
 
 
@@ -369,7 +395,7 @@ def mamba_cache_per_req_after(value, self):
     plan = plan_ring(self, cfg)
     if plan is None:
         return None
-    return value + ring_bytes_per_slot(plan.geom) * len(self.layers)
+    return value + ring_bytes_per_slot(plan.geom, spec_window(published_config()[0], cfg)) * len(self.layers)
 
 
 PATCHES = [

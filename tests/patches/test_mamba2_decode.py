@@ -12,7 +12,10 @@ process-setup detail that the decode math does not depend on:
 * ``hybrid_linear_attn_backend.get_memory`` (server args are not published in a test);
 * the backend object is made with ``object.__new__`` plus the fields ``forward`` reads
   (its constructor wants a ModelRunner), and ``ssu_dispatch``'s backend is the Triton one
-  (the scheduler sets it from ``--mamba-backend``).
+  (the scheduler sets it from ``--mamba-backend``);
+* ``mamba_state_scatter_triton.fused_{mamba_state,conv_window}_scatter_with_mask`` (the
+  post-verify commit) refuse non-CUDA tensors: replaced by a loop with their documented
+  semantics (``dst[:, dst_idx[i]] = src[:, i, step[i]]`` for ``step[i] >= 0``).
 
 The ring is built here (``ReplayRing``) and attached as ``mamba_pool.rssm_ring``, the
 interface ``patches/pool.py`` provides.
@@ -36,11 +39,19 @@ MAMBA_SIZE = 6              # slots 1..6 usable, 0 is the dummy
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _cpu_masked_scatter(dst, src, dst_indices_raw, step_indices_raw):
+    """CPU twin of SGLang's masked post-verify scatters: dst[:, d_i] = src[:, i, step_i] where both >= 0."""
+    for i, (d, st) in enumerate(zip(dst_indices_raw.tolist(), step_indices_raw.tolist())):
+        if d >= 0 and st >= 0:
+            dst[:, d] = src[:, i, st]
+
+
 @pytest.fixture(scope="module")
 def sgl():
     import sglang.srt.layers.attention.hybrid_linear_attn_backend as hlab
     import sglang.srt.layers.linear as linear
     from sglang.kernels.ops.mamba import causal_conv1d_triton as cct
+    from sglang.kernels.ops.mamba import mamba_state_scatter_triton as mss
     from sglang.kernels.ops.mamba.triton_ops import ssu_dispatch
     from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape
     from sglang.srt.layers.attention.mamba import mamba
@@ -55,6 +66,8 @@ def sgl():
         mp.setattr(linear, "get_tp_group", lambda: types.SimpleNamespace(world_size=1))
         mp.setattr(hlab, "get_memory", lambda: types.SimpleNamespace(enable_page_major_kv_layout=False))
         mp.setattr(ssu_dispatch, "_mamba_ssu_backend", ssu_dispatch.TritonSSUBackend())
+        mp.setattr(mss, "fused_mamba_state_scatter_with_mask", _cpu_masked_scatter)
+        mp.setattr(mss, "fused_conv_window_scatter_with_mask", _cpu_masked_scatter)
 
         shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=H * P, n_groups=G, num_heads=H,
                                         head_dim=P, state_size=N, conv_kernel=KCONV)

@@ -1,0 +1,95 @@
+"""Seam: the commit after a speculative verify -> a cursor move on the spec ring (no math).
+
+STAGED (``staged_patches()``), like the decode seams: it becomes active with the rest of
+the speculative path once validated on a GPU.
+
+How SGLang commits (0.5.17; 0.5.15 and 0.5.23 reach the same method)
+--------------------------------------------------------------------
+After the target verify, ``spec_utils.commit_mamba_states_after_verify`` (called from
+``eagle_worker_common.run_eagle_verify`` and the n-gram worker; 0.5.15 from
+``eagle_worker_v2``) computes ``last_correct_step_indices`` (for a chain:
+``accept_lens - 1``, ``accept_lens`` counting the bonus token) and, when the pool has
+none of SGLang's own ``replayssm_*`` rings, calls
+``HybridLinearAttnBackend.update_mamba_state_after_mtp_verify(last_correct_step_indices,
+mamba_track_indices, mamba_steps_to_track, model[, req_pool_indices])``.  Stock SGLang
+then scatters ``intermediate_ssm[row, last]`` into ``temporal[slot]`` and
+``intermediate_conv_window[row, last]`` into ``conv[slot]`` for the slots
+``linear_attn_backend.forward_metadata.mamba_cache_indices[:n]``.
+
+With a spec ring the verify wrote no per-draft snapshots: the checkpoint holds only
+committed tokens and the window's inputs sit in the ring.  The AROUND hook here
+(pool with a spec ring only; otherwise SGLang's method runs untouched):
+
+1. keeps SGLang's conv rollback: ``fused_conv_window_scatter_with_mask`` per conv state,
+   exactly the call stock makes (resolved from the module that defines the backend's
+   ``scatter_mamba_states_after_mtp_verify``);
+2. moves the cursors: ``spec_commit(wp, origin, flush, slots, last_correct + 1)`` (one
+   device launch, no sync; ``kernels/spec_cursor.py`` has the rule, incl. the strict
+   early flush).  Rows with ``last_correct < 0`` commit nothing, as the masked scatter.
+
+``mamba_track_indices`` (the extra_buffer radix strategy) needs the exact state at an
+interior step and is refused (the launch check already rejects extra_buffer).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import List
+
+from ._cursor import NULL_SLOT, ReplayDecodeError
+from .registry import Patch
+
+logger = logging.getLogger("sglang_replayssm.patches")
+
+BACKEND_MODULE = "sglang.srt.layers.attention.hybrid_linear_attn_backend"
+TARGET = BACKEND_MODULE + ".HybridLinearAttnBackend.update_mamba_state_after_mtp_verify"
+RING_ATTR = "rssm_ring"
+
+
+def _conv_scatter():
+    """SGLang's masked conv-window scatter, from the module the backend's scatter comes from."""
+    backend_mod = sys.modules.get(BACKEND_MODULE)
+    stock = getattr(backend_mod, "scatter_mamba_states_after_mtp_verify", None)
+    fn = getattr(sys.modules.get(getattr(stock, "__module__", ""), None), "fused_conv_window_scatter_with_mask",
+                 None)
+    if fn is None:
+        from .registry import sglang_version
+
+        raise ReplayDecodeError(
+            f"{BACKEND_MODULE}.scatter_mamba_states_after_mtp_verify's module has no "
+            f"fused_conv_window_scatter_with_mask (SGLang {sglang_version()}): the spec commit cannot keep "
+            "SGLang's conv rollback")
+    return fn
+
+
+def commit_around(original, self, last_correct_step_indices, mamba_track_indices, mamba_steps_to_track, model,
+                  *args, **kwargs):
+    """AROUND ``update_mamba_state_after_mtp_verify``: conv rollback as SGLang + spec cursor commit."""
+    lin = getattr(self, "linear_attn_backend", None)
+    pool = getattr(getattr(lin, "req_to_token_pool", None), "mamba_pool", None)
+    ring = getattr(pool, RING_ATTR, None)
+    if ring is None or ring.spec_window is None:
+        return original(self, last_correct_step_indices, mamba_track_indices, mamba_steps_to_track, model,
+                        *args, **kwargs)
+    if mamba_track_indices is not None:
+        raise ReplayDecodeError("mamba state tracking (extra_buffer radix strategy) needs per-step states that "
+                                "the replay-ring verifier does not keep; use --mamba-radix-cache-strategy no_buffer")
+    from ..kernels.spec_cursor import spec_commit
+
+    n = last_correct_step_indices.shape[0]
+    slots = lin.forward_metadata.mamba_cache_indices[:n]
+    caches = lin.req_to_token_pool.get_speculative_mamba2_params_all_layers()
+    scatter = _conv_scatter()
+    for conv, window in zip(caches.conv, caches.intermediate_conv_window):
+        scatter(conv, window, slots, last_correct_step_indices)
+    spec_commit(ring.write_pos, ring.origin, ring.flush, slots, last_correct_step_indices + 1,
+                window=ring.spec_window, ring_len=ring.ring_len, null_slot=NULL_SLOT)
+    return None
+
+
+PATCHES: List[Patch] = [
+    Patch(TARGET, "around", commit_around,
+          params=("self", "last_correct_step_indices", "mamba_track_indices", "mamba_steps_to_track", "model"),
+          description="spec verify commit: SGLang's conv rollback + a cursor move on the replay ring"),
+]
