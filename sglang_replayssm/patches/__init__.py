@@ -20,7 +20,7 @@ def staged_patches() -> List[Patch]:
     whole decode path it belongs to is complete and validated on a GPU (CUDA graphs
     included); until then tests and tools apply these explicitly.
     """
-    from . import gdn_decode, lifecycle, mamba2_decode, pool
+    from . import gdn_decode, lifecycle, mamba2_decode, pool, spec_commit
 
     return (list(pool.PATCHES) + list(mamba2_decode.PATCHES) + list(gdn_decode.PATCHES)
-            + list(lifecycle.PATCHES))
+            + list(lifecycle.PATCHES) + list(spec_commit.PATCHES))

@@ -21,8 +21,8 @@ committed tokens and the window's inputs sit in the ring.  The AROUND hook here
 (pool with a spec ring only; otherwise SGLang's method runs untouched):
 
 1. keeps SGLang's conv rollback: ``fused_conv_window_scatter_with_mask`` per conv state,
-   exactly the call stock makes (resolved from the module that defines the backend's
-   ``scatter_mamba_states_after_mtp_verify``);
+   exactly the call stock makes (the backend module's own import in 0.5.15; in 0.5.17 and
+   0.5.23 the module that defines its ``scatter_mamba_states_after_mtp_verify``);
 2. moves the cursors: ``spec_commit(wp, origin, flush, slots, last_correct + 1)`` (one
    device launch, no sync; ``kernels/spec_cursor.py`` has the rule, incl. the strict
    early flush).  Rows with ``last_correct < 0`` commit nothing, as the masked scatter.
@@ -45,21 +45,23 @@ logger = logging.getLogger("sglang_replayssm.patches")
 BACKEND_MODULE = "sglang.srt.layers.attention.hybrid_linear_attn_backend"
 TARGET = BACKEND_MODULE + ".HybridLinearAttnBackend.update_mamba_state_after_mtp_verify"
 RING_ATTR = "rssm_ring"
+CONV_SCATTER = "fused_conv_window_scatter_with_mask"
 
 
 def _conv_scatter():
-    """SGLang's masked conv-window scatter, from the module the backend's scatter comes from."""
+    """SGLang's masked conv-window scatter: imported into the backend module (0.5.15), or next to
+    the backend's ``scatter_mamba_states_after_mtp_verify`` (0.5.17, 0.5.23)."""
     backend_mod = sys.modules.get(BACKEND_MODULE)
-    stock = getattr(backend_mod, "scatter_mamba_states_after_mtp_verify", None)
-    fn = getattr(sys.modules.get(getattr(stock, "__module__", ""), None), "fused_conv_window_scatter_with_mask",
-                 None)
+    fn = getattr(backend_mod, CONV_SCATTER, None)
+    if fn is None:
+        stock = getattr(backend_mod, "scatter_mamba_states_after_mtp_verify", None)
+        fn = getattr(sys.modules.get(getattr(stock, "__module__", ""), None), CONV_SCATTER, None)
     if fn is None:
         from .registry import sglang_version
 
         raise ReplayDecodeError(
-            f"{BACKEND_MODULE}.scatter_mamba_states_after_mtp_verify's module has no "
-            f"fused_conv_window_scatter_with_mask (SGLang {sglang_version()}): the spec commit cannot keep "
-            "SGLang's conv rollback")
+            f"{CONV_SCATTER} not found in {BACKEND_MODULE} nor beside its scatter_mamba_states_after_mtp_verify "
+            f"(SGLang {sglang_version()}): the spec commit cannot keep SGLang's conv rollback")
     return fn
 
 

@@ -187,3 +187,31 @@ def test_tree_verify_call_is_refused(sgl, monkeypatch):
     h.backend.forward_metadata.retrieve_parent_token = torch.zeros(1, D, dtype=torch.int64)
     with pytest.raises(m2d.ReplayDecodeError, match="tree verify"):
         h.layer(LAYER_IDS[0], make_inputs([[3]], tokens_per_row=D)[0][0], fb)
+
+
+def test_spec_commit_is_staged_not_active():
+    from sglang_replayssm.patches import all_patches, staged_patches
+
+    staged = {p.target for p in staged_patches()}
+    assert spec_commit.TARGET in staged
+    assert spec_commit.TARGET not in {p.target for p in all_patches()}
+
+
+@pytest.mark.parametrize("version", ["0.5.15", "0.5.23"])
+def test_spec_commit_targets_exist_in_other_releases(version):
+    """The commit method with its leading parameters, and the conv scatter it reuses, next to the
+    backend's ``scatter_mamba_states_after_mtp_verify`` in that release."""
+    from sglang_wheels import wheel_for
+
+    from sglang_replayssm.patches.source_check import WheelSource, check, locate
+
+    wheel = str(wheel_for(version))
+    assert check(spec_commit.PATCHES, wheel, version) == []
+    src = WheelSource(wheel)
+    p2, w2 = locate(src, spec_commit.BACKEND_MODULE + "." + spec_commit.CONV_SCATTER)
+    if p2 is None:  # not imported by the backend: beside its scatter_mamba_states_after_mtp_verify
+        params, where = locate(src, spec_commit.BACKEND_MODULE + ".scatter_mamba_states_after_mtp_verify")
+        assert params is not None, where
+        module = where.split(":")[0][:-3].replace("/", ".")
+        p2, w2 = locate(src, module + "." + spec_commit.CONV_SCATTER)
+    assert p2 is not None and p2[:4] == ("dst", "src", "dst_indices_raw", "step_indices_raw"), w2
