@@ -283,9 +283,6 @@ def plan_ring(cache_params, cfg: ReplaySSMConfig, state_dtype: Optional[torch.dt
     return RingPlan(kind, geom, kind_source, dtype_source)
 
 
-SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "MTP", "STANDALONE")
-
-
 def spec_window(server_args, cfg: ReplaySSMConfig) -> Optional[int]:
     """The verify window T a spec ring must hold (1 + draft tokens, the largest the server
     may use), or None when the server does not speculate or ``cfg.spec`` is off."""

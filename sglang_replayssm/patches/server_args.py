@@ -14,6 +14,10 @@ from typing import List
 from ..config import ReplaySSMConfig, from_env
 from .registry import Patch
 
+# chain-draft algorithms whose verify + commit run through the seams this package hooks
+# (NEXTN is SGLang's alias of EAGLE; MTP drafts are NEXTN layers)
+SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
+
 logger = logging.getLogger("sglang_replayssm.patches")
 
 TARGET = "sglang.srt.server_args.ServerArgs.check_server_args"
@@ -43,15 +47,22 @@ def unsupported_reasons(args, cfg: ReplaySSMConfig) -> List[str]:
     if (g("tp_size") or 1) > 1 or (g("pp_size") or 1) > 1:
         out.append(f"--tp-size {g('tp_size')} / --pp-size {g('pp_size')}: sglang_replayssm is validated at "
                    "TP=1, PP=1 only; run with --tp-size 1 --pp-size 1 or --replayssm-disable")
+    if g("enable_mixed_chunk"):
+        out.append("--enable-mixed-chunk: SGLang runs the running decode rows of a mixed batch through the "
+                   "prefill scan, which reads the checkpoint without the replay ring; drop the flag")
     algo = g("speculative_algorithm")
-    if algo:
+    if algo and str(algo).upper() != "NONE":
         topk = g("speculative_eagle_topk")
         if topk is not None and topk > 1:
             out.append(f"--speculative-eagle-topk {topk}: tree verify is not supported; use topk 1")
-        ndraft = g("speculative_num_draft_tokens")
-        if cfg.spec and ndraft is not None and cfg.buffer_len < ndraft:
-            out.append(f"--replayssm-buffer-len {cfg.buffer_len} is smaller than --speculative-num-draft-tokens "
-                       f"{ndraft}: the ring history block must hold at least one verify window")
+        if cfg.spec and str(algo).upper() not in SPEC_ALGORITHMS:
+            out.append(f"--speculative-algorithm {algo}: the replay-ring verifier serves chain drafts of "
+                       f"{'/'.join(SPEC_ALGORITHMS)}; use one of those or --replayssm-spec false")
+        windows = [(name, g(name)) for name in ("speculative_num_draft_tokens", "max_speculative_num_draft_tokens")]
+        for name, ndraft in windows:
+            if cfg.spec and ndraft is not None and cfg.buffer_len < ndraft:
+                out.append(f"--replayssm-buffer-len {cfg.buffer_len} is smaller than --{name.replace('_', '-')} "
+                           f"{ndraft}: the ring history block must hold at least one verify window")
     return out
 
 

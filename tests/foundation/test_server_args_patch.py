@@ -60,6 +60,7 @@ def test_reasons_cover_each_combination(args_for):
         "enable_hierarchical_cache": (True, "hierarchical"),
         "mamba_radix_cache_strategy": ("extra_buffer", "extra_buffer"),
         "pp_size": (2, "PP=1"),
+        "enable_mixed_chunk": (True, "--enable-mixed-chunk"),
     }
     base = dict(vars(a))  # resolved ServerArgs are read-only: vary a plain copy of their fields
     for field, (value, needle) in cases.items():
@@ -70,3 +71,9 @@ def test_reasons_cover_each_combination(args_for):
                               "speculative_num_draft_tokens": 4})
     assert any("smaller than --speculative-num-draft-tokens" in r for r in unsupported_reasons(spec, cfg))
     assert unsupported_reasons(spec, ReplaySSMConfig(enable=True, buffer_len=4)) == []
+    adaptive = SimpleNamespace(**{**vars(spec), "max_speculative_num_draft_tokens": 6})
+    assert any("--max-speculative-num-draft-tokens 6" in r
+               for r in unsupported_reasons(adaptive, ReplaySSMConfig(enable=True, buffer_len=4)))
+    ngram = SimpleNamespace(**{**vars(spec), "speculative_algorithm": "NGRAM"})
+    assert any("NGRAM" in r for r in unsupported_reasons(ngram, ReplaySSMConfig(enable=True, buffer_len=4)))
+    assert unsupported_reasons(ngram, ReplaySSMConfig(enable=True, buffer_len=4, spec=False)) == []
