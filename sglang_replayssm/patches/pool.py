@@ -30,7 +30,7 @@ is a :class:`sglang_replayssm.ring.ReplayRing`:
 
 Hooks (targets identical in SGLang 0.5.15, 0.5.17 and 0.5.23)
 --------------------------------------------------------------
-1. AFTER ``HybridReqToTokenPool._init_mamba_pool``: builds the ring from the pool's
+1. AROUND ``HybridReqToTokenPool._init_mamba_pool``: builds the ring from the pool's
    ``cache_params`` and ``mamba_layer_ids`` and sets ``mamba_pool.rssm_ring`` (never an
    upstream ``replayssm_*`` name: ``copy_from``, the radix caches and the GDN backend
    branch on those).  Allocated inside the pool's memory-saver region (like the pool's
@@ -112,6 +112,20 @@ Hooks (targets identical in SGLang 0.5.15, 0.5.17 and 0.5.23)
    by the draft tokens for its verify scratch, so the ring is charged there too
    (conservative).
 
+5. Speculative decoding (``_init_mamba_pool`` got ``speculative_num_draft_tokens`` D and
+   ``SGLANG_REPLAYSSM_SPEC`` is on): the ring is a *spec ring* of length ``L + T`` with
+   ``T = max(D, --max-speculative-num-draft-tokens)`` and origin/flush cursors
+   (``kernels/spec_cursor.py``), and ``MambaPool.__init__`` runs with its module's ``torch``
+   swapped for :class:`_SnapshotFreeTorch`, so that the per-draft SSM snapshot buffer
+   ``intermediate_ssm`` is created with zero slots (the ring verifier neither reads nor
+   writes it; the conv windows, which SGLang's conv rollback needs, are allocated as
+   usual).  The hook checks afterwards that exactly that allocation was intercepted.
+   AROUND SGLang's pool solver (``KVCacheConfigurator._handle_max_mamba_cache``, 0.5.17+;
+   ``ModelRunnerKVCacheMixin.handle_max_mamba_cache``, 0.5.15): speculation is hidden
+   (``spec_algorithm`` NONE for the call; a test checks per release that the solver reads
+   speculation only there), so no snapshot memory is reserved and the whole mamba budget
+   becomes slots (each charged with its spec ring by hook 4): more concurrent requests.
+
 Not here (other seams of the slot lifecycle): flushing a slot before radix donation on
 finish, cursor reset for extend rows on a slot with ring entries (retract/recompute),
 and refusing the modes that move state around ``clear_slots``/``copy_from``
@@ -138,6 +152,8 @@ INIT_TARGET = MEMORY_POOL + ".HybridReqToTokenPool._init_mamba_pool"
 CLEAR_TARGET = MEMORY_POOL + ".MambaPool.clear_slots"
 COPY_TARGET = MEMORY_POOL + ".MambaPool.copy_from"
 CHARGE_TARGET = "sglang.srt.configs.mamba_utils.BaseLinearStateParams.mamba_cache_per_req"
+SOLVER_TARGET = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._handle_max_mamba_cache"
+SOLVER_TARGET_0515 = "sglang.srt.model_executor.model_runner_kv_cache_mixin.ModelRunnerKVCacheMixin.handle_max_mamba_cache"
 
 RING_ATTR = "rssm_ring"            # on MambaPool: the ReplayRing, or None
 OWNER_ATTR = "rssm_ring_owner"     # on HybridReqToTokenPool: id() of the pool that ran the init hook
@@ -343,21 +359,129 @@ def _arg(args, kwargs, name: str, pos: int):
     raise TypeError(f"sglang_replayssm pool hook: argument {name!r} not passed")
 
 
-def init_mamba_pool_after(result, self, *args, **kwargs):
-    """AFTER ``HybridReqToTokenPool._init_mamba_pool``: attach ``mamba_pool.rssm_ring``."""
+def _opt_arg(args, kwargs, name: str, pos: int, default=None):
+    try:
+        return _arg(args, kwargs, name, pos)
+    except TypeError:
+        return default
+
+
+class _SnapshotFreeTorch:
+    """Stand-in for ``memory_pool``'s ``torch`` global while one ``MambaPool`` is built.
+
+    Every attribute is torch's, except that the per-draft SSM snapshot buffer -- the one
+    6-D ``torch.zeros(size=(layers, slots, draft_tokens, *temporal_shape))`` call of
+    ``MambaPool.__init__`` (0.5.15 / 0.5.17 / 0.5.23) -- gets zero slots: the ring
+    verifier never reads or writes it, and SGLang's pool solver was told not to budget it
+    (:func:`handle_max_mamba_cache_around`).  The conv windows are allocated as usual."""
+
+    def __init__(self, real, temporal_shape, device):
+        self._real = real
+        self._shape = tuple(int(x) for x in temporal_shape)
+        self._device = device
+        self.skipped = 0
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def zeros(self, *args, **kwargs):
+        size = kwargs.get("size")
+        if not args and isinstance(size, (tuple, list)) and len(size) == 6 \
+                and tuple(int(x) for x in size[3:]) == self._shape:
+            self.skipped += 1
+            return self._real.empty((size[0], 0) + tuple(size[2:]), dtype=kwargs.get("dtype"), device=self._device)
+        return self._real.zeros(*args, **kwargs)
+
+
+def _build_pool_without_snapshots(original, self, cache_params, device, args, kwargs):
+    """Run ``_init_mamba_pool`` with the snapshot allocation suppressed; verify it was."""
+    import sys
+
+    mod = sys.modules[MEMORY_POOL]
+    real = mod.torch
+    proxy = _SnapshotFreeTorch(real, cache_params.shape.temporal, device)
+    mod.torch = proxy
+    try:
+        result = original(self, *args, **kwargs)
+    finally:
+        mod.torch = real
+    inter = getattr(self.mamba_pool.mamba_cache, "intermediate_ssm", None)
+    if proxy.skipped != 1 or inter is None or inter.shape[1] != 0:
+        from .registry import PatchError, sglang_version
+
+        raise PatchError(
+            f"{MEMORY_POOL}.MambaPool.__init__ (SGLang {sglang_version()}) did not allocate its per-draft SSM "
+            f"snapshots through the expected torch.zeros call ({proxy.skipped} intercepted): the pool solver was "
+            "told not to budget them, so running on would over-commit GPU memory")
+    logger.info("sglang_replayssm: per-draft SSM snapshot buffer not allocated (the ring verifier keeps none)")
+    return result
+
+
+def init_mamba_pool_around(original, self, *args, **kwargs):
+    """AROUND ``HybridReqToTokenPool._init_mamba_pool``: attach ``mamba_pool.rssm_ring``; with a spec
+    ring, build the pool without SGLang's per-draft SSM snapshot buffer."""
     owner = self.__dict__.get(OWNER_ATTR)
     if owner is not None and owner != id(self):
+        result = original(self, *args, **kwargs)
         setattr(self.mamba_pool, RING_ATTR, None)
         logger.info("sglang_replayssm: draft clone of a hybrid pool (clone_with_new_mamba): no ring")
-        return None
+        return result
     self.__dict__[OWNER_ATTR] = id(self)
-    ring = None
     cfg = from_env()
+    cache_params = _arg(args, kwargs, "cache_params", 2)
+    window = None
     if cfg.enable:
-        ring = build_ring(self.mamba_pool, _arg(args, kwargs, "cache_params", 2),
-                          _arg(args, kwargs, "mamba_layer_ids", 3), cfg)
+        window = pool_spec_window(cfg, _opt_arg(args, kwargs, "speculative_num_draft_tokens", 6))
+    if window is not None and plan_ring(cache_params, cfg) is not None:
+        result = _build_pool_without_snapshots(original, self, cache_params, _arg(args, kwargs, "device", 4),
+                                               args, kwargs)
+    else:
+        result = original(self, *args, **kwargs)
+    ring = None
+    if cfg.enable:
+        ring = build_ring(self.mamba_pool, cache_params, _arg(args, kwargs, "mamba_layer_ids", 3), cfg,
+                          window=window)
     setattr(self.mamba_pool, RING_ATTR, ring)
-    return None
+    return result
+
+
+def pool_spec_window(cfg: ReplaySSMConfig, num_draft_tokens: Optional[int]) -> Optional[int]:
+    """Verify window of the pool being built: SGLang passes ``speculative_num_draft_tokens``
+    only when the server speculates; an adaptive maximum in the published args widens it."""
+    if not cfg.spec or not num_draft_tokens:
+        return None
+    server_args = published_config()[0]
+    published = spec_window(server_args, cfg) if server_args is not None else None
+    return max(int(num_draft_tokens), published or 0)
+
+
+def handle_max_mamba_cache_around(original, self, *args, **kwargs):
+    """AROUND SGLang's mamba pool solver: with a spec ring, solve as without speculative decoding.
+
+    Stock reserves ``per_req * draft_tokens`` per request for the per-draft SSM snapshots
+    (joint solve); the ring verifier allocates none (:func:`init_mamba_pool_around`), so the
+    whole mamba budget goes to slots, whose size (``mamba_cache_per_req``, patched) includes
+    the spec ring.  The solver reads speculation only through ``self.spec_algorithm``, which is
+    seen as NONE for the duration of the call."""
+    cfg = from_env()
+    algo = getattr(self, "spec_algorithm", None)
+    config = getattr(self, "mambaish_config", None)
+    params = getattr(config, "mamba2_cache_params", None)
+    if not (cfg.enable and cfg.spec) or algo is None or algo.is_none() or params is None \
+            or plan_ring(params, cfg) is None:
+        return original(self, *args, **kwargs)
+    none = type(algo).NONE
+    had = "spec_algorithm" in self.__dict__
+    self.spec_algorithm = none
+    try:
+        result = original(self, *args, **kwargs)
+    finally:
+        if had:
+            self.spec_algorithm = algo
+        else:
+            del self.spec_algorithm
+    logger.info("sglang_replayssm: mamba pool sized without per-draft SSM snapshots (spec ring verifier)")
+    return result
 
 
 def clear_slots_after(result, self, *args, **kwargs):
@@ -396,9 +520,15 @@ def mamba_cache_per_req_after(value, self):
 
 
 PATCHES = [
-    Patch(INIT_TARGET, "after", init_mamba_pool_after,
-          params=("self", "mamba_size", "mamba_spec_state_size", "cache_params", "mamba_layer_ids"),
-          description="attach the ReplaySSM ring (mamba_pool.rssm_ring) to the hybrid state pool"),
+    Patch(INIT_TARGET, "around", init_mamba_pool_around,
+          params=("self", "mamba_size", "mamba_spec_state_size", "cache_params", "mamba_layer_ids", "device",
+                  "enable_mamba_extra_buffer", "speculative_num_draft_tokens"),
+          description="attach the ReplaySSM ring (mamba_pool.rssm_ring); spec ring: no per-draft SSM snapshots"),
+    Patch(SOLVER_TARGET, "around", handle_max_mamba_cache_around, versions=">=0.5.17,<0.6", params=("self",),
+          description="size the mamba pool without per-draft snapshots when the ring verifier serves spec"),
+    Patch(SOLVER_TARGET_0515, "around", handle_max_mamba_cache_around, versions=">=0.5.15,<0.5.17",
+          params=("self",),
+          description="size the mamba pool without per-draft snapshots when the ring verifier serves spec"),
     Patch(CLEAR_TARGET, "after", clear_slots_after, params=("self", "indices"),
           description="reset the ring cursors of cleared slots"),
     Patch(COPY_TARGET, "after", copy_from_after, params=("self", "src_indices", "dst_indices"),

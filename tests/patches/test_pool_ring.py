@@ -17,7 +17,7 @@ import torch
 from sglang_replayssm import models
 from sglang_replayssm.patches import all_patches, staged_patches
 from sglang_replayssm.patches import pool as pool_seam
-from sglang_replayssm.patches.registry import apply, status, unapply_all, verify
+from sglang_replayssm.patches.registry import applicable, apply, sglang_version, status, unapply_all, verify
 from sglang_wheels import wheel_for
 
 from sglang_replayssm.patches.source_check import WheelSource, check
@@ -48,7 +48,7 @@ def env(monkeypatch):
 
 @pytest.fixture
 def patched():
-    assert apply(pool_seam.PATCHES) == [p.target for p in pool_seam.PATCHES]
+    assert apply(pool_seam.PATCHES) == [p.target for p in applicable(pool_seam.PATCHES, sglang_version())]
     verify(pool_seam.PATCHES)
     yield
 
@@ -364,7 +364,9 @@ def test_idempotent_apply_and_full_unapply():
     assert isinstance(prop, property) and prop.fget.__wrapped__ is originals["prop"].fget
     assert apply(pool_seam.PATCHES) == []
     assert BaseLinearStateParams.__dict__["mamba_cache_per_req"] is prop
-    assert [s for _, s, _ in status(pool_seam.PATCHES)] == ["patched"] * 4
+    live = {p.target for p in applicable(pool_seam.PATCHES, sglang_version())}
+    assert [s for t, s, _ in status(pool_seam.PATCHES) if t in live] == ["patched"] * len(live)
+    assert all(s == "skipped" for t, s, _ in status(pool_seam.PATCHES) if t not in live)
     pool = make_pool(params)
     assert ring_of(pool) is not None and params.mamba_cache_per_req > base
     unapply_all()
@@ -374,7 +376,7 @@ def test_idempotent_apply_and_full_unapply():
     assert BaseLinearStateParams.__dict__["mamba_cache_per_req"] is originals["prop"]
     assert params.mamba_cache_per_req == base
     assert not hasattr(make_pool(params).mamba_pool, "rssm_ring")
-    assert [s for _, s, _ in status(pool_seam.PATCHES)] == ["resolved"] * 4
+    assert [s for t, s, _ in status(pool_seam.PATCHES) if t in live] == ["resolved"] * len(live)
 
 
 def test_pool_patches_are_staged_not_active():
@@ -422,3 +424,144 @@ def test_type_and_config_sources_exist_in_other_releases(version):
         assert {"hybrid_gdn_config", "mamba2_config"} <= defs("sglang.srt.model_executor.model_runner",
                                                               "ModelRunner")
     assert "_init_mamba_pool" in defs("sglang.srt.mem_cache.memory_pool", "HybridReqToTokenPool")
+
+
+# ======================================================================================
+# speculative decoding: spec ring, no per-draft SSM snapshots, solver without them
+# ======================================================================================
+
+
+@pytest.fixture
+def cuda_allocs_on_cpu(monkeypatch):
+    """CPU shim: MambaPool allocates its verify scratch (conv windows) with a hard-coded
+    device="cuda"; without CUDA those allocations go to the CPU (same shapes and layout)."""
+    if torch.cuda.is_available():
+        return
+    orig = pool_seam._SnapshotFreeTorch.zeros
+
+    def zeros(self, *a, **k):
+        if k.get("device") == "cuda":
+            k = {**k, "device": "cpu"}
+        return orig(self, *a, **k)
+
+    monkeypatch.setattr(pool_seam._SnapshotFreeTorch, "zeros", zeros)
+
+
+def make_spec_pool(params, draft_tokens):
+    from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+
+    return HybridReqToTokenPool(
+        size=4, mamba_size=MAMBA_SIZE, mamba_spec_state_size=4, max_context_len=32, device="cpu",
+        enable_memory_saver=False, cache_params=params, mamba_layer_ids=list(params.layers),
+        enable_mamba_extra_buffer=False, speculative_num_draft_tokens=draft_tokens, speculative_eagle_topk=1,
+        enable_overlap_schedule=True, start_layer=0)
+
+
+def test_spec_pool_gets_a_spec_ring_and_no_snapshot_buffer(env, patched, cuda_allocs_on_cpu):
+    """The pool SGLang builds for a speculating server (draft tokens D): a spec ring of length L + D,
+    the per-draft SSM snapshot buffer with zero slots (never allocated), the conv windows intact."""
+    params = mamba2_params()
+    D = 3
+    pool = make_spec_pool(params, D)
+    ring = ring_of(pool)
+    cache = pool.mamba_pool.mamba_cache
+    assert ring is not None and ring.spec_window == D and ring.ring_len == L + D
+    assert ring.origin is not None and ring.flush is not None
+    assert cache.intermediate_ssm.shape[1] == 0 and cache.intermediate_ssm.numel() == 0
+    assert tuple(cache.intermediate_ssm.shape[2:]) == (D,) + tuple(params.shape.temporal)
+    win = cache.intermediate_conv_window[0]
+    assert win.shape[0] == len(params.layers) and win.shape[1] == 5 and win.shape[2] == D
+    spec = pool.get_speculative_mamba2_params_all_layers()
+    assert spec.intermediate_ssm is cache.intermediate_ssm
+
+
+def test_spec_disabled_keeps_sglangs_snapshots(env, patched, monkeypatch):
+    """--replayssm-spec false: no spec ring, and SGLang allocates its snapshots as usual (on CUDA,
+    hard-coded in 0.5.17: on a CPU-only host that allocation is what fails)."""
+    monkeypatch.setenv("SGLANG_REPLAYSSM_SPEC", "false")
+    params = mamba2_params()
+    if torch.cuda.is_available():
+        pool = make_spec_pool(params, 2)
+        assert pool.mamba_pool.mamba_cache.intermediate_ssm.shape[1] == 5
+        assert ring_of(pool).spec_window is None
+    else:
+        with pytest.raises((RuntimeError, AssertionError), match="(?i)nvidia|cuda"):
+            make_spec_pool(params, 2)
+
+
+def test_snapshot_interception_is_verified(env, patched, monkeypatch):
+    """If MambaPool stops allocating its snapshots through the expected call, the hook raises."""
+    from sglang_replayssm.patches.registry import PatchError
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    monkeypatch.setattr(pool_seam._SnapshotFreeTorch, "zeros",
+                        lambda self, *a, **k: self._real.zeros(*a, **{**k, "device": dev}))
+    with pytest.raises(PatchError, match="did not allocate its per-draft SSM snapshots"):
+        make_spec_pool(mamba2_params(), 2)
+
+
+class _Algo:
+    def __init__(self, none):
+        self._none = none
+
+    def is_none(self):
+        return self._none
+
+
+_Algo.NONE = _Algo(True)
+
+
+def test_solver_sees_no_speculation_only_with_a_spec_ring(env):
+    """The solver hook hides speculation (spec_algorithm NONE) during the call, restores it after,
+    and leaves the solver alone without ReplaySSM spec, without a ring, or without speculation."""
+    from types import SimpleNamespace
+
+    seen = []
+
+    def solver(self, rest):
+        seen.append(self.spec_algorithm.is_none())
+        return rest - 1.0
+
+    eagle = _Algo(False)
+    runner = SimpleNamespace(spec_algorithm=eagle, mambaish_config=SimpleNamespace(mamba2_cache_params=mamba2_params()))
+    assert pool_seam.handle_max_mamba_cache_around(solver, runner, 10.0) == 9.0
+    assert seen == [True] and runner.spec_algorithm is eagle
+    env.setenv("SGLANG_REPLAYSSM_SPEC", "false")
+    pool_seam.handle_max_mamba_cache_around(solver, runner, 10.0)
+    env.setenv("SGLANG_REPLAYSSM_SPEC", "true")
+    env.setenv("SGLANG_REPLAYSSM_SSM_TYPES", "gdn")  # a Mamba2 model then gets no ring
+    pool_seam.handle_max_mamba_cache_around(solver, runner, 10.0)
+    env.delenv("SGLANG_REPLAYSSM_SSM_TYPES")
+    runner.spec_algorithm = _Algo.NONE
+    pool_seam.handle_max_mamba_cache_around(solver, runner, 10.0)
+    assert seen == [True, False, False, True]
+
+
+@pytest.mark.parametrize("version", ["0.5.15", "0.5.17", "0.5.23"])
+def test_solver_reads_speculation_only_through_spec_algorithm(version):
+    """The solver hook's premise, per release: the solver function mentions speculation only as
+    ``self.spec_algorithm.is_none()`` (its other spec inputs sit in branches that test it)."""
+    import ast
+    import inspect
+
+    from sglang_replayssm.patches.registry import version_matches
+
+    patch = next(p for p in pool_seam.PATCHES if "max_mamba_cache" in p.target
+                 and version_matches(version, p.versions))
+    mod, cls, fn = patch.target.rsplit(".", 2)
+    if version == "0.5.17":
+        import importlib
+
+        text = inspect.getsource(getattr(getattr(importlib.import_module(mod), cls), fn))
+    else:
+        from sglang_wheels import wheel_for
+
+        from sglang_replayssm.patches.source_check import WheelSource, locate
+
+        src = WheelSource(wheel_for(version))
+        _, where = locate(src, patch.target)
+        fname, line = where.split(":")
+        node = next(n for n in ast.walk(src.tree(fname)) if isinstance(n, ast.FunctionDef)
+                    and n.name == fn and n.lineno == int(line))
+        text = ast.get_source_segment(src.zip.read(fname).decode(), node)
+    assert text.count("spec_algorithm") == 1 and "self.spec_algorithm.is_none()" in text
