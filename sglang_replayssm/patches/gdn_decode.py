@@ -90,6 +90,8 @@ from __future__ import annotations
 import logging
 from typing import List, Optional
 
+import torch
+
 from ._cursor import (ContextHolder, LayerContext, NULL_SLOT, ReplayDecodeError, close_layer, drop_step,
                       layer_order, open_layer)
 from .registry import Patch
@@ -100,13 +102,14 @@ BACKEND_MODULE = "sglang.srt.layers.attention.linear.gdn_backend"
 FORWARD_DECODE_TARGET = BACKEND_MODULE + ".GDNAttnBackend.forward_decode"
 FORWARD_EXTEND_TARGET = BACKEND_MODULE + ".GDNAttnBackend.forward_extend"
 PACKED_DECODE_TARGET = BACKEND_MODULE + ".GDNKernelDispatcher.packed_decode"
+TARGET_VERIFY_TARGET = BACKEND_MODULE + ".GDNKernelDispatcher.target_verify"
 RING_ATTR = "rssm_ring"     # set on HybridReqToTokenPool.mamba_pool by patches/pool.py
 USE_QK_L2NORM = True       # TritonGDNKernel.packed_decode passes use_qk_l2norm_in_kernel=True
 UPSTREAM_RING_KWARGS = ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_write_pos",
                         "replayssm_force_flush")
 
 __all__ = ["ReplayDecodeError", "PATCHES", "current_context", "forward_decode_around", "packed_decode_around",
-           "forward_extend_around"]
+           "forward_extend_around", "target_verify_around"]
 
 
 _LayerContext = LayerContext
@@ -182,6 +185,10 @@ def _plan(backend, layer, forward_batch):
     return ring, step, pool_idx
 
 
+def _spec_cursors(ring):
+    return (ring.write_pos, ring.origin, ring.flush) if ring.spec_window is not None else None
+
+
 def forward_decode_around(original, self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
     """AROUND ``GDNAttnBackend.forward_decode``: ring context + once-per-forward cursor advance."""
     plan = _plan(self, layer, forward_batch)
@@ -191,7 +198,8 @@ def forward_decode_around(original, self, layer, forward_batch, mixed_qkv, a, b,
     temporal = self.req_to_token_pool.mamba_pool.mamba_cache.temporal
     ctx = _LayerContext(ring_views=ring.layer(pool_idx), slots=step.slots, wp_rows=step.wp_rows,
                         state_ptr=temporal[pool_idx].data_ptr(), num_slots=ring.num_slots, geom=ring.geom,
-                        pool_idx=pool_idx, layer_id=layer.layer_id)
+                        pool_idx=pool_idx, layer_id=layer.layer_id,
+                        mode="decode" if ring.spec_window is None else "decode_spec", spec=_spec_cursors(ring))
     if current_context() is not None:
         drop_step(self)
         raise ReplayDecodeError("nested GDNAttnBackend.forward_decode calls under a replay context")
@@ -244,34 +252,122 @@ def packed_decode_around(original, self, mixed_qkv, a, b, *, A_log, dt_bias, sca
     if why is not None:
         raise ReplayDecodeError(f"layer_id {ctx.layer_id}: unexpected packed decode call during a replay "
                                 f"decode forward: {why}")
-    from ..kernels.gdn_replay import gdn_replay_decode
-
     rv = ctx.ring_views
     out = mixed_qkv.new_zeros(mixed_qkv.shape[0], 1, num_v_heads, head_v_dim)
-    gdn_replay_decode(mixed_qkv, a, b, A_log, dt_bias, ssm_states, rv["d"], rv["k"], rv["g"],
-                      cache_indices, ctx.wp_rows, scale=scale, use_qk_l2norm=USE_QK_L2NORM, out=out, null_slot=NULL_SLOT)
+    if ctx.mode == "decode":
+        from ..kernels.gdn_replay import gdn_replay_decode
+
+        gdn_replay_decode(mixed_qkv, a, b, A_log, dt_bias, ssm_states, rv["d"], rv["k"], rv["g"],
+                          cache_indices, ctx.wp_rows, scale=scale, use_qk_l2norm=USE_QK_L2NORM, out=out,
+                          null_slot=NULL_SLOT)
+    else:  # a decode row on a spec ring: a verify of one token (beta rounded like the packed decode)
+        from ..kernels.gdn_verify import gdn_verify
+
+        gdn_verify(mixed_qkv.unsqueeze(1), a.unsqueeze(1), b.unsqueeze(1), A_log, dt_bias, ssm_states,
+                   rv["d"], rv["k"], rv["g"], cache_indices, *ctx.spec, scale=scale, use_qk_l2norm=USE_QK_L2NORM,
+                   round_beta=True, out=out, null_slot=NULL_SLOT)
     ctx.calls += 1
     return out.transpose(0, 1)
 
 
 def forward_extend_around(original, self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
-    """AROUND ``GDNAttnBackend.forward_extend``: refuse MIXED forwards under a GDN ring."""
+    """AROUND ``GDNAttnBackend.forward_extend``: refuse MIXED forwards under a GDN ring; a
+    TARGET_VERIFY forward on a spec ring runs with a verify context (see
+    :func:`target_verify_around`)."""
     mode = getattr(forward_batch, "forward_mode", None)
-    if mode is not None and mode.is_mixed() and not getattr(self, "is_draft_worker", False) \
-            and getattr(_pool_of(self), RING_ATTR, None) is not None:
+    pool = _pool_of(self)
+    ring = getattr(pool, RING_ATTR, None)
+    if ring is None or getattr(self, "is_draft_worker", False):
+        return original(self, layer, forward_batch, mixed_qkv, a, b, **kwargs)
+    if mode is not None and mode.is_mixed():
         raise ReplayDecodeError(
             "MIXED forward (--enable-mixed-chunk): SGLang runs the running decode rows through the GDN prefill "
             "path, which reads the checkpoint state without the replay ring; disable --enable-mixed-chunk")
-    return original(self, layer, forward_batch, mixed_qkv, a, b, **kwargs)
+    if mode is None or not mode.is_target_verify() or ring.spec_window is None:
+        return original(self, layer, forward_batch, mixed_qkv, a, b, **kwargs)
+    md = self.forward_metadata
+    if _upstream_ring_on(pool, md):
+        raise ReplayDecodeError(_UPSTREAM_MSG)
+    if getattr(forward_batch, "mamba_track_mask", None) is not None:
+        raise ReplayDecodeError("mamba state tracking (extra_buffer radix strategy) needs per-step states that "
+                                "the replay-ring verifier does not keep; use --mamba-radix-cache-strategy no_buffer")
+    mamba_map = self.req_to_token_pool.mamba_map
+    pool_idx = mamba_map[layer.layer_id]
+    _check_ring(ring, layer, layer_order(mamba_map))
+    temporal = pool.mamba_cache.temporal
+    ctx = _LayerContext(ring_views=ring.layer(pool_idx), slots=md.mamba_cache_indices, wp_rows=None,
+                        state_ptr=temporal[pool_idx].data_ptr(), num_slots=ring.num_slots, geom=ring.geom,
+                        pool_idx=pool_idx, layer_id=layer.layer_id, mode="verify", spec=_spec_cursors(ring))
+    if current_context() is not None:
+        raise ReplayDecodeError("nested GDN forwards under a replay context")
+    _CTX.set(ctx)
+    try:
+        result = original(self, layer, forward_batch, mixed_qkv, a, b, **kwargs)
+    finally:
+        _CTX.set(None)
+    if ctx.calls != 1:
+        raise ReplayDecodeError(
+            f"layer_id {layer.layer_id}: the verify forward made {ctx.calls} target_verify call(s) through "
+            f"{TARGET_VERIFY_TARGET} (expected exactly 1; SGLang's own replay-ring verify branches must be off)")
+    from . import lifecycle
+
+    lifecycle.register_layer_params(ring, pool_idx, use_qk_l2norm=USE_QK_L2NORM)
+    return result
+
+
+def target_verify_around(original, self, A_log, dt_bias, q, k, v, a, b, *, ssm_states, cache_indices,
+                         query_start_loc, **kwargs):
+    """AROUND ``GDNKernelDispatcher.target_verify``: under a verify context, the chain verify runs
+    on the spec ring (``gdn_verify``; the per-draft snapshot buffer is neither read nor written)."""
+    ctx = current_context()
+    if ctx is None or ctx.mode != "verify":
+        return original(self, A_log, dt_bias, q, k, v, a, b, ssm_states=ssm_states, cache_indices=cache_indices,
+                        query_start_loc=query_start_loc, **kwargs)
+    g = ctx.geom
+    why = None
+    if kwargs.get("retrieve_parent_token") is not None:
+        why = "retrieve_parent_token is set (tree verify; only chains, --speculative-eagle-topk 1, are supported)"
+    elif ssm_states.dim() != 4 or ssm_states.data_ptr() != ctx.state_ptr or ssm_states.shape[0] != ctx.num_slots:
+        why = "ssm_states is not this layer's temporal cache"
+    elif cache_indices is None or cache_indices.data_ptr() != ctx.slots.data_ptr():
+        why = "cache_indices are not the forward metadata's mamba_cache_indices"
+    elif q.dim() != 4 or q.shape[0] != 1 or tuple(q.shape[2:]) != (g.num_k_heads, g.head_k_dim) \
+            or tuple(v.shape[2:]) != (g.num_v_heads, g.head_v_dim):
+        why = f"q/k/v shapes {tuple(q.shape)}/{tuple(k.shape)}/{tuple(v.shape)} do not match the ring's heads"
+    steps = kwargs.get("cache_steps")
+    seq = q.shape[1] if q.dim() == 4 else 0
+    if why is None and (not steps or seq % int(steps)):
+        why = f"cache_steps={steps} does not divide the {seq} verify tokens"
+    if why is not None:
+        raise ReplayDecodeError(f"layer_id {ctx.layer_id}: unexpected target_verify call during a replay verify "
+                                f"forward: {why}")
+    from ..kernels.gdn_verify import gdn_verify
+
+    T = int(steps)
+    bs = seq // T
+    HV, V = g.num_v_heads, g.head_v_dim
+    # one packed q|k|v row per token, the layout the ring kernel reads (SGLang split it for its kernel)
+    mixed = torch.cat([q.reshape(seq, -1), k.reshape(seq, -1), v.reshape(seq, -1)], dim=-1).view(bs, T, -1)
+    out = q.new_empty(bs, T, HV, V)
+    rv = ctx.ring_views
+    gdn_verify(mixed, a.reshape(bs, T, HV), b.reshape(bs, T, HV), A_log, dt_bias, ssm_states, rv["d"], rv["k"],
+               rv["g"], cache_indices[:bs], *ctx.spec, scale=g.head_k_dim ** -0.5, use_qk_l2norm=USE_QK_L2NORM,
+               round_beta=False, out=out, null_slot=NULL_SLOT)
+    ctx.calls += 1
+    return out.view(1, seq, HV, V)
 
 
 BACKEND_PARAMS = ("self", "layer", "forward_batch", "mixed_qkv", "a", "b")
+VERIFY_PARAMS = ("self", "A_log", "dt_bias", "q", "k", "v", "a", "b", "ssm_states", "cache_indices",
+                 "query_start_loc")
 PACKED_PARAMS = ("self", "mixed_qkv", "a", "b", "A_log", "dt_bias", "scale", "ssm_states", "cache_indices",
                  "num_v_heads", "head_v_dim")
 
 PATCHES: List[Patch] = [
     Patch(PACKED_DECODE_TARGET, "around", packed_decode_around, params=PACKED_PARAMS,
           description="GDN packed decode -> gdn_replay_decode under a replay layer context"),
+    Patch(TARGET_VERIFY_TARGET, "around", target_verify_around, params=VERIFY_PARAMS,
+          description="GDN chain target verify -> gdn_verify on the spec ring under a verify context"),
     Patch(FORWARD_DECODE_TARGET, "around", forward_decode_around, params=BACKEND_PARAMS,
           description="GDN layer context (ring views, cursors) + once-per-forward cursor advance"),
     Patch(FORWARD_EXTEND_TARGET, "around", forward_extend_around, params=BACKEND_PARAMS,

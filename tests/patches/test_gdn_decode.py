@@ -486,24 +486,27 @@ def test_refusals_under_a_ring(sgl):
 def test_registry_apply_verify_unapply(sgl):
     patches = gdn.PATCHES
     targets = {p.target for p in patches}
-    assert targets == {gdn.PACKED_DECODE_TARGET, gdn.FORWARD_DECODE_TARGET, gdn.FORWARD_EXTEND_TARGET}
+    assert targets == {gdn.PACKED_DECODE_TARGET, gdn.FORWARD_DECODE_TARGET, gdn.FORWARD_EXTEND_TARGET,
+                       gdn.TARGET_VERIFY_TARGET}
     staged = {p.target for p in staged_patches()}
     assert targets <= staged
     assert not staged & {p.target for p in all_patches()}, "staged seams must not be active in servers"
     B, D = sgl.gb.GDNAttnBackend, sgl.gb.GDNKernelDispatcher
-    orig = {"fd": B.__dict__["forward_decode"], "fe": B.__dict__["forward_extend"], "pd": D.__dict__["packed_decode"]}
+    orig = {"fd": B.__dict__["forward_decode"], "fe": B.__dict__["forward_extend"], "pd": D.__dict__["packed_decode"],
+            "tv": D.__dict__["target_verify"]}
     tgd = sgl.gb.TritonGDNKernel.__dict__["packed_decode"]
-    assert [s for _, s, _ in status(patches)] == ["resolved"] * 3
+    assert [s for _, s, _ in status(patches)] == ["resolved"] * 4
     assert sorted(apply(patches)) == sorted(targets)
     verify(patches)
     assert B.__dict__["forward_decode"].__wrapped__ is orig["fd"]
     assert B.__dict__["forward_extend"].__wrapped__ is orig["fe"]
     assert D.__dict__["packed_decode"].__wrapped__ is orig["pd"]
+    assert D.__dict__["target_verify"].__wrapped__ is orig["tv"]
     assert sgl.gb.TritonGDNKernel.__dict__["packed_decode"] is tgd  # the kernel class itself is not touched
     assert apply(patches) == []
     unapply_all()
     assert B.__dict__["forward_decode"] is orig["fd"] and B.__dict__["forward_extend"] is orig["fe"]
-    assert D.__dict__["packed_decode"] is orig["pd"]
+    assert D.__dict__["packed_decode"] is orig["pd"] and D.__dict__["target_verify"] is orig["tv"]
 
 
 @pytest.mark.parametrize("version", ["0.5.15", "0.5.23"])
