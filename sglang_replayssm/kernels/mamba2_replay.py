@@ -46,6 +46,9 @@ non-flush step (87% of copy bandwidth for the checkpoint read), 724 us on the fl
 step, 327 us amortised over the flush cycle (2.2x); state_and_output 536 / 767 us.
 
 Known limits: at batch 1 the two launches cost more than SGLang's one (7.8 vs 6.3 us);
+``inline_bc_max_batch`` (launch config) folds the pre-kernel into the main kernel for
+small batches (one launch; each program re-reads its group's B window) -- off by default
+until measured;
 with a bf16 checkpoint the same tiles move half the bytes per program and reach only
 ~60% of copy bandwidth (still 3.2x at batch 256) — per-dtype tuning (larger BLOCK_M)
 is open; the BLOCK_M 32 / BLOCK_NC 64 fp32 flush path keeps 255 registers with a few
@@ -113,6 +116,9 @@ LAUNCH_DEFAULTS = {
         "num_stages": 1,
         "bc_num_warps": 2,
         "dot_precision": "tf32x3",
+        # batches up to this size compute B_j·C inside the main kernel (one launch instead of
+        # two; each program re-reads its group's [WIN, N] B window). 0: never (untuned default)
+        "inline_bc_max_batch": 0,
     },
     "mamba2_state_and_output": {
         "BLOCK_M": 32,
@@ -278,7 +284,7 @@ def _mamba2_replay_kernel(
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     ALWAYS_REBUILD: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NC: tl.constexpr, WIN: tl.constexpr,
-    FLUSH_UNROLL: tl.constexpr,
+    FLUSH_UNROLL: tl.constexpr, INLINE_BC: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     # scalar offsets in int64: free at this scale, and no int32 product can overflow
@@ -347,7 +353,13 @@ def _mamba2_replay_kernel(
             # output-only replay: one streaming read of the S_ck tile, no P×N build
             st_ptrs = st_base + offs_m[:, None] * s_st_p + offs_n[None, :] * s_st_n
             S = tl.load(st_ptrs, mask=mask_m[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
-            bc = tl.load(bc_ptr + row * s_bc_b + g * s_bc_g + offs_w, mask=offs_w <= w, other=0.0)
+            if INLINE_BC:  # small batches: B_j·C here, no pre-kernel launch
+                B_cur = tl.load(B_ptr + row * s_B_b + g * s_B_g + offs_n * s_B_n, mask=mask_n,
+                                other=0.0).to(tl.float32)
+                B_win = _load_B_window(Br_base, s_Br_l, s_Br_n, offs_w, offs_n, mask_n, w, w, B_cur)
+                bc = tl.sum(B_win * C[None, :], 1)
+            else:
+                bc = tl.load(bc_ptr + row * s_bc_b + g * s_bc_g + offs_w, mask=offs_w <= w, other=0.0)
             y = decay * tl.sum(S * C[None, :], 1) + tl.sum(x_win * (s_w * bc)[None, :], 1)
 
         if HAS_D:
@@ -545,7 +557,8 @@ def mamba2_replay_decode(
     heads_per_group = H // G
     output_only = route == "output_only"
 
-    if output_only:
+    inline_bc = output_only and batch <= int(cfg["inline_bc_max_batch"])
+    if output_only and not inline_bc:
         bc = torch.empty((batch, G, WIN), dtype=torch.float32, device=dev)
         _mamba2_bc_kernel[(batch, G)](
             B_ring, B, C, state_indices, write_pos, bc,
@@ -557,7 +570,7 @@ def mamba2_replay_decode(
         )
         s_bc_b, s_bc_g = bc.stride(0), bc.stride(1)
     else:
-        bc = dt_ring  # never read (ALWAYS_REBUILD)
+        bc = dt_ring  # never read (ALWAYS_REBUILD, or INLINE_BC)
         s_bc_b = s_bc_g = 0
 
     grid = (triton.cdiv(P, BLOCK_M), batch, H)
@@ -579,6 +592,7 @@ def mamba2_replay_decode(
         DT_SOFTPLUS=bool(dt_softplus), ALWAYS_REBUILD=not output_only,
         DOT_PRECISION=cfg["dot_precision"],
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_NC=BLOCK_NC, WIN=WIN, FLUSH_UNROLL=bool(cfg["flush_unroll"]),
+        INLINE_BC=inline_bc,
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]),
     )
     return out

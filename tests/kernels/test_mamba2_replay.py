@@ -544,6 +544,26 @@ def test_launch_config_and_auto_route(device, config_file):
         h.step([0, 1], "output_only")
 
 
+@pytest.mark.parametrize("prec", [(F32, F32), (F32, BF16)], ids=["s32a32", "s32a16b"])
+def test_inline_bc_small_batch_single_launch(device, config_file, monkeypatch, prec):
+    """inline_bc_max_batch: small batches compute B·C in the main kernel (one launch, no
+    pre-kernel) with the same results; a batch above the limit still uses the pre-kernel."""
+    from sglang_replayssm.kernels import mamba2_replay as mr
+
+    config_file("mamba2_output_only:\n  default: {inline_bc_max_batch: 4}\n")
+    launches = []
+    orig = mr._mamba2_bc_kernel
+    monkeypatch.setattr(mr, "_mamba2_bc_kernel", type("K", (), {
+        "__getitem__": lambda self, grid: (launches.append(grid), orig[grid])[1]})())
+    h = Harness(device, ODD, 4, *prec, n_req=3)
+    for _ in range(6):  # 3 requests + 2 padding rows = 5 rows > 4: pre-kernel
+        h.step([0, 1, 2], "output_only")
+    assert len(launches) == 6
+    for _ in range(6):  # 2 requests + 1 padding row = 3 rows: inline
+        h.step([0, 2], "output_only", pads=("neg",))
+    assert len(launches) == 6, "the pre-kernel ran for a batch within inline_bc_max_batch"
+
+
 def test_bad_launch_config_raises(device, config_file):
     h = Harness(device, SMALL, 4, F32, F32, n_req=1)
     config_file("mamba2_output_only:\n  default: {BLOCK_M: 8}\n")
