@@ -59,27 +59,44 @@ Programs and traffic
 --------------------
 Grid ``(cdiv(V, BV), B, HV)``: one program per BV value rows of one (row, v-head),
 holding the whole K row (BK = next_pow2(K)).  Each reads its S_ck tile [BV, K] once,
-the history d slice [BV, w] (state dtype), the history raw keys [w, K] of its k-head
-and g [w], and the window's q, k [T, K], v slice [T, BV], a, b [T].  It writes the
-out slice [T, BV] and the window's d slice [T, BV]; the program with V tile 0 also
-writes the window's g (one writer per (row, v-head)) and, for the first v-head of a
-k-head group, the window's raw k (one writer per (row, k-head)).  Flush rows also
-write their checkpoint tile [BV, K].  Rows whose slot is < 0 or == ``null_slot``
-write nothing at all (no out, no state, no ring).  Tiles: history LP =
-max(16, next_pow2(R - T)) positions (the largest history is R - T), window
-TP = max(2, next_pow2(T)); the window is walked by static loops over T.
+the history d slice [BV, w] (state dtype) and g [w], the history raw keys [w, K] of its
+k-head (streamed one row at a time: on verify rows into the scores k^_j . q^_i and
+k^_j . k^_i, on flush rows together with d_j into the rank-1 fold), and the window's
+q, k [T, K], v slice [T, BV], a, b [T].  It writes the out slice [T, BV] and the
+window's d slice [T, BV]; the program with V tile 0 also writes the window's g (one
+writer per (row, v-head)) and, for the first v-head of a k-head group, the window's
+raw k (one writer per (row, k-head)).  Flush rows also write their checkpoint tile
+[BV, K].  Rows whose slot is < 0 or == ``null_slot`` write nothing at all (no out, no
+state, no ring).  Tiles: history LP = max(16, next_pow2(R - T)) positions (the
+largest history is R - T), window TP = max(2, next_pow2(T)).  S_c q^_i, S_c k^_i and
+the window's Gram entries are computed for all T tokens at once ([BV, TP, K] and
+[TP, TP, K] products: far fewer live registers than T separate mat-vecs); only the
+forward substitution walks the tokens (a static loop over T).  DRAM bytes per (row,
+v-head) at Qwen3-Next (K = V = 128, fp32 state, bf16 activations): 64 KiB of S_ck +
+0.5 KiB of d and 0.25 KiB of raw k (shared by the 2 v-heads of a k-head) per history
+entry, + T * 0.5 KiB of d written; a flush adds the 64 KiB checkpoint write.  SGLang's
+stock target verify reads one state and writes T intermediate states (64 KiB each).
+The history scores
+are recomputed by every V tile and every v-head of a k-head group (a per-(row,
+k-head) pre-kernel, as in standard decode, would remove that redundancy).
 
 Numerics
 --------
 Every reduction and every element-wise product is fp32 on CUDA cores (no tensor
-cores, no TF32): the checkpoint/history replay reuses the standard-decode helpers
-(suffix-sum decays, so no two large prefix sums are subtracted; the window's
-e^{Gamma_i - Gamma_j} likewise come from suffix sums over g_{j+1..i}).  The flush fold
+cores, no TF32): decays come from the standard-decode helper ``_history_weights``
+(suffix sums, so no two large prefix sums are subtracted; the window's
+e^{Gamma_i - Gamma_j} likewise come from suffix sums over g_{j+1..i}), keys are
+re-normalised with the same fp32 formula as the current token.  The flush fold
 is w exact fp32 rank-1 updates (``flush: rank1``, default) or one ``tl.dot`` [BV, LP] x
 [LP, K] with ``dot_precision`` "tf32x3" / "ieee" (``flush: dot``; plain tf32 is
 refused).  The window d_i stay fp32 inside the solve; the only roundings are the
-stores (out, ring d in the state dtype, the checkpoint).  Measured vs an fp64
-sequential oracle at fp32 state: see tests/kernels/test_gdn_verify.py.
+stores (out, ring d in the state dtype, the checkpoint).  Measured in the CPU
+interpreter (tests/kernels/test_gdn_verify.py: fp32 state, fp32 or bf16 activations,
+random realistic gates, 40-step simulations with random accepts, Qwen3-Next
+geometry) against an fp64 sequential oracle: outputs <= 4e-7 (|o| <~ 1), flushed
+checkpoints <= 2e-6 (|S| <~ 5); the fork's GDN spec tests allow atol 2e-3 (its UT
+kernel re-rounds the checkpoint to the activation dtype).
+Not yet measured on a GPU (the default launch config is untuned).
 
 Launch parameters: ``common.launch_config("gdn_verify", key, GDN_VERIFY_DEFAULT_LAUNCH)``
 with key ``HV{HV}_HK{Hk}_K{K}_V{V}_R{R}_T{T}``.  The wrapper does no host sync
@@ -97,16 +114,17 @@ import triton.language as tl
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES
 from .common import INDEX_DTYPES as _INT_DTYPES
 from .common import L2NORM_EPS, SOFTPLUS_THRESHOLD, check_dot_precision, config_file, launch_config, next_pow2
-from .gdn_replay import (_cast_rtne, _gdn_gate, _history_coeffs, _history_weights, _l2norm_vec,
-                         _normalise_rows, _replay_apply)
+from .gdn_replay import _cast_rtne, _gdn_gate, _history_weights, _l2norm_vec, _normalise_rows
 
 __all__ = ["gdn_verify", "gdn_verify_launch_params", "GDN_VERIFY_DEFAULT_LAUNCH", "gdn_verify_key"]
 
-# Untuned starting point (no GPU measurement yet): the standard-decode tile (BV 16) with
-# 2 warps for the extra window registers (q^/k^ [T, K] and the [BV, T] solve tiles).
+# Untuned starting point (no GPU timing yet), chosen by register use only: ptxas for sm_90a
+# (offline, Qwen3-Next geometry, rank-1 flush) reports BV 16 x 4 warps at 128 registers for
+# T = 4 and 255 without spills for T = 8; BV 16 x 2 warps 168 (T = 4); BV >= 32 or 1 warp
+# hits 255 registers, and spills at T = 8.
 GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = {
     "BV": 16,  # value rows per program (power of two; the whole K row sits in one program)
-    "num_warps": 2,
+    "num_warps": 4,
     "num_stages": 1,
     "flush": "rank1",  # flush fold: "rank1" (exact fp32 CUDA-core FMAs) or "dot" (tl.dot, dot_precision)
     "dot_precision": "tf32x3",
@@ -121,12 +139,6 @@ def gdn_verify_key(HV: int, Hk: int, K: int, V: int, R: int, T: int) -> str:
 # ----------------------------------------------------------------------------------
 # kernel
 # ----------------------------------------------------------------------------------
-@triton.jit
-def _pick(x, sel, axis: tl.constexpr):
-    """The entry of ``x`` selected by the one-hot mask ``sel`` along ``axis`` (exact)."""
-    return tl.sum(tl.where(sel, x, 0.0), axis=axis)
-
-
 @triton.jit
 def _gdn_verify_kernel(
     qkv, a, b, A_log, dt_bias,
@@ -179,12 +191,10 @@ def _gdn_verify_kernel(
     v_row = x_row + 2 * HK * K + i_hv * V
     out_row = out + i_n * stride_o0 + i_hv * stride_o2
 
-    # ---- loads: checkpoint tile, history (d, raw k, g), window (q, k, a, b) ----
+    # ---- loads: checkpoint tile, history (g, d slice), window (q, k, a, b) ----
     s_ck = tl.load(s_head + o_v[:, None] * stride_s2 + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :],
                    other=0)
     g_hist = tl.load(g_head + ph * stride_g2, mask=valid, other=0.0)
-    k_hist = tl.load(k_head + ph[:, None] * stride_k2 + o_k[None, :], mask=valid[:, None] & mask_k[None, :],
-                     other=0)
     d_hist = tl.load(d_head + ph[None, :] * stride_d2 + o_v[:, None], mask=mask_v[:, None] & valid[None, :],
                      other=0)
     mask_tk = mask_t[:, None] & mask_k[None, :]
@@ -195,32 +205,43 @@ def _gdn_verify_kernel(
     A_log_val = tl.load(A_log + i_hv)
     dt_bias_val = tl.load(dt_bias + i_hv)
 
-    # ---- window gates and normalised q / k (fp32) ----
+    # ---- window gates; the window's g (one writer per (row, v-head)) and raw k (one per
+    # (row, k-head)) go to the ring now (disjoint from the history every program reads) ----
     g_win, beta_r = _gdn_gate(a_win, b_win, A_log_val, dt_bias_val, SOFTPLUS_THRESHOLD)
     g_win = tl.where(mask_t, g_win, 0.0)
     if ROUND_BETA:
         beta = beta_r
     else:
         beta = tl.sigmoid(b_win.to(tl.float32))
-    q_hat = _normalise_rows(q_win, USE_L2NORM, EPS) * scale
+    if i_v == 0:
+        tl.store(g_head + pw * stride_g2, g_win, mask=mask_t)
+        if i_hv % (HV // HK) == 0:
+            tl.store(k_head + pw[:, None] * stride_k2 + o_k[None, :], k_raw.to(k_head.dtype.element_ty),
+                     mask=mask_tk)
+    q_hat = _normalise_rows(q_win, USE_L2NORM, EPS) * scale  # [TP, BK] fp32
     k_hat = _normalise_rows(k_raw, USE_L2NORM, EPS)
 
-    # ---- history: replay weights and normalised keys ----
+    # ---- history replay weights c_j = e^{G - G_j}, e^G ----
     c, eG = _history_weights(g_hist, w, LP)
-    k_hist = _normalise_rows(k_hist, USE_L2NORM, EPS)
     d_hist = d_hist.to(tl.float32)
     s = s_ck.to(tl.float32)
-
-    # ---- flush: S_c = e^G S_ck + sum_j c_j d_j k^_j^T becomes the checkpoint ----
+    # history scores of the window vectors, hq[j, i] = k^_j . q^_i and hk[j, i] = k^_j . k^_i
+    # (verify rows; zero on flush rows, whose history is folded into s instead)
+    hq = tl.zeros([LP, TP], dtype=tl.float32)
+    hk = tl.zeros([LP, TP], dtype=tl.float32)
     if is_flush:
+        # ---- flush: S_c = e^G S_ck + sum_j c_j d_j k^_j^T becomes the checkpoint ----
         if w > 0:
             if FLUSH_DOT:
+                k_hist = tl.load(k_head + ph[:, None] * stride_k2 + o_k[None, :],
+                                 mask=valid[:, None] & mask_k[None, :], other=0)
+                k_hist = _normalise_rows(k_hist, USE_L2NORM, EPS)
                 s = eG * s + tl.dot(d_hist * c[None, :], k_hist, input_precision=DOT_PRECISION)
             else:
                 s = eG * s
                 for j in range(0, w):  # exact fp32 rank-1 updates (d_j, k_j re-read: L1-resident)
                     p_j = (org + j) % R
-                    c_j = _pick(c, o_j == j, 0)
+                    c_j = tl.sum(tl.where(o_j == j, c, 0.0), axis=0)
                     d_j = tl.load(d_head + p_j * stride_d2 + o_v, mask=mask_v, other=0).to(tl.float32)
                     k_j = _l2norm_vec(tl.load(k_head + p_j * stride_k2 + o_k, mask=mask_k, other=0).to(tl.float32),
                                       USE_L2NORM, EPS)
@@ -228,40 +249,54 @@ def _gdn_verify_kernel(
             s_st = _cast_rtne(s, s_head.dtype.element_ty)
             tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :], s_st, mask=mask_v[:, None] & mask_k[None, :])
             s = s_st.to(tl.float32)  # the window runs on the stored checkpoint
+    else:
+        # ---- verify: stream the cached keys once (no [LP, K] tile held in registers) ----
+        for j in range(0, w):
+            p_j = (org + j) % R
+            k_j = _l2norm_vec(tl.load(k_head + p_j * stride_k2 + o_k, mask=mask_k, other=0).to(tl.float32),
+                              USE_L2NORM, EPS)
+            row_j = o_j[:, None] == j
+            hq = tl.where(row_j, tl.sum(q_hat * k_j[None, :], axis=1)[None, :], hq)
+            hk = tl.where(row_j, tl.sum(k_hat * k_j[None, :], axis=1)[None, :], hk)
     # with a flush the history is folded: S_c x = s x
     eG_x = tl.where(is_flush, 1.0, eG)
     c_x = tl.where(is_flush, 0.0, c)
 
-    # ---- window: UT forward substitution, one token at a time ----
+    # ---- window, part 1 (independent of the solve), all tokens at once:
+    # S_c q^_i, S_c k^_i (checkpoint tile + replayed history) and the Gram entries
+    # kk[j, i] = k^_j . k^_i, kq[j, i] = k^_j . q^_i ----
+    s_q = tl.sum(s[:, None, :] * q_hat[None, :, :], axis=2)  # [BV, TP]
+    s_k = tl.sum(s[:, None, :] * k_hat[None, :, :], axis=2)
+    s_q = eG_x * s_q + tl.sum(d_hist[:, :, None] * (c_x[:, None] * hq)[None, :, :], axis=1)
+    s_k = eG_x * s_k + tl.sum(d_hist[:, :, None] * (c_x[:, None] * hk)[None, :, :], axis=1)
+    kk = tl.sum(k_hat[:, None, :] * k_hat[None, :, :], axis=2)  # [TP, TP]
+    kq = tl.sum(k_hat[:, None, :] * q_hat[None, :, :], axis=2)
+
+    # ---- window, part 2: UT forward substitution, one token at a time ----
     d_win = tl.zeros([BV, TP], dtype=tl.float32)
+    o_win = tl.zeros([BV, TP], dtype=tl.float32)
     for i in tl.static_range(T):
         sel = o_t == i
-        q_i = _pick(q_hat, sel[:, None], 0)
-        k_i = _pick(k_hat, sel[:, None], 0)
-        beta_i = _pick(beta, sel, 0)
+        col = sel[None, :]
+        beta_i = tl.sum(tl.where(sel, beta, 0.0), axis=0)
         v_i = tl.load(v_row + i * stride_x1 + o_v, mask=mask_v, other=0).to(tl.float32)
-        # S_c q^_i and S_c k^_i (checkpoint tile + replayed history)
-        sq = _replay_apply(tl.sum(s * q_i[None, :], axis=1), eG_x, d_hist, _history_coeffs(k_hist, c_x, q_i))
-        sk = _replay_apply(tl.sum(s * k_i[None, :], axis=1), eG_x, d_hist, _history_coeffs(k_hist, c_x, k_i))
         # window decays: cw_j = e^{Gamma_i - Gamma_j} (j <= i, 0 past i), e^{Gamma_i}
         cw, e_gam = _history_weights(tl.where(o_t <= i, g_win, 0.0), i + 1, TP)
-        kk = tl.sum(k_hat * k_i[None, :], axis=1)  # k^_j . k^_i  [TP]
-        kq = tl.sum(k_hat * q_i[None, :], axis=1)  # k^_j . q^_i  [TP]
-        r_i = beta_i * (v_i - e_gam * sk)
-        a_row = tl.where(o_t < i, beta_i * cw * kk, 0.0)
+        kk_i = tl.sum(tl.where(col, kk, 0.0), axis=1)  # k^_j . k^_i over j
+        kq_i = tl.sum(tl.where(col, kq, 0.0), axis=1)  # k^_j . q^_i over j
+        r_i = beta_i * (v_i - e_gam * tl.sum(tl.where(col, s_k, 0.0), axis=1))
+        a_row = tl.where(o_t < i, beta_i * cw * kk_i, 0.0)
         d_i = r_i - tl.sum(d_win * a_row[None, :], axis=1)
-        d_win = tl.where(sel[None, :], d_i[:, None], d_win)
-        o_i = e_gam * sq + tl.sum(d_win * (cw * kq)[None, :], axis=1)
-        tl.store(out_row + i * stride_o1 + o_v, _cast_rtne(o_i, out_row.dtype.element_ty), mask=mask_v)
-        p_i = (org + w + i) % R
-        tl.store(d_head + p_i * stride_d2 + o_v, _cast_rtne(d_i, d_head.dtype.element_ty), mask=mask_v)
+        d_win = tl.where(col, d_i[:, None], d_win)
+        o_i = e_gam * tl.sum(tl.where(col, s_q, 0.0), axis=1) + tl.sum(d_win * (cw * kq_i)[None, :], axis=1)
+        o_win = tl.where(col, o_i[:, None], o_win)
 
-    # ---- the window's g (one writer per (row, v-head)) and raw k (one per (row, k-head)) ----
-    if i_v == 0:
-        tl.store(g_head + pw * stride_g2, g_win, mask=mask_t)
-        if i_hv % (HV // HK) == 0:
-            tl.store(k_head + pw[:, None] * stride_k2 + o_k[None, :], k_raw.to(k_head.dtype.element_ty),
-                     mask=mask_tk)
+    # ---- outputs of every window token, the window's d slice into the ring ----
+    mask_vt = mask_v[:, None] & mask_t[None, :]
+    tl.store(out_row + o_t[None, :] * stride_o1 + o_v[:, None], _cast_rtne(o_win, out_row.dtype.element_ty),
+             mask=mask_vt)
+    tl.store(d_head + pw[None, :] * stride_d2 + o_v[:, None], _cast_rtne(d_win, d_head.dtype.element_ty),
+             mask=mask_vt)
 
 
 # ----------------------------------------------------------------------------------

@@ -38,8 +38,9 @@ the largest history ever folded is ``R - T = B`` and a verify never overwrites a
 committed entry.  Rejected drafts sit at logical ``>= wp`` after the commit: they are
 masked out and overwritten by the next verify.  Rollback is this cursor move only.
 
-Slots are physical ids; ``slot < 0`` or ``== null_slot`` rows are skipped; live slots
-in one call must be distinct (not checked on device: no host sync).
+Slots are physical ids (any 1-D view, e.g. column 0 of a [bs, k] index tensor);
+``slot < 0`` or ``== null_slot`` rows are skipped; live slots in one call must be
+distinct (not checked on device: no host sync).  The cursor tensors must be contiguous.
 """
 
 from __future__ import annotations
@@ -68,11 +69,11 @@ def spec_ring_len(buffer_len: int, window: int) -> int:
 
 
 @triton.jit
-def _spec_commit_kernel(slot_ptr, acc_ptr, wp_ptr, org_ptr, fl_ptr, n, null_slot, T, R,
+def _spec_commit_kernel(slot_ptr, acc_ptr, wp_ptr, org_ptr, fl_ptr, n, null_slot, T, R, s_slot, s_acc,
                         HAS_ACC: tl.constexpr, RESET: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inb = offs < n
-    slot = tl.load(slot_ptr + offs, mask=inb, other=-1).to(tl.int64)
+    slot = tl.load(slot_ptr + offs * s_slot, mask=inb, other=-1).to(tl.int64)
     live = inb & (slot >= 0) & (slot != null_slot)
     safe = tl.where(live, slot, 0)
     if RESET:
@@ -83,7 +84,7 @@ def _spec_commit_kernel(slot_ptr, acc_ptr, wp_ptr, org_ptr, fl_ptr, n, null_slot
         org = tl.load(org_ptr + safe, mask=live, other=0).to(tl.int32)
         fl = tl.load(fl_ptr + safe, mask=live, other=0).to(tl.int32)
         if HAS_ACC:
-            a = tl.load(acc_ptr + offs, mask=inb, other=0).to(tl.int32)
+            a = tl.load(acc_ptr + offs * s_acc, mask=inb, other=0).to(tl.int32)
         else:
             a = tl.full([BLOCK], 1, tl.int32)
         adv = a > 0
@@ -110,6 +111,9 @@ def _check(fn, wp, origin, flush, slots, T, R):
             _err(fn, f"{name} must be 1-D, got shape {tuple(t.shape)}")
         if t.device != wp.device:
             _err(fn, f"{name} is on {t.device} but wp is on {wp.device}")
+    for name, t in (("wp", wp), ("origin", origin), ("flush", flush)):
+        if not t.is_contiguous():
+            _err(fn, f"{name} must be contiguous (a per-slot cursor tensor), got strides {tuple(t.stride())}")
     if origin.shape != wp.shape or flush.shape != wp.shape:
         _err(fn, f"wp, origin and flush must have one shape, got {tuple(wp.shape)}, {tuple(origin.shape)}, "
                  f"{tuple(flush.shape)}")
@@ -135,6 +139,7 @@ def _launch(fn, wp, origin, flush, slots, accepted, T, R, null_slot, reset):
     _spec_commit_kernel[(triton.cdiv(n, BLOCK),)](
         slots, accepted if accepted is not None else slots, wp, origin, flush, n,
         -1 if null_slot is None else int(null_slot), T, R,
+        slots.stride(0), accepted.stride(0) if accepted is not None else 0,
         HAS_ACC=accepted is not None, RESET=reset, BLOCK=BLOCK, num_warps=1,
     )
 

@@ -318,6 +318,20 @@ def test_commit_reset_kernels_match_reference(device):
         assert cur[0].cpu()[live].eq(0).all()
 
 
+def test_commit_reads_strided_slot_and_accept_views(device):
+    """Column views (SGLang's ``state_indices[:, 0]``, a strided accept tensor) are read through
+    their strides; non-contiguous cursor tensors are refused."""
+    wp = torch.zeros(6, dtype=torch.int32, device=device)
+    org, fl = wp.clone(), wp.clone()
+    idx = torch.tensor([[3, 9], [5, 9], [-1, 9]], dtype=torch.int32, device=device)
+    acc = torch.tensor([[2, 7], [1, 7], [3, 7]], dtype=torch.int32, device=device)
+    spec_commit(wp, org, fl, idx[:, 0], acc[:, 0], window=2, ring_len=6)
+    assert wp.tolist() == [0, 0, 0, 2, 0, 1] and fl.tolist() == [0, 0, 0, 0, 0, 0]
+    with pytest.raises(ValueError, match="contiguous"):
+        spec_commit(torch.zeros(12, dtype=torch.int32, device=device)[::2], org, fl, idx[:, 0], None,
+                    window=2, ring_len=6)
+
+
 def test_commit_none_is_one_token_per_row(device):
     wp = torch.tensor([0, 2, 5], dtype=torch.int32, device=device)
     org = torch.tensor([0, 1, 6], dtype=torch.int32, device=device)
