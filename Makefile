@@ -5,6 +5,7 @@
 #   make doctor         versions, config, and every patch target: resolved / patched / missing
 #   make serve          GPU host: launch the patched server (built-in tiny model unless MODEL=...)
 #   make bench-kernels  GPU host: kernel benchmark vs SGLang's stock kernels -> eval/results/
+#   make bench-spec     GPU host: spec-verify kernels vs SGLang's verify + commit -> eval/results/
 #   make ab             GPU host: A/B of stock SGLang vs the patched launcher on real servers -> eval/results/
 #   make gpu-test       GPU host: the test suite on CUDA
 
@@ -18,7 +19,7 @@ WHEEL_CACHE := .cache/sglang-wheels
 PIP := $(PY) -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 
-.PHONY: test venv doctor serve bench-kernels gpu-test clean sglang-wheels ab
+.PHONY: test venv doctor serve bench-kernels bench-spec gpu-test clean sglang-wheels ab
 
 venv: $(STAMP)
 
@@ -53,6 +54,10 @@ serve:
 bench-kernels:
 	GIT_COMMIT=$$(git rev-parse HEAD 2>/dev/null || echo $${GIT_COMMIT:-unknown}) \
 	$(GPU_PY) -m eval.bench_kernels --out eval/results/kernels-h200.json
+
+bench-spec:
+	GIT_COMMIT=$$(git rev-parse HEAD 2>/dev/null || echo $${GIT_COMMIT:-unknown}) \
+	$(GPU_PY) -m eval.bench_spec --out eval/results/spec-kernels-h200.json
 
 gpu-test:
 	$(GPU_PY) -m pytest -q tests/kernels

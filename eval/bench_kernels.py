@@ -43,9 +43,7 @@ import argparse
 import importlib
 import importlib.util
 import math
-import os
 import statistics
-import subprocess
 import sys
 import time
 import types
@@ -53,7 +51,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from eval import bench_common as bc
 from eval import report
+# shared scaffolding, still importable from here (tune_kernels and the tests use these names)
+from eval.bench_common import (DTYPE_BYTES, L2_BYTES, MAX_SETS, STATE_DTYPES, TOUCH_FACTOR,  # noqa: F401
+                               Timer, copy_bandwidth, gbps, git_commit, log, pick_device, sglang_version,
+                               slot_sets_needed)
 
 # ---------------------------------------------------------------------------------
 # geometries and run settings
@@ -76,14 +79,9 @@ CPU_GDN_GEOMETRIES = {"tiny-gdn": dict(HV=4, Hk=2, K=32, V=32)}
 BATCHES = (1, 8, 32, 128, 256, 512)
 QUICK_BATCHES = (1, 32, 256)
 CPU_BATCHES = (1, 3)
-STATE_DTYPES = ("fp32", "bf16")
 BUFFER_LEN = 16
 CPU_BUFFER_LEN = 4
 ROUTES = ("output_only", "state_and_output")
-L2_BYTES = 60 * 10**6          # H200 L2 as given in the brief (50 MiB physical)
-TOUCH_FACTOR = 4               # touched state per replay >= TOUCH_FACTOR * L2
-MAX_SETS = 256
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 def quick_phases(L: int) -> List[int]:
@@ -203,73 +201,6 @@ def amortise(phase_times: Dict[int, float], L: int) -> Optional[float]:
     if not nonflush:
         return None
     return ((L - 1) * statistics.fmean(nonflush) + flush) / L
-
-
-def gbps(nbytes: Optional[float], t_us: Optional[float]) -> Optional[float]:
-    """GB/s (1e9 bytes per second) from bytes and microseconds."""
-    if not (report.is_number(nbytes) and report.is_number(t_us)) or t_us <= 0:
-        return None
-    return nbytes / (t_us * 1e-6) / 1e9
-
-
-def slot_sets_needed(batch: int, state_row_bytes: int, l2_bytes: int = L2_BYTES,
-                     factor: int = TOUCH_FACTOR, max_sets: int = MAX_SETS) -> int:
-    """Disjoint slot sets to rotate so that one replay touches >= factor·L2 of state."""
-    per_set = max(1, batch * state_row_bytes)
-    return int(min(max_sets, max(1, math.ceil(factor * l2_bytes / per_set))))
-
-
-# ---------------------------------------------------------------------------------
-# environment
-# ---------------------------------------------------------------------------------
-def git_commit() -> str:
-    env = os.environ.get("GIT_COMMIT")
-    if env:
-        return env.strip()
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parent)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
-    except Exception:
-        pass
-    return "unknown"
-
-
-def sglang_version() -> Optional[str]:
-    try:
-        from importlib.metadata import version
-
-        return version("sglang")
-    except Exception:
-        pass
-    try:
-        spec = importlib.util.find_spec("sglang")
-        if spec and spec.submodule_search_locations:
-            vfile = Path(list(spec.submodule_search_locations)[0]) / "version.py"
-            if vfile.is_file():
-                ns: Dict[str, Any] = {}
-                exec(vfile.read_text(), ns)
-                return ns.get("__version__")
-    except Exception:
-        pass
-    return None
-
-
-def _progress(iterable, total: int, desc: str):
-    """tqdm bar when available and stderr is a terminal; else the bare iterable."""
-    try:
-        if sys.stderr.isatty():
-            from tqdm import tqdm
-
-            return tqdm(iterable, total=total, desc=desc)
-    except Exception:
-        pass
-    return iterable
-
-
-def log(msg: str) -> None:
-    print(msg, flush=True)
 
 
 # ---------------------------------------------------------------------------------
@@ -514,162 +445,17 @@ def ours_launch_info() -> Dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------
-# timing
-# ---------------------------------------------------------------------------------
-class Timer:
-    """Per-launch time of a sequence of launches (µs, median over replays).
-
-    CUDA: every launch runs once (compile + warm-up), the sequence is captured into
-    one CUDA graph, replayed a few times, then timed with events around each replay;
-    the per-replay count adapts to ``target_ms``.  Falls back to
-    ``triton.testing.do_bench`` (median) if capture fails.  CPU: one wall-clock pass
-    (interpreter; only the harness logic is meaningful)."""
-
-    def __init__(self, device: str, target_ms: float = 25.0, min_reps: int = 5, max_reps: int = 200):
-        self.device = device
-        self.target_ms = target_ms
-        self.min_reps = min_reps
-        self.max_reps = max_reps
-        self.fallbacks: List[str] = []
-
-    def __call__(self, fns: Sequence[Callable[[], Any]]) -> Dict[str, Any]:
-        import torch
-
-        n = len(fns)
-        if n == 0:
-            raise ValueError("nothing to time")
-        if self.device == "cpu":
-            for f in fns[:1]:
-                f()
-            t0 = time.perf_counter()
-            for f in fns:
-                f()
-            return {"us": (time.perf_counter() - t0) * 1e6 / n, "reps": 1, "launches": n,
-                    "method": "cpu-wallclock (Triton interpreter: not a speed number)"}
-        for f in fns:
-            f()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph):
-                for f in fns:
-                    f()
-            torch.cuda.synchronize()
-        except Exception as e:
-            del graph
-            torch.cuda.synchronize()
-            self.fallbacks.append(f"{type(e).__name__}: {e}")
-            import triton.testing
-
-            def seq():
-                for f in fns:
-                    f()
-
-            ms = triton.testing.do_bench(seq, warmup=10, rep=max(20, int(self.target_ms)), return_mode="median")
-            return {"us": ms * 1e3 / n, "reps": None, "launches": n, "method": "do_bench-median"}
-        for _ in range(2):
-            graph.replay()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        graph.replay()
-        e.record()
-        torch.cuda.synchronize()
-        est = max(s.elapsed_time(e), 1e-3)
-        reps = int(min(self.max_reps, max(self.min_reps, math.ceil(self.target_ms / est))))
-        evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-        for a, b in evs:
-            a.record()
-            graph.replay()
-            b.record()
-        torch.cuda.synchronize()
-        times = sorted(a.elapsed_time(b) for a, b in evs)
-        med = statistics.median(times)
-        del graph
-        return {"us": med * 1e3 / n, "reps": reps, "launches": n, "method": "cuda-graph-median",
-                "spread": (times[-1] - times[0]) / med if med > 0 else None}
-
-
-def copy_bandwidth(device: str, nbytes: Optional[int] = None, warmup_s: float = 0.5) -> Dict[str, Any]:
-    """Device-to-device copy bandwidth: (bytes read + bytes written) / time.
-
-    The GPU idles at low clocks (345 MHz SM seen on the H200 here) until work arrives:
-    copies run for ``warmup_s`` before the timed replays, or the first measurement of
-    the run comes out ~35% low."""
-    import torch
-
-    if nbytes is None:
-        nbytes = 2 * 2**30 if device == "cuda" else 32 * 2**20
-    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_(-1, 1)
-    dst = torch.empty_like(src)
-    if device == "cuda":
-        t_end = time.time() + warmup_s
-        while time.time() < t_end:
-            for _ in range(8):
-                dst.copy_(src)
-            torch.cuda.synchronize()
-    moved = 2 * src.numel() * 4
-    if device == "cpu":
-        t = Timer(device)([lambda: dst.copy_(src)])
-        ok = bool(torch.equal(dst, src))
-        return {"bytes_per_copy": nbytes, "copy_us": t["us"], "GBps": gbps(moved, t["us"]), "verified": ok,
-                "timing": t}
-    # Eager launches timed with events.  Not a CUDA graph: a captured D2D memcpy becomes a
-    # graph memcpy node, which ran at ~2.77 TB/s here against ~4.3 TB/s eager.
-    variants = {"memcpy (copy_)": lambda: dst.copy_(src),
-                "elementwise kernel (mul by 1 into dst)": lambda: torch.mul(src, 1.0, out=dst)}
-    per = {}
-    for name, fn in variants.items():
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(20)]
-        for a, b in evs:
-            a.record()
-            fn()
-            b.record()
-        torch.cuda.synchronize()
-        us = statistics.median(a.elapsed_time(b) for a, b in evs) * 1e3
-        per[name] = {"us": us, "GBps": gbps(moved, us)}
-    ok = bool(torch.equal(dst, src))
-    del src, dst
-    torch.cuda.empty_cache()
-    best = max(per, key=lambda k: per[k]["GBps"] or 0.0)
-    return {"bytes_per_copy": nbytes, "copy_us": per[best]["us"], "GBps": per[best]["GBps"], "verified": ok,
-            "method": f"max of eager variants ({best}), median of 20 event-timed launches", "variants": per}
-
-
-# ---------------------------------------------------------------------------------
 # workloads
 # ---------------------------------------------------------------------------------
-def pick_device(requested: Optional[str]) -> str:
-    """cuda when present (or asked for), else cpu with Triton's interpreter switched on."""
-    device = requested
-    if device is None:
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"
-    return device
-
-
-def _dt(name: str):
-    import torch
-
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
-
-
 def _work_common(work, batch, L, n_sets, seed, state_dtype, act_dtype, device):
-    """Fields every case's work object shares; returns (act dtype, state dtype, generator, slots)."""
-    import torch
-
+    """Fields every case's work object shares; returns (act dtype, state dtype, generator,
+    slots, the per-set slot indices) (see :func:`bench_common.slot_sets`)."""
     work.L, work.b, work.n_sets = L, batch, n_sets
-    work.num_slots = max(2 * batch + 1, n_sets * batch + 1)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    return _dt(act_dtype), _dt(state_dtype), gen, work.num_slots
+    work.num_slots, gen, idx_sets = bc.slot_sets(batch, n_sets, seed, device)
+    return bc.torch_dtype(act_dtype), bc.torch_dtype(state_dtype), gen, work.num_slots, idx_sets
 
 
-class Mamba2Work:
+class Mamba2Work(bc.CaseWork):
     """Pool, rings and per-set inputs for one Mamba2 case, laid out as SGLang's
     MambaMixer2 hands them to the decode kernel."""
 
@@ -679,7 +465,7 @@ class Mamba2Work:
 
         H, P, N, G = geom["H"], geom["P"], geom["N"], geom["G"]
         self.H, self.P, self.N, self.G = H, P, N, G
-        act, sdt, gen, S = _work_common(self, batch, L, n_sets, seed, state_dtype, act_dtype, device)
+        act, sdt, gen, S, idx_sets = _work_common(self, batch, L, n_sets, seed, state_dtype, act_dtype, device)
         self.state = torch.empty((S, H, P, N), dtype=sdt, device=device).normal_(0.0, 0.5, generator=gen)
         self.x_ring = torch.empty((S, H, L, P), dtype=act, device=device).normal_(0.0, 1.0, generator=gen)
         self.B_ring = torch.empty((S, G, L, N), dtype=act, device=device).normal_(0.0, 0.3, generator=gen)
@@ -693,11 +479,9 @@ class Mamba2Work:
         self.D = D[:, None].expand(-1, P)
         self.dt_bias = dt_bias[:, None].expand(-1, P)
         self.A_h, self.D_h, self.dt_bias_h = A, D, dt_bias
-        perm = torch.randperm(S - 1, generator=torch.Generator().manual_seed(seed + 1)) + 1
         self.sets = []
         conv_dim = H * P + 2 * G * N
-        for s in range(n_sets):
-            idx = perm[s * batch:(s + 1) * batch].to(torch.int32).to(device)
+        for idx in idx_sets:
             xbc = torch.empty((batch, conv_dim), dtype=act, device=device).normal_(0.0, 1.0, generator=gen)
             xbc[:, H * P:] *= 0.3
             x, Bm, Cm = torch.split(xbc, [H * P, G * N, G * N], dim=-1)
@@ -720,14 +504,8 @@ class Mamba2Work:
                           st["C"], st["idx"], wp, D=self.D, z=None, dt_bias=self.dt_bias, dt_softplus=True,
                           out=self.out, route=route)
 
-    def finite(self) -> bool:
-        import torch
 
-        rows = self.sets[0]["idx"].long()
-        return bool(torch.isfinite(self.out).all()) and bool(torch.isfinite(self.state[rows]).all())
-
-
-class GDNWork:
+class GDNWork(bc.CaseWork):
     """Pool, rings (ours and upstream's) and per-set inputs for one GDN case."""
 
     def __init__(self, geom: Dict[str, int], batch: int, L: int, state_dtype: str, device: str,
@@ -736,7 +514,7 @@ class GDNWork:
 
         HV, Hk, K, V = geom["HV"], geom["Hk"], geom["K"], geom["V"]
         self.HV, self.Hk, self.K, self.V = HV, Hk, K, V
-        act, sdt, gen, S = _work_common(self, batch, L, n_sets, seed, state_dtype, act_dtype, device)
+        act, sdt, gen, S, idx_sets = _work_common(self, batch, L, n_sets, seed, state_dtype, act_dtype, device)
         self.state = torch.empty((S, HV, V, K), dtype=sdt, device=device).normal_(0.0, 0.1, generator=gen)
         self.d_ring = torch.empty((S, HV, L, V), dtype=sdt, device=device).normal_(0.0, 0.1, generator=gen)
         self.k_ring = torch.empty((S, Hk, L, K), dtype=act, device=device).normal_(0.0, 1.0, generator=gen)
@@ -750,11 +528,9 @@ class GDNWork:
         self.A_log = torch.empty(HV, dtype=torch.float32, device=device).uniform_(0.5, 2.0, generator=gen).log_()
         self.dt_bias = torch.empty(HV, dtype=act, device=device).uniform_(-3.0, -1.0, generator=gen)
         self.scale = K ** -0.5
-        perm = torch.randperm(S - 1, generator=torch.Generator().manual_seed(seed + 1)) + 1
         width = 2 * Hk * K + HV * V
         self.sets = []
-        for s in range(n_sets):
-            idx = perm[s * batch:(s + 1) * batch].to(torch.int32).to(device)
+        for idx in idx_sets:
             mq = torch.empty((batch, width), dtype=act, device=device).normal_(0.0, 1.0, generator=gen)
             a = torch.empty((batch, HV), dtype=act, device=device).normal_(0.0, 1.0, generator=gen)
             bb = torch.empty((batch, HV), dtype=act, device=device).normal_(0.0, 1.0, generator=gen)
@@ -784,12 +560,6 @@ class GDNWork:
         return lambda: fn(st["mq"], st["a"], st["b"], self.A_log, self.dt_bias, self.state, self.d_ring,
                           self.k_ring, self.g_ring, st["idx"], wp, scale=self.scale, use_qk_l2norm=True,
                           out=self.out)
-
-    def finite(self) -> bool:
-        import torch
-
-        rows = self.sets[0]["idx"].long()
-        return bool(torch.isfinite(self.out).all()) and bool(torch.isfinite(self.state[rows]).all())
 
 
 # ---------------------------------------------------------------------------------
@@ -838,14 +608,6 @@ def gdn_ref_step(S, mq, a, b, A_log, dt_bias, Hk, K, V, scale):
     S = S + d[..., :, None] * kh[:, :, None, :]
     o = (S * qh[:, :, None, :]).sum(-1)
     return S, o
-
-
-def _rel(a, ref) -> float:
-    import torch
-
-    den = torch.linalg.vector_norm(ref.double()).item()
-    num = torch.linalg.vector_norm(a.double() - ref.double()).item()
-    return num / den if den > 0 else num
 
 
 def _maxabs(a, b) -> float:
@@ -903,14 +665,14 @@ def check_mamba2(stock_fn, ours_fn, geom, L: int, batch: int, device: str, seed:
                 untouched[r] = bool(torch.equal(states[r][rows], state0[rows]))
         for k, o in outs.items():
             all_written[k] = all_written[k] and bool(torch.isfinite(o).all())
-            out_rel[k] = max(out_rel[k], _rel(o, y_ref))
+            out_rel[k] = max(out_rel[k], bc.rel_err(o, y_ref))
         if "stock" in outs:
             for r in ROUTES:
                 out_vs_stock[r] = max(out_vs_stock[r], _maxabs(outs[r], outs["stock"]))
     res["out_rel_err_vs_fp64"] = out_rel
     res["out_max_abs_diff_vs_stock"] = out_vs_stock if stock_fn else None
     res["outputs_all_written_finite"] = all_written
-    res["state_rel_err_vs_fp64_after_flush"] = {k: _rel(s[rows], ref) for k, s in states.items()}
+    res["state_rel_err_vs_fp64_after_flush"] = {k: bc.rel_err(s[rows], ref) for k, s in states.items()}
     if stock_fn:
         res["state_max_abs_diff_vs_stock_after_flush"] = {
             r: _maxabs(states[r][rows], states["stock"][rows]) for r in ROUTES}
@@ -970,13 +732,13 @@ def check_gdn(stock_fn, upstream_fn, ours_fn, geom, L: int, batch: int, device: 
                 untouched[k] = bool(torch.equal(states[k][rows], state0[rows]))
         for k, o in outs.items():
             all_written[k] = all_written[k] and bool(torch.isfinite(o).all())
-            out_rel[k] = max(out_rel[k], _rel(o, o_ref))
+            out_rel[k] = max(out_rel[k], bc.rel_err(o, o_ref))
             if k != "stock" and "stock" in outs:
                 vs_stock[k] = max(vs_stock[k], _maxabs(o, outs["stock"]))
     res["out_rel_err_vs_fp64"] = out_rel
     res["out_max_abs_diff_vs_stock"] = vs_stock if stock_fn else None
     res["outputs_all_written_finite"] = all_written
-    res["state_rel_err_vs_fp64_after_flush"] = {k: _rel(s[rows], ref) for k, s in states.items()}
+    res["state_rel_err_vs_fp64_after_flush"] = {k: bc.rel_err(s[rows], ref) for k, s in states.items()}
     if stock_fn:
         res["state_max_abs_diff_vs_stock_after_flush"] = {
             k: _maxabs(states[k][rows], states["stock"][rows]) for k in kinds if k != "stock"}
@@ -1026,17 +788,6 @@ def _replay_timing(timer: Timer, make_fn: Callable[[int, int], Callable], n_sets
     return out
 
 
-def _case_header(family, name, geom, sdtype, batch, L, num_slots, n_sets, row, min_launches) -> Dict[str, Any]:
-    launches = max(n_sets, min_launches)
-    return {
-        "family": family, "geometry": name, "shape": dict(geom), "state_dtype": sdtype, "act_dtype": "bf16",
-        "batch": batch, "L": L, "num_slots": num_slots, "slot_sets": n_sets,
-        "launches_per_graph": launches,
-        "touched_state_MB_per_graph": launches * batch * row / 1e6,
-        "pool_state_MB": num_slots * row / 1e6, "kernels": {},
-    }
-
-
 def _stock_entry(timer, fns, nb, label, copy_bw) -> Dict[str, Any]:
     t = timer(fns)
     entry = {"name": label, "t_us": t["us"], "bytes": nb["total"], "bytes_breakdown": nb,
@@ -1047,14 +798,13 @@ def _stock_entry(timer, fns, nb, label, copy_bw) -> Dict[str, Any]:
 
 def run_mamba2_case(name, geom, batch, L, sdtype, device, stock: Stock, ours, timer: Timer,
                     phases, copy_bw, min_launches, seed, routes=ROUTES) -> Dict[str, Any]:
-    import torch
-
     sb = DTYPE_BYTES[sdtype]
     row = geom["H"] * geom["P"] * geom["N"] * sb
     n_sets = 2 if device == "cpu" else slot_sets_needed(batch, row)
     w = Mamba2Work(geom, batch, L, sdtype, device, n_sets, seed)
     H, P, N, G = w.H, w.P, w.N, w.G
-    case = _case_header("mamba2", name, geom, sdtype, batch, L, w.num_slots, n_sets, row, min_launches)
+    case = bc.case_header("mamba2", name, geom, sdtype, batch, {"L": L}, w.num_slots, n_sets, row,
+                          max(n_sets, min_launches))
     if stock.mamba2 is not None:
         case["kernels"]["stock"] = _stock_entry(
             timer, [w.stock_fn(stock.mamba2, i % n_sets) for i in range(max(n_sets, min_launches))],
@@ -1067,23 +817,19 @@ def run_mamba2_case(name, geom, batch, L, sdtype, device, stock: Stock, ours, ti
             res["name"] = f"sglang_replayssm mamba2_replay_decode route={r}"
             case["kernels"][f"replay_{r}"] = res
     case["finite"] = w.finite()
-    _case_summary(case)
     del w
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return case
+    return bc.close_case(case, device, _case_summary)
 
 
 def run_gdn_case(name, geom, batch, L, sdtype, device, stock: Stock, ours, timer: Timer,
                  phases, copy_bw, min_launches, seed) -> Dict[str, Any]:
-    import torch
-
     sb = DTYPE_BYTES[sdtype]
     row = geom["HV"] * geom["V"] * geom["K"] * sb
     n_sets = 2 if device == "cpu" else slot_sets_needed(batch, row)
     w = GDNWork(geom, batch, L, sdtype, device, n_sets, seed, with_upstream=stock.gdn_upstream is not None)
     HV, Hk, K, V = w.HV, w.Hk, w.K, w.V
-    case = _case_header("gdn", name, geom, sdtype, batch, L, w.num_slots, n_sets, row, min_launches)
+    case = bc.case_header("gdn", name, geom, sdtype, batch, {"L": L}, w.num_slots, n_sets, row,
+                          max(n_sets, min_launches))
     if stock.gdn is not None:
         case["kernels"]["stock"] = _stock_entry(
             timer, [w.stock_fn(stock.gdn, i % n_sets) for i in range(max(n_sets, min_launches))],
@@ -1102,11 +848,8 @@ def run_gdn_case(name, geom, batch, L, sdtype, device, stock: Stock, ours, timer
         res["name"] = "sglang_replayssm gdn_replay_decode"
         case["kernels"]["replay"] = res
     case["finite"] = w.finite()
-    _case_summary(case)
     del w
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return case
+    return bc.close_case(case, device, _case_summary)
 
 
 def _case_summary(case: Dict[str, Any]) -> None:
@@ -1136,17 +879,6 @@ def _case_summary(case: Dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------------
 # summary / outputs
 # ---------------------------------------------------------------------------------
-def _find(cases, family, geom, dtype, batch):
-    for c in cases:
-        if c["family"] == family and c["geometry"] == geom and c["state_dtype"] == dtype and c["batch"] == batch:
-            return c
-    return None
-
-
-def _slug(name: str) -> str:
-    return name.replace("-", "_").replace(".", "_")
-
-
 def build_summary(cases: List[Dict[str, Any]], mamba2_geoms: Sequence[str], gdn_geoms: Sequence[str],
                   headline: Dict[str, str]) -> Dict[str, Any]:
     s: Dict[str, Any] = {"headline_geometry": dict(headline),
@@ -1154,28 +886,19 @@ def build_summary(cases: List[Dict[str, Any]], mamba2_geoms: Sequence[str], gdn_
                              "speedup": "stock t_us / ReplaySSM t_amort_us (best route for Mamba2)",
                              "vs_upstream": "upstream ReplaySSM t_amort_us / ours t_amort_us (>1: ours faster)",
                              "bw_fraction": "ReplaySSM amortised model bytes / t_amort / measured copy bandwidth"}}
-    for fam, geoms in (("mamba2", mamba2_geoms), ("gdn", gdn_geoms)):
-        for g in geoms:
-            prefix = fam if g == headline.get(fam) else f"{fam}_{_slug(g)}"
-            for dt in STATE_DTYPES:
-                for bs in (1, 256):
-                    c = _find(cases, fam, g, dt, bs)
-                    s[f"{prefix}_decode_speedup_bs{bs}_{dt}"] = c.get("speedup") if c else None
-                    s[f"{prefix}_decode_bw_fraction_bs{bs}_{dt}"] = c.get("bw_fraction") if c else None
-                    s[f"{prefix}_stock_bw_fraction_bs{bs}_{dt}"] = (
-                        c["kernels"].get("stock", {}).get("bw_fraction") if c else None)
-                    if fam == "mamba2":
-                        s[f"{prefix}_decode_best_route_bs{bs}_{dt}"] = c.get("best_route") if c else None
-                    if fam == "gdn":
-                        s[f"{prefix}_decode_vs_upstream_bs{bs}_{dt}"] = c.get("vs_upstream") if c else None
-                        s[f"{prefix}_upstream_speedup_bs{bs}_{dt}"] = c.get("upstream_speedup") if c else None
-    by: Dict[str, Any] = {}
-    for c in cases:
-        d = by.setdefault(c["family"], {}).setdefault(c["geometry"], {}).setdefault(c["state_dtype"], {})
-        d[str(c["batch"])] = {k: c.get(k) for k in ("speedup", "best_route", "bw_fraction", "vs_upstream",
-                                                    "upstream_speedup", "t_ours_us")}
-        d[str(c["batch"])]["t_stock_us"] = c["kernels"].get("stock", {}).get("t_us")
-    s["by_geometry"] = by
+    for fam, prefix, dt, bs, c in bc.summary_cells(cases, {"mamba2": mamba2_geoms, "gdn": gdn_geoms}, headline):
+        s[f"{prefix}_decode_speedup_bs{bs}_{dt}"] = c.get("speedup") if c else None
+        s[f"{prefix}_decode_bw_fraction_bs{bs}_{dt}"] = c.get("bw_fraction") if c else None
+        s[f"{prefix}_stock_bw_fraction_bs{bs}_{dt}"] = (
+            c["kernels"].get("stock", {}).get("bw_fraction") if c else None)
+        if fam == "mamba2":
+            s[f"{prefix}_decode_best_route_bs{bs}_{dt}"] = c.get("best_route") if c else None
+        if fam == "gdn":
+            s[f"{prefix}_decode_vs_upstream_bs{bs}_{dt}"] = c.get("vs_upstream") if c else None
+            s[f"{prefix}_upstream_speedup_bs{bs}_{dt}"] = c.get("upstream_speedup") if c else None
+    s["by_geometry"] = bc.by_geometry(
+        cases, ("speedup", "best_route", "bw_fraction", "vs_upstream", "upstream_speedup", "t_ours_us"),
+        extra=lambda c: {"t_stock_us": c["kernels"].get("stock", {}).get("t_us")})
     return s
 
 
@@ -1184,10 +907,6 @@ def _us(c, key, field="t_amort_us"):
     if not k:
         return None
     return k.get("t_us") if key == "stock" else k.get(field)
-
-
-def _sci(x) -> str:
-    return f"{x:.2e}" if report.is_number(x) else report.MISSING
 
 
 def markdown_report(result: Dict[str, Any]) -> List[tuple]:
@@ -1205,7 +924,7 @@ def markdown_report(result: Dict[str, Any]) -> List[tuple]:
         for k, rel in chk["out_rel_err_vs_fp64"].items():
             vs = (chk.get("out_max_abs_diff_vs_stock") or {}).get(k)
             st = chk["state_rel_err_vs_fp64_after_flush"].get(k)
-            rows.append([f"{chk['family']} bs{chk['batch']}", k, _sci(rel), _sci(vs), _sci(st),
+            rows.append([f"{chk['family']} bs{chk['batch']}", k, bc.sci(rel), bc.sci(vs), bc.sci(st),
                          str(chk["outputs_all_written_finite"].get(k))])
     sections.append(("Correctness spot check (fp32 state, one flush cycle from an empty ring)",
                      report.markdown_table(["case", "kernel", "out rel err vs fp64", "out max |Δ| vs stock",
@@ -1245,35 +964,19 @@ def markdown_report(result: Dict[str, Any]) -> List[tuple]:
                                                 "ours vs stock", "ours vs upstream", "upstream vs stock",
                                                 "ours non-flush", "ours flush", "ours GB/s", "ours %copy",
                                                 "upstream GB/s", "stock GB/s", "stock %copy"], g_rows)))
-    summ = {k: v for k, v in result.get("summary", {}).items() if not isinstance(v, dict)}
-    sections.append(("Summary", report.markdown_kv(summ)))
-    notes = result.get("notes") or []
-    if notes:
-        sections.append(("Notes", "\n".join(f"- {n}" for n in notes)))
-    return sections
+    return sections + bc.summary_sections(result.get("summary", {}), result.get("notes") or [])
 
 
 def plot_report(result: Dict[str, Any], path) -> bool:
-    panels = []
-    for fam, title in (("mamba2", "Mamba2 decode"), ("gdn", "GDN decode")):
-        cs = [c for c in result["cases"] if c["family"] == fam]
-        if not cs:
-            continue
-        series = []
-        for g in dict.fromkeys(c["geometry"] for c in cs):
-            for dt in STATE_DTYPES:
-                sel = sorted((c for c in cs if c["geometry"] == g and c["state_dtype"] == dt), key=lambda c: c["batch"])
-                if not sel:
-                    continue
-                series.append({"label": f"ours/stock {g} {dt}", "x": [c["batch"] for c in sel],
-                               "y": [c.get("speedup") for c in sel], "style": "-"})
-                if fam == "gdn":
-                    series.append({"label": f"upstream RS/stock {g} {dt}", "x": [c["batch"] for c in sel],
-                                   "y": [c.get("upstream_speedup") for c in sel], "style": "--", "marker": "x"})
-        panels.append({"title": title, "xlabel": "batch", "ylabel": "speedup vs stock (amortised)", "xlog2": True,
-                       "hline": 1.0, "series": series})
-    sup = f"{result.get('gpu')}  L={result.get('L')}  commit {str(result.get('git_commit'))[:10]}"
-    return report.plot_panels(path, panels, suptitle=sup)
+    def series(fam, g, dt, sel):
+        out = [bc.batch_series(f"ours/stock {g} {dt}", sel, "speedup", style="-")]
+        if fam == "gdn":
+            out.append(bc.batch_series(f"upstream RS/stock {g} {dt}", sel, "upstream_speedup", style="--",
+                                       marker="x"))
+        return out
+
+    return bc.plot_speedups(result, path, (("mamba2", "Mamba2 decode"), ("gdn", "GDN decode")),
+                            "speedup vs stock (amortised)", series, f"L={result.get('L')}")
 
 
 def stdout_table(result: Dict[str, Any]) -> str:
@@ -1317,12 +1020,8 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     t_start = time.time()
-    device = pick_device(args.device)
-    import torch
-    import triton
-
-    if device == "cuda" and not torch.cuda.is_available():
-        log("!! --device cuda but torch sees no CUDA device")
+    device = bc.start_device(args.device)
+    if device is None:
         return 2
     cpu = device == "cpu"
     L = args.L or (CPU_BUFFER_LEN if cpu else BUFFER_LEN)
@@ -1362,34 +1061,13 @@ def main(argv=None) -> int:
     for k, e in ours["errors"].items():
         log(f"!! our {k} kernel not importable: {e}")
 
-    result: Dict[str, Any] = {
-        "git_commit": git_commit(),
-        "sglang_version": sglang_version(),
-        "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)",
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": sys.version.split()[0],
-        "device": device,
-        "mode": "cpu-interpreter" if cpu else ("quick" if args.quick else "full"),
-        "L": L,
-        "phases_timed": phases,
-        "batches": list(batches),
-        "state_dtypes": list(dtypes),
-        "act_dtype": "bf16",
-        "geometries": {"mamba2": m_geoms, "gdn": g_geoms},
-        "l2_bytes_assumed": L2_BYTES,
-        "touch_factor": TOUCH_FACTOR,
-        "stock": stock.info(),
-        "ours": {"errors": ours["errors"], "launch": ours_launch_info()},
-        "timing": {"method": "cpu wall clock" if cpu else "CUDA graph replay, events, median",
-                   "target_ms": target_ms, "min_launches_per_graph": min_launches},
-        "notes": [],
-        "fairness_notes": FAIRNESS_NOTES,
-        "cases": [],
-        "skipped": [],
-    }
+    result = bc.result_header(
+        device, args.quick, {"L": L}, phases=phases, batches=batches, dtypes=dtypes,
+        geometries={"mamba2": m_geoms, "gdn": g_geoms}, stock=stock.info(),
+        ours={"errors": ours["errors"], "launch": ours_launch_info()},
+        timing_method="CUDA graph replay, events, median", target_ms=target_ms, min_launches=min_launches,
+        fairness_notes=FAIRNESS_NOTES)
     if cpu:
-        result["notes"].append("CPU interpreter run: times are NOT performance numbers; it checks the harness only.")
         try:
             probes = interpreter_probes()
         except Exception as e:
@@ -1402,35 +1080,17 @@ def main(argv=None) -> int:
             result["notes"].append("Triton interpreter's fp32->bf16 cast does not round to nearest even: SGLang's "
                                    "stock GDN (beta rounded to b's dtype) is off by ~1e-3 on CPU.")
 
-    log("-- copy bandwidth")
-    cb = copy_bandwidth(device)
-    result["copy_bw"] = cb
-    result["copy_bw_GBps"] = cb["GBps"]
-    log(f"   copy {cb['bytes_per_copy'] / 2**30:.2f} GiB: {report.fmt(cb['GBps'], 0)} GB/s (read+write)")
+    cb = bc.measure_copy_bandwidth(result, device)
 
     result["correctness"] = []
     if not args.no_check:
         cbatch = args.check_batch or (2 if cpu else 8)
-        if m_geoms and ours.get("mamba2") is not None:
-            g = next(iter(m_geoms))
-            log(f"-- correctness mamba2 {g} bs{cbatch} fp32, {L} steps")
-            try:
-                r = check_mamba2(stock.mamba2, ours["mamba2"], m_geoms[g], L, cbatch, device)
-                r["geometry_name"] = g
-            except Exception as e:
-                r = {"family": "mamba2", "geometry_name": g, "error": f"{type(e).__name__}: {e}"}
-            result["correctness"].append(r)
-            log(f"   {_check_line(r)}")
-        if g_geoms and ours.get("gdn") is not None:
-            g = next(iter(g_geoms))
-            log(f"-- correctness gdn {g} bs{cbatch} fp32, {L} steps")
-            try:
-                r = check_gdn(stock.gdn, stock.gdn_upstream, ours["gdn"], g_geoms[g], L, cbatch, device)
-                r["geometry_name"] = g
-            except Exception as e:
-                r = {"family": "gdn", "geometry_name": g, "error": f"{type(e).__name__}: {e}"}
-            result["correctness"].append(r)
-            log(f"   {_check_line(r)}")
+        for fam, geoms in (("mamba2", m_geoms), ("gdn", g_geoms)):
+            if geoms and ours.get(fam) is not None:
+                g = next(iter(geoms))
+                check = (partial(check_mamba2, stock.mamba2, ours[fam], geoms[g], L, cbatch, device) if fam == "mamba2"
+                         else partial(check_gdn, stock.gdn, stock.gdn_upstream, ours[fam], geoms[g], L, cbatch, device))
+                bc.run_check(result, fam, g, check, _check_line, f"-- correctness {fam} {g} bs{cbatch} fp32, {L} steps")
 
     # case order: headline geometries first (fp32 then bf16, families interleaved), then the rest
     plan = []
@@ -1442,68 +1102,32 @@ def main(argv=None) -> int:
         for fam, geoms in (("mamba2", m_geoms), ("gdn", g_geoms)):
             plan += [(fam, g, dt, b) for g in geoms if g != headline[fam] for b in batches]
     timer = Timer(device, target_ms=target_ms)
-    log(f"-- {len(plan)} cases")
-    for i, (fam, g, dt, b) in enumerate(_progress(plan, len(plan), "cases")):
-        elapsed = time.time() - t_start
-        if elapsed > budget:
-            result["skipped"].append({"family": fam, "geometry": g, "state_dtype": dt, "batch": b,
-                                      "reason": f"time budget {budget:.0f}s spent"})
-            continue
-        t0 = time.time()
-        try:
-            if fam == "mamba2":
-                c = run_mamba2_case(g, m_geoms[g], b, L, dt, device, stock, ours.get("mamba2"), timer, phases,
-                                    cb["GBps"], min_launches, args.seed + i)
-            else:
-                c = run_gdn_case(g, g_geoms[g], b, L, dt, device, stock, ours.get("gdn"), timer, phases,
-                                 cb["GBps"], min_launches, args.seed + i)
-        except Exception as e:
-            import traceback
 
-            traceback.print_exc()
-            c = {"family": fam, "geometry": g, "state_dtype": dt, "batch": b, "kernels": {},
-                 "error": f"{type(e).__name__}: {e}"}
-            if device == "cuda":
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()
-        c["wall_s"] = time.time() - t0
-        result["cases"].append(c)
-        log(f"[{i + 1}/{len(plan)}] {fam} {g} {dt} bs{b}: stock {report.fmt(_us(c, 'stock'), 1)} us, "
+    def run_one(i, fam, g, dt, b):
+        if fam == "mamba2":
+            return run_mamba2_case(g, m_geoms[g], b, L, dt, device, stock, ours.get("mamba2"), timer, phases,
+                                   cb["GBps"], min_launches, args.seed + i)
+        return run_gdn_case(g, g_geoms[g], b, L, dt, device, stock, ours.get("gdn"), timer, phases,
+                            cb["GBps"], min_launches, args.seed + i)
+
+    bc.run_cases(result, plan, run_one, _case_line, device=device, t_start=t_start, budget=budget)
+    cb_end = bc.remeasure_copy_bandwidth(result, device)
+    log(f"-- copy bandwidth again: {report.fmt(cb_end['GBps'], 0)} GB/s (start {report.fmt(cb['GBps'], 0)})")
+    bc.note_skips_and_fallbacks(result, timer)
+    result["summary"] = build_summary(result["cases"], list(m_geoms), list(g_geoms), headline)
+    bc.write_outputs(result, args.out, t_start, "Kernel decode benchmark", markdown_report, plot_report, stdout_table,
+                     ("mamba2_decode_speedup_bs256_fp32", "mamba2_decode_bw_fraction_bs256_fp32",
+                      "mamba2_decode_speedup_bs1_fp32", "gdn_decode_speedup_bs256_fp32",
+                      "gdn_decode_vs_upstream_bs256_fp32"))
+    return 0
+
+
+def _case_line(c: Dict[str, Any]) -> str:
+    return (f"stock {report.fmt(_us(c, 'stock'), 1)} us, "
             f"ours {report.fmt(c.get('t_ours_us'), 1)} us ({c.get('best_route')}), "
             f"speedup {report.fmt(c.get('speedup'), 2)}"
             + (f", upstream {report.fmt(_us(c, 'upstream_replay'), 1)} us, vs upstream "
-               f"{report.fmt(c.get('vs_upstream'), 2)}" if fam == "gdn" else "")
-            + ("" if c.get("finite", True) else "  !! NON-FINITE")
-            + (f"  !! {c['error']}" if "error" in c else "")
-            + f"  [{c['wall_s']:.1f}s]")
-    cb_end = copy_bandwidth(device, warmup_s=0.1)
-    result["copy_bw_end"] = cb_end
-    log(f"-- copy bandwidth again: {report.fmt(cb_end['GBps'], 0)} GB/s (start {report.fmt(cb['GBps'], 0)})")
-    if report.is_number(cb_end["GBps"]) and report.is_number(cb["GBps"]) and cb_end["GBps"] > 1.05 * cb["GBps"]:
-        result["notes"].append(f"copy bandwidth at the end ({cb_end['GBps']:.0f} GB/s) exceeds the start "
-                               f"({cb['GBps']:.0f} GB/s) by >5%: bw_fraction values use the start value")
-    if result["skipped"]:
-        log(f"!! {len(result['skipped'])} cases skipped: time budget")
-    if timer.fallbacks:
-        result["notes"].append(f"CUDA graph capture failed {len(timer.fallbacks)}x, do_bench used: "
-                               f"{timer.fallbacks[0]}")
-    result["summary"] = build_summary(result["cases"], list(m_geoms), list(g_geoms), headline)
-    result["wall_s"] = time.time() - t_start
-
-    out = Path(args.out)
-    report.write_json(out, result)
-    md = out.with_suffix(".md")
-    report.write_markdown(md, f"Kernel decode benchmark ({result['gpu']})", markdown_report(result))
-    png = out.with_suffix(".png")
-    drew = plot_report(result, png)
-    log(f"-- wrote {out}, {md}" + (f", {png}" if drew else " (no plot: matplotlib missing or no data)"))
-    log(stdout_table(result))
-    hs = result["summary"]
-    log("headline: " + ", ".join(f"{k}={report.fmt(hs.get(k), 3)}" for k in (
-        "mamba2_decode_speedup_bs256_fp32", "mamba2_decode_bw_fraction_bs256_fp32", "mamba2_decode_speedup_bs1_fp32",
-        "gdn_decode_speedup_bs256_fp32", "gdn_decode_vs_upstream_bs256_fp32")))
-    log(f"total {result['wall_s']:.0f}s")
-    return 0
+               f"{report.fmt(c.get('vs_upstream'), 2)}" if c["family"] == "gdn" else ""))
 
 
 def _check_line(r: Dict[str, Any]) -> str:
