@@ -426,3 +426,43 @@ def test_materialize_mid_stream_then_continue(device):
         assert int(h.wp[s]) == 0 and int(h.origin[s]) == 0 and int(h.flush[s]) == 0
     for _ in range(6):
         h.step()
+
+
+def test_verify_and_commit_wrappers_never_sync_the_host(device, monkeypatch):
+    """Graph safety of the spec path's Python side: with the Triton launches stubbed out, the
+    wrappers of mamba2_verify, gdn_verify and spec_commit never read a device value on the host."""
+    from sglang_replayssm.kernels import gdn_verify as gv
+    from sglang_replayssm.kernels import mamba2_verify as mv
+    from sglang_replayssm.kernels import spec_cursor as sc
+
+    launched = []
+
+    class _Stub:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *a, **k: launched.append(self.name)
+
+    for mod, name in ((mv, "_mamba2_verify_kernel"), (gv, "_gdn_verify_kernel"), (sc, "_spec_commit_kernel")):
+        monkeypatch.setattr(mod, name, _Stub(name))
+    a = _args(device)
+    H, HV, Hk, K, V, R, T, S, B = 4, 2, 1, 16, 16, 6, 2, 3, 2
+    g = dict(mixed_qkv=torch.randn(B, T, 2 * Hk * K + HV * V, device=device), a=torch.randn(B, T, HV, device=device),
+             b=torch.randn(B, T, HV, device=device), A_log=torch.zeros(HV, device=device),
+             dt_bias=torch.zeros(HV, device=device), state=torch.zeros(S, HV, V, K, device=device),
+             d_ring=torch.zeros(S, HV, R, V, device=device), k_ring=torch.zeros(S, Hk, R, K, device=device),
+             g_ring=torch.zeros(S, HV, R, device=device))
+    idx = torch.tensor([1, -1], dtype=torch.int32, device=device)
+
+    def trap(*_a, **_k):
+        raise AssertionError("host sync")
+
+    for name in ("item", "tolist", "__bool__", "__int__", "__index__", "nonzero", "cpu", "numpy"):
+        monkeypatch.setattr(torch.Tensor, name, trap)
+    _call(a)
+    gv.gdn_verify(*g.values(), idx, a["wp"], a["origin"], a["flush"])
+    sc.spec_commit(a["wp"], a["origin"], a["flush"], idx, idx, window=T, ring_len=R)
+    sc.spec_reset(a["wp"], a["origin"], a["flush"], idx, window=T, ring_len=R)
+    monkeypatch.undo()
+    assert launched == ["_mamba2_verify_kernel", "_gdn_verify_kernel", "_spec_commit_kernel", "_spec_commit_kernel"]
