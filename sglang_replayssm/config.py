@@ -112,6 +112,8 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("ssm_types", _parse_ssm_types, "comma-separated SSM layer types to run on the replay ring: "
             "mamba2, gdn (default both)", "TYPES"),
     Setting("spec", _parse_bool, "use the replay-ring verifier under EAGLE/MTP speculative decoding (default on)", "BOOL"),
+    Setting("staged", _parse_bool, "EXPERIMENTAL: also apply the staged seams (ring pool, Mamba2/GDN decode and "
+            "verify, spec commit, slot lifecycle): CPU-tested, not yet validated on a GPU (default off)", "BOOL"),
     Setting("log_level", _choice(LOG_LEVELS), "log level of the sglang_replayssm logger (default info)", "LEVEL"),
     Setting("kernel_config", _parse_path, "YAML file of tuned kernel launch configs "
             "(default: the packaged file for the detected GPU)", "PATH"),
@@ -128,6 +130,7 @@ class ReplaySSMConfig:
     mamba2_route: str = "auto"
     ssm_types: Tuple[str, ...] = SSM_TYPES
     spec: bool = True
+    staged: bool = False
     log_level: str = "info"
     kernel_config: Optional[str] = None
     source: Dict[str, str] = field(default_factory=dict, compare=False)

@@ -30,13 +30,17 @@ def setup_logging(cfg: ReplaySSMConfig) -> None:
 
 def activate(cfg: ReplaySSMConfig) -> list:
     """Apply and verify every registered patch in this process; returns newly patched targets."""
-    from .patches import all_patches, apply, verify
+    from .patches import all_patches, apply, staged_patches, verify
 
     patches = all_patches()
+    if cfg.staged:
+        patches += staged_patches()
+        logger.warning("sglang_replayssm: --replayssm-staged: applying the staged decode/verify seams, which are "
+                       "CPU-tested but not yet validated on a GPU")
     newly = apply(patches)
     verify(patches)
-    logger.info("sglang_replayssm active (pid %d): L=%d, ssm_types=%s, spec=%s, %d patch(es) verified",
-                os.getpid(), cfg.buffer_len, ",".join(cfg.ssm_types), cfg.spec, len(patches))
+    logger.info("sglang_replayssm active (pid %d): L=%d, ssm_types=%s, spec=%s, staged=%s, %d patch(es) verified",
+                os.getpid(), cfg.buffer_len, ",".join(cfg.ssm_types), cfg.spec, cfg.staged, len(patches))
     return newly
 
 

@@ -40,3 +40,27 @@ def test_plugin_refuses_bad_config_loudly():
     r = run_py(PROBE, env=clean_env(SGLANG_REPLAYSSM_ENABLE="1", SGLANG_REPLAYSSM_BUFFER_LEN="0"))
     assert r.returncode != 0
     assert "SGLANG_REPLAYSSM_BUFFER_LEN" in r.stderr
+
+
+STAGED_PROBE = r"""
+import json
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang_replayssm.patches import staged_patches
+from sglang_replayssm.patches.registry import status
+print(json.dumps({t: s for t, s, _ in status(staged_patches())}))
+"""
+
+
+def test_staged_seams_only_with_the_experimental_setting():
+    """Default: the staged seams stay unapplied in every process; SGLANG_REPLAYSSM_STAGED=1 applies
+    and verifies all of them (those of another SGLang version stay skipped)."""
+    r = run_py(STAGED_PROBE, env=clean_env(SGLANG_REPLAYSSM_ENABLE="1"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    off = last_json(r.stdout)
+    assert off and set(off.values()) <= {"resolved", "skipped"} and "resolved" in off.values()
+    r = run_py(STAGED_PROBE, env=clean_env(SGLANG_REPLAYSSM_ENABLE="1", SGLANG_REPLAYSSM_STAGED="1"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    on = last_json(r.stdout)
+    assert {t for t, s in on.items() if s == "patched"} == {t for t, s in off.items() if s == "resolved"}
+    assert "applying the staged decode/verify seams" in r.stderr
