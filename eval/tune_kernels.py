@@ -83,7 +83,7 @@ class Recorder:
 
         def wrapped(family, key, defaults, path=None):
             got = orig(family, key, defaults, path)
-            self.calls.append((family, key, dict(defaults), dict(got)))
+            self.calls.append((family, key if isinstance(key, str) else tuple(key), dict(defaults), dict(got)))
             return got
 
         self.module.launch_config = wrapped
@@ -94,9 +94,14 @@ class Recorder:
         return False
 
 
-def discover(family: str, geom: Dict[str, int], L: int, device: str) -> List[Dict[str, Any]]:
+def discover(family: str, geom: Dict[str, int], L: int, device: str, dtypes: Sequence[str] = ("fp32",)
+             ) -> List[Dict[str, Any]]:
     """(family, key, defaults, current) of every launch config the kernel wrapper asks
-    for at this geometry, found by running it once (batch 2) under a Recorder."""
+    for at this geometry, found by running it once (batch 2) under a Recorder.
+
+    The wrappers ask with keys most specific first (``<geometry>_S<state dtype>``, then
+    ``<geometry>``): a tuning objective over one state dtype writes the dtype-specific key,
+    one over several dtypes the shared geometry key."""
     import importlib
 
     modname = {"mamba2": "sglang_replayssm.kernels.mamba2_replay", "gdn": "sglang_replayssm.kernels.gdn_replay"}[family]
@@ -112,12 +117,13 @@ def discover(family: str, geom: Dict[str, int], L: int, device: str) -> List[Dic
     os.environ[ENV_CONFIG] = str(tmp)
     try:
         with Recorder(mod) as rec:
+            dt = dtypes[0]
             if family == "mamba2":
-                w = bk.Mamba2Work(geom, 2, L, "fp32", device, 1, seed=11)
+                w = bk.Mamba2Work(geom, 2, L, dt, device, 1, seed=11)
                 for route in bk.ROUTES:
                     w.ours_fn(mod.mamba2_replay_decode, 0, L - 1, route)()
             else:
-                w = bk.GDNWork(geom, 2, L, "fp32", device, 1, seed=11, with_upstream=False)
+                w = bk.GDNWork(geom, 2, L, dt, device, 1, seed=11, with_upstream=False)
                 w.ours_fn(mod.gdn_replay_decode, 0, L - 1)()
     finally:
         if prev is None:
@@ -126,6 +132,8 @@ def discover(family: str, geom: Dict[str, int], L: int, device: str) -> List[Dic
             os.environ[ENV_CONFIG] = prev
     seen: Dict[Tuple[str, str], Dict[str, Any]] = {}
     for fam, key, defaults, got in rec.calls:
+        if not isinstance(key, str):
+            key = key[0] if len(dtypes) == 1 else key[-1]
         seen[(fam, key)] = {"family": fam, "key": key, "defaults": defaults, "current": got}
     return list(seen.values())
 
@@ -330,7 +338,7 @@ def geomean_ratio(times: Dict[str, float], base: Dict[str, float]) -> Optional[f
 def tune_one(family: str, gname: str, geom: Dict[str, int], L: int, device: str, args, sweep, timer: bk.Timer,
              cand_files: CandidateFiles, deadline: float) -> Dict[str, Any]:
     """Tune every launch family the kernel asks for at this geometry."""
-    found = discover(family, geom, L, device)
+    found = discover(family, geom, L, device, args.dtypes)
     tuner = FamilyTuner(family, geom, L, device, args.batches, args.dtypes, timer, 2 if device == "cpu" else 4)
     out: Dict[str, Any] = {"family": family, "geometry": gname, "shape": geom, "L": L, "tuned": {}, "fixed": []}
     for entry in found:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import triton
@@ -97,17 +97,33 @@ def config_file(explicit: Optional[str] = None) -> Path:
     return CONFIG_DIR / f"{gpu_key()}.yaml"
 
 
-def launch_config(family: str, key: str, defaults: Dict[str, Any], path: Optional[str] = None) -> Dict[str, Any]:
+_DTYPE_TAGS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def dtype_tag(dtype: torch.dtype) -> str:
+    """Short name of a state dtype in launch-config keys ("fp32", "bf16", "fp16")."""
+    return _DTYPE_TAGS.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def config_keys(key: str, state_dtype: Optional[torch.dtype]) -> Tuple[str, ...]:
+    """Launch-config keys of a geometry, most specific first: ``<key>_S<dtype>`` then ``<key>``
+    (a bf16 checkpoint moves half the bytes per tile, so its best tiles may differ)."""
+    return (key,) if state_dtype is None else (f"{key}_S{dtype_tag(state_dtype)}", key)
+
+
+def launch_config(family: str, key, defaults: Dict[str, Any], path: Optional[str] = None) -> Dict[str, Any]:
     """Launch parameters for ``family`` (e.g. "mamba2_output_only") and geometry ``key``.
 
-    Lookup order: ``<gpu>.yaml[family][key]``, ``<gpu>.yaml[family]["default"]``,
-    ``default.yaml`` likewise, then ``defaults``. Unknown parameter names are an error,
-    so a typo in a tuned file cannot silently fall back.
+    ``key`` is one key or a sequence of keys, most specific first (:func:`config_keys`).
+    Lookup order, later entries winning: ``defaults``, then per file (``default.yaml``,
+    then the GPU's file) ``[family]["default"]`` and the keys from least to most specific.
+    Unknown parameter names are an error, so a typo in a tuned file cannot silently fall back.
     """
+    keys = [key] if isinstance(key, str) else list(key)
     out = dict(defaults)
     for f in (CONFIG_DIR / "default.yaml", config_file(path)):
         section = _load_yaml(str(f)).get(family) or {}
-        for k in ("default", key):
+        for k in ["default"] + keys[::-1]:
             entry = section.get(k)
             if entry:
                 unknown = set(entry) - set(defaults)

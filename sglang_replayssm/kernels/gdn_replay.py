@@ -85,7 +85,7 @@ fp32 state (2 MiB per slot per layer):
   So d in the state dtype buys fp32-exact replay for +126 KiB per slot (fp32 state).
 
 Launch parameters come from ``common.launch_config("gdn_decode", key, ...)`` with key
-``HV{HV}_HK{Hk}_K{K}_V{V}_L{L}``. A speculative-verify kernel can reuse the history
+``HV{HV}_HK{Hk}_K{K}_V{V}_L{L}`` (a ``..._S{fp32|bf16|fp16}`` entry for the state dtype wins). A speculative-verify kernel can reuse the history
 helpers (``_history_weights``, ``_normalise_rows``, ``_history_coeffs``,
 ``_replay_apply``, ``_replay_state_rank1``) and the score pre-kernel's layout: they
 replay a checkpoint plus a cached history for arbitrary query vectors.
@@ -449,18 +449,19 @@ def _gdn_replay_decode_kernel(
 # ----------------------------------------------------------------------------------
 # wrapper
 # ----------------------------------------------------------------------------------
-_CFG_CACHE: Dict[Tuple[str, str], Dict[str, Any]] = {}
+_CFG_CACHE: Dict[Tuple[Tuple[str, ...], str], Dict[str, Any]] = {}
 
 
-def gdn_launch_params(HV: int, Hk: int, K: int, V: int, L: int) -> Dict[str, Any]:
-    """Launch parameters for a geometry (cached; YAML via ``common.launch_config``)."""
-    from .common import config_file
+def gdn_launch_params(HV: int, Hk: int, K: int, V: int, L: int, state_dtype=None) -> Dict[str, Any]:
+    """Launch parameters for a geometry (cached; YAML via ``common.launch_config``; a
+    ``..._S{dtype}`` entry for the state dtype wins over the plain geometry key)."""
+    from .common import config_file, config_keys
 
-    key = f"HV{HV}_HK{Hk}_K{K}_V{V}_L{L}"
-    ck = (key, str(config_file()))
+    keys = config_keys(f"HV{HV}_HK{Hk}_K{K}_V{V}_L{L}", state_dtype)
+    ck = (keys, str(config_file()))
     cfg = _CFG_CACHE.get(ck)
     if cfg is None:
-        cfg = launch_config("gdn_decode", key, GDN_DEFAULT_LAUNCH)
+        cfg = launch_config("gdn_decode", keys, GDN_DEFAULT_LAUNCH)
         check_dot_precision(cfg["dot_precision"], "gdn_decode launch config")
         if cfg["flush"] not in _FLUSH_MODES:
             raise ValueError(f"gdn_decode launch config: flush must be one of {_FLUSH_MODES}, got {cfg['flush']!r}")
@@ -598,7 +599,7 @@ def gdn_replay_decode(
     if scale is None:
         scale = K ** -0.5
 
-    cfg = gdn_launch_params(HV, Hk, K, V, L)
+    cfg = gdn_launch_params(HV, Hk, K, V, L, state.dtype)
     BK = max(16, next_pow2(K))
     BV = max(16, min(cfg["BV"], next_pow2(V)))
     LP = max(16, next_pow2(max(L - 1, 1)))

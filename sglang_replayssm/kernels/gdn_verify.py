@@ -113,7 +113,8 @@ import triton.language as tl
 
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES
 from .common import INDEX_DTYPES as _INT_DTYPES
-from .common import L2NORM_EPS, SOFTPLUS_THRESHOLD, check_dot_precision, config_file, launch_config, next_pow2
+from .common import (L2NORM_EPS, SOFTPLUS_THRESHOLD, check_dot_precision, config_file, config_keys, launch_config,
+                     next_pow2)
 from .gdn_replay import _cast_rtne, _gdn_gate, _history_weights, _l2norm_vec, _normalise_rows
 
 __all__ = ["gdn_verify", "gdn_verify_launch_params", "GDN_VERIFY_DEFAULT_LAUNCH", "gdn_verify_key"]
@@ -302,16 +303,18 @@ def _gdn_verify_kernel(
 # ----------------------------------------------------------------------------------
 # wrapper
 # ----------------------------------------------------------------------------------
-_CFG_CACHE: Dict[Tuple[str, str], Dict[str, Any]] = {}
+_CFG_CACHE: Dict[Tuple[Tuple[str, ...], str], Dict[str, Any]] = {}
 
 
-def gdn_verify_launch_params(HV: int, Hk: int, K: int, V: int, R: int, T: int) -> Dict[str, Any]:
-    """Launch parameters for a geometry (cached per config file; YAML via ``launch_config``)."""
-    key = gdn_verify_key(HV, Hk, K, V, R, T)
-    ck = (key, str(config_file()))
+def gdn_verify_launch_params(HV: int, Hk: int, K: int, V: int, R: int, T: int, state_dtype=None) -> Dict[str, Any]:
+    """Launch parameters for a geometry (cached per config file; YAML via ``launch_config``; a
+    ``..._S{dtype}`` entry for the state dtype wins over the plain geometry key)."""
+    keys = config_keys(gdn_verify_key(HV, Hk, K, V, R, T), state_dtype)
+    key = keys[0]
+    ck = (keys, str(config_file()))
     cfg = _CFG_CACHE.get(ck)
     if cfg is None:
-        cfg = launch_config("gdn_verify", key, GDN_VERIFY_DEFAULT_LAUNCH)
+        cfg = launch_config("gdn_verify", keys, GDN_VERIFY_DEFAULT_LAUNCH)
         where = f"gdn_verify launch config [{key}]"
         check_dot_precision(cfg["dot_precision"], where)
         if cfg["flush"] not in _FLUSH_MODES:
@@ -448,7 +451,7 @@ def gdn_verify(
     if scale is None:
         scale = K ** -0.5
 
-    cfg = gdn_verify_launch_params(HV, Hk, K, V, R, T)
+    cfg = gdn_verify_launch_params(HV, Hk, K, V, R, T, state.dtype)
     BK = max(16, next_pow2(K))
     BV = max(16, min(cfg["BV"], next_pow2(V)))
     LP = max(16, next_pow2(R - T))

@@ -82,7 +82,8 @@ window token.
 
 Launch parameters come from ``common.launch_config`` with families
 ``mamba2_output_only`` / ``mamba2_state_and_output`` (and ``mamba2_route`` for
-route="auto"), keyed by the geometry string ``H{H}_P{P}_N{N}_G{G}_L{L}``.
+route="auto"), keyed by the geometry string ``H{H}_P{P}_N{N}_G{G}_L{L}``, with a
+state-dtype specific ``..._S{fp32|bf16|fp16}`` entry winning over it.
 No SGLang import here.
 """
 
@@ -93,7 +94,7 @@ import triton
 import triton.language as tl
 
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
-from .common import SOFTPLUS_THRESHOLD, check_dot_precision, launch_config, next_pow2, softplus
+from .common import SOFTPLUS_THRESHOLD, check_dot_precision, config_keys, launch_config, next_pow2, softplus
 
 __all__ = [
     "mamba2_replay_decode",
@@ -388,11 +389,13 @@ def geometry_key(H: int, P: int, N: int, G: int, L: int) -> str:
     return f"H{H}_P{P}_N{N}_G{G}_L{L}"
 
 
-def resolve_route(route: str, key: str) -> str:
+def resolve_route(route: str, key) -> str:
+    """The route to run; ``auto`` reads ``mamba2_route`` for ``key`` (a key or keys, most specific first)."""
     if route == "auto":
         route = launch_config("mamba2_route", key, LAUNCH_DEFAULTS["mamba2_route"])["route"]
         if route not in ROUTES:
-            raise ValueError(f"launch config [mamba2_route][{key}] names unknown route {route!r}; accepted: {ROUTES}")
+            shown = key if isinstance(key, str) else key[0]
+            raise ValueError(f"launch config [mamba2_route][{shown}] names unknown route {route!r}; accepted: {ROUTES}")
         return route
     if route not in ROUTES:
         raise ValueError(f"route must be one of {ROUTES + ('auto',)}, got {route!r}")
@@ -538,10 +541,11 @@ def mamba2_replay_decode(
         null_slot = -1
     null_slot = int(null_slot)
 
-    key = geometry_key(H, P, N, G, L)
-    route = resolve_route(route, key)
+    keys = config_keys(geometry_key(H, P, N, G, L), state.dtype)
+    key = keys[0]
+    route = resolve_route(route, keys)
     family = "mamba2_" + route
-    cfg = launch_config(family, key, LAUNCH_DEFAULTS[family])
+    cfg = launch_config(family, keys, LAUNCH_DEFAULTS[family])
     BLOCK_M = int(cfg["BLOCK_M"])
     BLOCK_NC = int(cfg["BLOCK_NC"])
     for name, v in (("BLOCK_M", BLOCK_M), ("BLOCK_NC", BLOCK_NC)):

@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
-from .common import check_dot_precision, launch_config, next_pow2
+from .common import check_dot_precision, config_keys, launch_config, next_pow2
 from .mamba2_replay import _delta_from_raw, _head_param
 
 __all__ = ["mamba2_verify", "MAMBA2_VERIFY_DEFAULT_LAUNCH", "verify_geometry_key"]
@@ -293,8 +293,9 @@ def mamba2_verify(
     if batch == 0:
         return out
 
-    key = verify_geometry_key(H, P, N, G, R, T)
-    cfg = launch_config("mamba2_verify", key, MAMBA2_VERIFY_DEFAULT_LAUNCH)
+    keys = config_keys(verify_geometry_key(H, P, N, G, R, T), state.dtype)
+    key = keys[0]
+    cfg = launch_config("mamba2_verify", keys, MAMBA2_VERIFY_DEFAULT_LAUNCH)
     where = f"launch config [mamba2_verify][{key}]"
     check_dot_precision(cfg["dot_precision"], where)
     BLOCK_M, BLOCK_NC = int(cfg["BLOCK_M"]), int(cfg["BLOCK_NC"])

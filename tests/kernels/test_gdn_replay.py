@@ -744,3 +744,18 @@ def test_default_yaml_has_gdn_section():
     cfg = gr.gdn_launch_params(32, 16, 128, 128, 16)
     assert set(cfg) == set(gr.GDN_DEFAULT_LAUNCH)
     assert cfg["dot_precision"] in ("tf32x3", "ieee")
+
+
+def test_launch_config_state_dtype_key_wins(tmp_path, monkeypatch):
+    """A ``<geometry>_S<dtype>`` entry overrides the geometry entry for that state dtype only
+    (a bf16 checkpoint moves half the bytes per tile); other dtypes keep the geometry entry."""
+    f = tmp_path / "cfg.yaml"
+    f.write_text("gdn_decode:\n  default: {BV: 16}\n  HV2_HK1_K32_V32_L4: {BV: 32, num_warps: 2}\n"
+                 "  HV2_HK1_K32_V32_L4_Sbf16: {BV: 64}\n")
+    monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
+    bf = gr.gdn_launch_params(2, 1, 32, 32, 4, torch.bfloat16)
+    fp = gr.gdn_launch_params(2, 1, 32, 32, 4, torch.float32)
+    plain = gr.gdn_launch_params(2, 1, 32, 32, 4)
+    assert (bf["BV"], bf["num_warps"]) == (64, 2)
+    assert (fp["BV"], fp["num_warps"]) == (32, 2) and plain == fp
+    assert gr.gdn_launch_params(2, 1, 32, 32, 8, torch.bfloat16)["BV"] == 16

@@ -249,7 +249,8 @@ class Harness:
             ref_out = torch.full((batch, H, P), float("nan"), dtype=self.ad, device=dev)
             mamba2_replay_decode_ref(ref_views["state"], ref_views["x_ring"], ref_views["B_ring"],
                                      ref_views["dt_ring"], *args, out=ref_out,
-                                     route=resolve_route(route, geometry_key(H, P, self.N, self.G, L)), **kwargs)
+                                     route=resolve_route(route, common.config_keys(geometry_key(H, P, self.N, self.G, L), self.sd)),
+                                     **kwargs)
 
         ret = mamba2_replay_decode(self.state, self.x_ring, self.B_ring, self.dt_ring, *args,
                                    out=out, route=route, **kwargs)
@@ -679,3 +680,24 @@ def test_validation_raises_value_error(device):
         b["x"] = a["x"].cpu()
         with pytest.raises(ValueError, match="device|on cpu"):
             _call(b)
+
+
+def test_state_dtype_config_key_and_route(device, config_file, monkeypatch):
+    """The wrapper asks for ``<geometry>_S<state dtype>`` first: a bf16-state entry picks the route
+    and tiles of bf16 checkpoints only (outputs still checked against the oracle)."""
+    from sglang_replayssm.kernels import mamba2_replay as mr
+
+    H, P, N, G = SMALL
+    key = geometry_key(H, P, N, G, 4)
+    config_file(f"mamba2_route:\n  default: {{route: output_only}}\n  {key}_Sbf16: {{route: state_and_output}}\n"
+                f"mamba2_state_and_output:\n  {key}_Sbf16: {{BLOCK_M: 16, BLOCK_NC: 16}}\n")
+    seen = []
+    orig = mr.launch_config
+    monkeypatch.setattr(mr, "launch_config", lambda fam, key, d, path=None: (seen.append((fam, key)), orig(fam, key, d, path))[1])
+    for prec in ((BF16, BF16), (F32, BF16)):
+        h = Harness(device, SMALL, 4, *prec, n_req=1)
+        for _ in range(3):
+            h.step([0], "auto")
+    fams = [f for f, _ in seen if f != "mamba2_route"]
+    assert fams[:3] == ["mamba2_state_and_output"] * 3 and fams[3:] == ["mamba2_output_only"] * 3
+    assert (f"mamba2_state_and_output", (f"{key}_Sbf16", key)) in seen
