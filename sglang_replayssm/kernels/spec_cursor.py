@@ -28,8 +28,10 @@ window tokens committed (SGLang's ``accept_lens``: accepted drafts + the bonus i
              flush <- (wp + 2T > R)            (strict)
     reset:   wp <- 0 ; origin <- 0 ; flush <- (2T > R)   (= 0 when B >= T)
 
-Rows with ``a <= 0`` (padding, or a request that did not verify) keep ``wp`` and
-``origin``; ``flush`` is recomputed from the unchanged ``wp``.
+``a <= 0`` commits no token: ``wp`` does not grow, but a row whose verify flushed still
+moves its origin past the folded history (``wp <- 0``), because that verify already
+stored the folded checkpoint: keeping the history would fold it a second time.
+Padded rows carry null slots and are skipped entirely.
 
 Invariant (why the rule is strict and the window is never truncated): every verify
 has ``wp + T <= R``.  A commit after a non-flush verify starts from ``wp + 2T <= R``
@@ -87,10 +89,10 @@ def _spec_commit_kernel(slot_ptr, acc_ptr, wp_ptr, org_ptr, fl_ptr, n, null_slot
             a = tl.load(acc_ptr + offs * s_acc, mask=inb, other=0).to(tl.int32)
         else:
             a = tl.full([BLOCK], 1, tl.int32)
-        adv = a > 0
-        folded = adv & (fl != 0)
+        adv = tl.maximum(a, 0)
+        folded = fl != 0  # the verify stored the folded checkpoint whatever was accepted
         org = tl.where(folded, (org + wp) % R, org)
-        wp = tl.where(folded, a, tl.where(adv, wp + a, wp))
+        wp = tl.where(folded, adv, wp + adv)
     flag = (wp + 2 * T > R).to(tl.int32)
     tl.store(wp_ptr + safe, wp.to(wp_ptr.dtype.element_ty), mask=live)
     tl.store(org_ptr + safe, org.to(org_ptr.dtype.element_ty), mask=live)
@@ -191,11 +193,11 @@ def spec_commit_ref(wp, origin, flush, slots, accepted, *, window, ring_len, nul
         if not _live(s, null_slot):
             continue
         w, o, f = int(wp[s]), int(origin[s]), int(flush[s])
-        if a > 0:
-            if f:
-                o, w = (o + w) % R, a
-            else:
-                w = w + a
+        a = max(a, 0)
+        if f:
+            o, w = (o + w) % R, a
+        else:
+            w = w + a
         wp[s], origin[s], flush[s] = w, o, int(w + 2 * T > R)
 
 

@@ -25,7 +25,8 @@ committed tokens and the window's inputs sit in the ring.  The AROUND hook here
    0.5.23 the module that defines its ``scatter_mamba_states_after_mtp_verify``);
 2. moves the cursors: ``spec_commit(wp, origin, flush, slots, last_correct + 1)`` (one
    device launch, no sync; ``kernels/spec_cursor.py`` has the rule, incl. the strict
-   early flush).  Rows with ``last_correct < 0`` commit nothing, as the masked scatter.
+   early flush).  Rows with ``last_correct < 0`` commit no token, as the masked scatter
+   (a row whose verify folded its history still moves past it: it is in the checkpoint).
 
 ``mamba_track_indices`` (the extra_buffer radix strategy) needs the exact state at an
 interior step and is refused (the launch check already rejects extra_buffer).

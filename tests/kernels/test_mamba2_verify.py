@@ -16,6 +16,7 @@ poisons an output.
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -190,7 +191,7 @@ class SpecHarness:
                                  f"off by {r_:.3g}x at {i_}")
             a = int(torch.randint(1, T + 1, (1,), generator=self.gen)) if accept is None else accept
             acc.append(a)
-            self.oracle[i] = states[a - 1]
+            self.oracle[i] = states[a - 1] if a > 0 else base  # a = 0: nothing committed
             if (o + w + T - 1) // R != o // R or (f and (o + w) % R + a > R):
                 self.wraps += 1
 
@@ -466,3 +467,49 @@ def test_verify_and_commit_wrappers_never_sync_the_host(device, monkeypatch):
     sc.spec_reset(a["wp"], a["origin"], a["flush"], idx, window=T, ring_len=R)
     monkeypatch.undo()
     assert launched == ["_mamba2_verify_kernel", "_gdn_verify_kernel", "_spec_commit_kernel", "_spec_commit_kernel"]
+
+
+def test_commit_rule_invariant_property():
+    """Pure cursor arithmetic (reference rule), many random streams: for every window T <= 9 and
+    history block T <= B <= 40, random accepts (incl. none), interleaved resets: a verify never
+    overflows the ring (wp + T <= R), never overwrites committed history, folds at most B entries,
+    and logical positions map to distinct physical slots."""
+    import random
+
+    rnd = random.Random(int.from_bytes(os.urandom(4), "little"))
+    for _ in range(300):
+        T = rnd.randint(1, 9)
+        B = rnd.randint(T, 40)
+        R = spec_ring_len(B, T)
+        wp, org, fl = torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+        slot = torch.tensor([0])
+        for _step in range(60):
+            w, o, f = int(wp[0]), int(org[0]), int(fl[0])
+            assert 0 <= w and w + T <= R and 0 <= o < R, (T, B, w, o)
+            hist = {(o + j) % R for j in range(w)}
+            win = {(o + w + t) % R for t in range(T)}
+            assert len(hist) == w and len(win) == T and not hist & win, "window overwrites committed history"
+            if f:
+                assert w <= B, "folded more than the history block"
+            if rnd.random() < 0.03:
+                spec_reset_ref(wp, org, fl, slot, window=T, ring_len=R, null_slot=None)
+                continue
+            a = rnd.choice([0] + list(range(1, T + 1)) * 3)
+            spec_commit_ref(wp, org, fl, slot, torch.tensor([a]), window=T, ring_len=R, null_slot=None)
+
+
+def test_flushing_verify_with_no_accept_does_not_fold_twice(device):
+    """A row whose verify folded its history (flush) but commits no token (a = 0) must not fold
+    the same history again at its next verify: the checkpoint after two such verifies equals the
+    oracle state of the committed stream."""
+    h = SpecHarness(device, SMALL, 2, 2, F32, F32, n_req=1, check_ref=False)
+    s = h.slots[0]
+    for _ in range(6):
+        h.step(accept=2)
+        if int(h.flush[s]):
+            break
+    assert int(h.flush[s]) and int(h.wp[s]) > 0
+    h.step(accept=0)   # flushes, commits nothing: the oracle keeps its committed state
+    assert int(h.wp[s]) == 0
+    for _ in range(4):
+        h.step(accept=1)   # outputs and later flushes are checked against the oracle inside step()
