@@ -115,7 +115,7 @@ GDN_DEFAULT_LAUNCH: Dict[str, Any] = {
     "flush": "rank1",  # flush rebuild: "rank1" (fp32 CUDA-core FMAs) or "dot" (tensor cores, dot_precision)
     "dot_precision": "tf32x3",
 }
-_FLUSH_MODES = ("rank1", "dot")
+_FLUSH_MODES = ("rank1", "dot", "rank1_fold")
 _SCORE_MODES = ("inline", "pre")
 
 
@@ -233,6 +233,43 @@ def _replay_state_rank1_raw(s_prev, coef, k_head, stride_kl, d_head, stride_dl, 
 
 
 @triton.jit
+def _flush_state_fold(s_ck, s_scale, coef, d_cur, k, k_head, stride_kl, d_head, stride_dl, o_v, mask_v, o_k, mask_k,
+                      N_HIST: tl.constexpr, LP: tl.constexpr, RAW_K: tl.constexpr, USE_L2NORM: tl.constexpr,
+                      EPS: tl.constexpr, EVEN_V: tl.constexpr):
+    """The flushed checkpoint rows in one fp32 pass (``flush=rank1_fold``):
+
+        s_scale S_ck + sum_{j < N_HIST} d_j (coef_j k_j)^T + d_cur k^T
+
+    with s_scale = alpha e^G and coef_j = alpha c_j (/|k_j| for raw keys, RAW_K), i.e.
+    alpha S_{w-1} + d_w k^T with alpha distributed over the sum.  Against
+    _replay_state_rank1(_raw) followed by ``alpha * s_prev + d_cur k^T``: the scalar goes
+    onto the K-slice of k_j (BK / 32 per thread) instead of the d_j slice (all BV rows per
+    thread), alpha costs no pass over the tile, the cached d_j / k_j are walked by pointer
+    increments, and with whole V tiles (EVEN_V) the d_j loads carry no mask.  Exact fp32
+    FMAs on CUDA cores, only the rounding order differs (one ulp level)."""
+    acc = s_scale * s_ck
+    o_j = tl.arange(0, LP)
+    p_d = d_head + o_v
+    p_k = k_head + o_k
+    for j in tl.static_range(N_HIST):
+        coef_j = tl.sum(tl.where(o_j == j, coef, 0.0), axis=0)
+        if EVEN_V:
+            d_j = tl.load(p_d).to(tl.float32)
+        else:
+            d_j = tl.load(p_d, mask=mask_v, other=0).to(tl.float32)
+        k_j = tl.load(p_k, mask=mask_k, other=0).to(tl.float32)
+        if not RAW_K:
+            k_j = _l2norm_vec(k_j, USE_L2NORM, EPS)
+        acc += d_j[:, None] * (coef_j * k_j)[None, :]
+        p_d += stride_dl
+        p_k += stride_kl
+    # the current token last: ptxas keeps the address math of the common path as it is
+    # for rank1 (adding d_cur k^T first moved it onto the uniform datapath, +59 SASS
+    # instructions on every path, flush or not)
+    return acc + d_cur[:, None] * k[None, :]
+
+
+@triton.jit
 def _gdn_history_scores_kernel(
     qkv, k_ring, state_indices, write_pos, scores,
     scale, null_slot,
@@ -293,8 +330,8 @@ def _tile_load(s_head, stride_s2, d_head, stride_dl, v_row, t, o_b, o_k, mask_k,
 def _tile_finish(s_ck, d_hist, v, t, o_b, o_k, mask_k, q, k, kq, alpha, beta, eG, c, cq, ck, k_hist,
                  is_flush, w, out_row, s_head, stride_s2, d_head, stride_dl, k_head, stride_kl, rn,
                  V: tl.constexpr, BV: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
-                 PRE_SCORES: tl.constexpr, FLUSH_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 USE_L2NORM: tl.constexpr, EPS: tl.constexpr):
+                 PRE_SCORES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 USE_L2NORM: tl.constexpr, EPS: tl.constexpr, EVEN_V: tl.constexpr):
     """Output of V tile ``t``, then either the flushed checkpoint rows or the appended d_w."""
     o_v = t * BV + o_b
     mask_v = o_v < V
@@ -309,28 +346,47 @@ def _tile_finish(s_ck, d_hist, v, t, o_b, o_k, mask_k, q, k, kq, alpha, beta, eG
     o = alpha * sq + d_cur * kq
     tl.store(out_row + o_v, _cast_rtne(o, out_row.dtype.element_ty), mask=mask_v)
     if is_flush:
-        # S_{w-1} from the tile already in registers (no second read), then the new checkpoint
-        if L > 1:
-            if FLUSH_DOT:
-                if PRE_SCORES:  # the key tile is only needed here: load it now
-                    o_j = tl.arange(0, LP)
-                    kh = tl.load(k_head + o_j[:, None] * stride_kl + o_k[None, :],
-                                 mask=(o_j < w)[:, None] & mask_k[None, :], other=0).to(tl.float32)
-                    kh = kh * rn[:, None]
+        if FLUSH == "rank1_fold":
+            # one fused fp32 rank-1 pass (see _flush_state_fold), alpha folded into its coefficients
+            if L > 1:
+                if PRE_SCORES:
+                    coef = (alpha * c) * rn
                 else:
-                    kh = k_hist
-                s_prev = eG * s_ck + tl.dot(d_hist * c[None, :], kh, input_precision=DOT_PRECISION)
-            elif PRE_SCORES:
-                s_prev = _replay_state_rank1_raw(eG * s_ck, c * rn, k_head, stride_kl, d_head, stride_dl, o_v,
-                                                 mask_v, o_k, mask_k, L - 1, LP)
+                    coef = alpha * c
+                s_new = _flush_state_fold(s_ck, alpha * eG, coef, d_cur, k, k_head, stride_kl, d_head, stride_dl,
+                                          o_v, mask_v, o_k, mask_k, L - 1, LP, PRE_SCORES, USE_L2NORM, EPS,
+                                          EVEN_V)
             else:
-                s_prev = _replay_state_rank1(eG * s_ck, c, k_head, stride_kl, d_head, stride_dl, o_v, mask_v,
-                                             o_k, mask_k, L - 1, LP, USE_L2NORM, EPS)
+                s_new = alpha * s_ck + d_cur[:, None] * k[None, :]
+            if EVEN_V:  # every tile of every program lies inside V: no row mask on the store
+                tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :], _cast_rtne(s_new, s_head.dtype.element_ty),
+                         mask=mask_k[None, :])
+            else:
+                tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :], _cast_rtne(s_new, s_head.dtype.element_ty),
+                         mask=mask_v[:, None] & mask_k[None, :])
         else:
-            s_prev = s_ck
-        s_new = alpha * s_prev + d_cur[:, None] * k[None, :]
-        tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :], _cast_rtne(s_new, s_head.dtype.element_ty),
-                 mask=mask_v[:, None] & mask_k[None, :])
+            # S_{w-1} from the tile already in registers (no second read), then the new checkpoint
+            if L > 1:
+                if FLUSH == "dot":
+                    if PRE_SCORES:  # the key tile is only needed here: load it now
+                        o_j = tl.arange(0, LP)
+                        kh = tl.load(k_head + o_j[:, None] * stride_kl + o_k[None, :],
+                                     mask=(o_j < w)[:, None] & mask_k[None, :], other=0).to(tl.float32)
+                        kh = kh * rn[:, None]
+                    else:
+                        kh = k_hist
+                    s_prev = eG * s_ck + tl.dot(d_hist * c[None, :], kh, input_precision=DOT_PRECISION)
+                elif PRE_SCORES:
+                    s_prev = _replay_state_rank1_raw(eG * s_ck, c * rn, k_head, stride_kl, d_head, stride_dl, o_v,
+                                                     mask_v, o_k, mask_k, L - 1, LP)
+                else:
+                    s_prev = _replay_state_rank1(eG * s_ck, c, k_head, stride_kl, d_head, stride_dl, o_v, mask_v,
+                                                 o_k, mask_k, L - 1, LP, USE_L2NORM, EPS)
+            else:
+                s_prev = s_ck
+            s_new = alpha * s_prev + d_cur[:, None] * k[None, :]
+            tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :], _cast_rtne(s_new, s_head.dtype.element_ty),
+                     mask=mask_v[:, None] & mask_k[None, :])
     else:
         tl.store(d_head + w * stride_dl + o_v, _cast_rtne(d_cur, d_head.dtype.element_ty), mask=mask_v)
 
@@ -353,8 +409,8 @@ def _gdn_replay_decode_kernel(
     stride_o0, stride_o1,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, V_TILES: tl.constexpr, NUM_STAGES: tl.constexpr,
-    USE_L2NORM: tl.constexpr, PRE_SCORES: tl.constexpr, FLUSH_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr,
+    USE_L2NORM: tl.constexpr, PRE_SCORES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, EVEN_V: tl.constexpr,
 ):
     # program: V_TILES consecutive V tiles of BV rows, of one (row, v-head)
     i_vp = tl.program_id(0)
@@ -431,13 +487,13 @@ def _gdn_replay_decode_kernel(
     # ---- V tiles: output-only replay, then flush or append ----
     _tile_finish(s_ck, d_hist, v, t0, o_b, o_k, mask_k, q, k, kq, alpha, beta, eG, c, cq, ck, k_hist,
                  is_flush, w, out_row, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, rn,
-                 V, BV, L, LP, PRE_SCORES, FLUSH_DOT, DOT_PRECISION, USE_L2NORM, EPS)
+                 V, BV, L, LP, PRE_SCORES, FLUSH, DOT_PRECISION, USE_L2NORM, EPS, EVEN_V)
     for t in tl.range(t0 + 1, t0 + V_TILES, num_stages=NUM_STAGES):
         s_t, d_t, v_t = _tile_load(s_head, stride_s2, d_head, stride_d2, v_row, t, o_b, o_k, mask_k, o_j, valid,
                                    V, BV, L)
         _tile_finish(s_t, d_t, v_t, t, o_b, o_k, mask_k, q, k, kq, alpha, beta, eG, c, cq, ck, k_hist,
                      is_flush, w, out_row, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, rn,
-                     V, BV, L, LP, PRE_SCORES, FLUSH_DOT, DOT_PRECISION, USE_L2NORM, EPS)
+                     V, BV, L, LP, PRE_SCORES, FLUSH, DOT_PRECISION, USE_L2NORM, EPS, EVEN_V)
 
     # ---- append g_w (per v-head) and raw k_w (one writer per (row, k-head)) ----
     if (i_vp == 0) & (w < L - 1):
@@ -635,8 +691,9 @@ def gdn_replay_decode(
         g_ring.stride(0), g_ring.stride(1),
         out3.stride(0), out3.stride(1),
         HK=Hk, HV=HV, K=K, V=V, L=L, BK=BK, BV=BV, LP=LP, V_TILES=v_tiles, NUM_STAGES=cfg["num_stages"],
-        USE_L2NORM=use_l2, PRE_SCORES=pre, FLUSH_DOT=cfg["flush"] == "dot",
+        USE_L2NORM=use_l2, PRE_SCORES=pre, FLUSH=cfg["flush"],
         DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
+        EVEN_V=V % (BV * v_tiles) == 0,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **extra,
     )
     return out

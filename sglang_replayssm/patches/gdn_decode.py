@@ -348,7 +348,7 @@ def target_verify_around(original, self, A_log, dt_bias, q, k, v, a, b, *, ssm_s
     HV, V = g.num_v_heads, g.head_v_dim
     # one packed q|k|v row per token, the layout the ring kernel reads (SGLang split it for its kernel)
     mixed = torch.cat([q.reshape(seq, -1), k.reshape(seq, -1), v.reshape(seq, -1)], dim=-1).view(bs, T, -1)
-    out = q.new_empty(bs, T, HV, V)
+    out = q.new_zeros(bs, T, HV, V)  # rows the kernel skips (padding, dummy slot 0) read 0
     rv = ctx.ring_views
     gdn_verify(mixed, a.reshape(bs, T, HV), b.reshape(bs, T, HV), A_log, dt_bias, ssm_states, rv["d"], rv["k"],
                rv["g"], cache_indices[:bs], *ctx.spec, scale=g.head_k_dim ** -0.5, use_qk_l2norm=USE_QK_L2NORM,

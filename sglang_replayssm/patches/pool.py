@@ -470,18 +470,52 @@ def handle_max_mamba_cache_around(original, self, *args, **kwargs):
     if not (cfg.enable and cfg.spec) or algo is None or algo.is_none() or params is None \
             or plan_ring(params, cfg) is None:
         return original(self, *args, **kwargs)
-    none = type(algo).NONE
-    had = "spec_algorithm" in self.__dict__
-    self.spec_algorithm = none
+    # KVCacheConfigurator is a slots dataclass (no __dict__): swap the attribute and restore it
+    self.spec_algorithm = type(algo).NONE
     try:
         result = original(self, *args, **kwargs)
     finally:
-        if had:
-            self.spec_algorithm = algo
-        else:
-            del self.spec_algorithm
-    logger.info("sglang_replayssm: mamba pool sized without per-draft SSM snapshots (spec ring verifier)")
-    return result
+        self.spec_algorithm = algo
+    windows_gb = conv_window_bytes(params, _resolved_sizes(self)) / (1 << 30)
+    logger.info("sglang_replayssm: mamba pool sized without per-draft SSM snapshots (spec ring verifier); "
+                "%.3f GiB reserved for SGLang's per-draft conv windows", windows_gb)
+    return result - windows_gb
+
+
+def _resolved_sizes(solver_self):
+    """(draft tokens, max running requests) as SGLang resolved them for the pool: its runtime
+    config bags where the solver's module reads them (0.5.17+), else the server args (0.5.15)."""
+    import sys
+    from types import SimpleNamespace
+
+    mod = sys.modules.get(type(solver_self).__module__)
+    sa = getattr(solver_self, "server_args", None)
+    out = {}
+    for name, bag in (("speculative_num_draft_tokens", "get_spec"), ("max_running_requests", "get_schedule"),
+                      ("max_mamba_cache_size", "get_schedule")):
+        val = None
+        getter = getattr(mod, bag, None)
+        if getter is not None:
+            try:
+                val = getattr(getter(), name, None)
+            except Exception:  # a config bag not populated in this process
+                val = None
+        out[name] = val if val is not None else getattr(sa, name, None)
+    return SimpleNamespace(**out)
+
+
+def conv_window_bytes(params, server_args) -> int:
+    """Bytes SGLang still allocates for its per-draft conv windows (conv rollback) beside a spec
+    ring: one conv state per draft token per request slot (+1 padding slot), all layers -- what
+    stock's solver charges for them (it budgets ``per_req * D * (reqs + 1)`` for conv and SSM
+    snapshots together); the deduplicated window layout needs no more than that."""
+    D = int(getattr(server_args, "speculative_num_draft_tokens", None) or 0)
+    reqs = getattr(server_args, "max_running_requests", None) or getattr(server_args, "max_mamba_cache_size", None)
+    if not D or not reqs:
+        raise RingGeometryError("spec ring sizing: --speculative-num-draft-tokens and --max-running-requests must "
+                                "be resolved before SGLang sizes the mamba pool")
+    conv = sum(int(torch.Size(c).numel()) for c in params.shape.conv) * params.dtype.conv.itemsize
+    return conv * len(params.layers) * D * (int(reqs) + 1)
 
 
 def clear_slots_after(result, self, *args, **kwargs):

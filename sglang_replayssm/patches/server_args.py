@@ -15,8 +15,9 @@ from ..config import ReplaySSMConfig, from_env
 from .registry import Patch
 
 # chain-draft algorithms whose verify + commit run through the seams this package hooks
-# (NEXTN is SGLang's alias of EAGLE; MTP drafts are NEXTN layers)
-SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
+# (NEXTN is SGLang's alias of EAGLE; MTP drafts are NEXTN layers). STANDALONE is left out: a
+# hybrid standalone draft model would run SGLang's own kernels on the shared mamba pool.
+SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
 
 logger = logging.getLogger("sglang_replayssm.patches")
 
@@ -39,9 +40,17 @@ def unsupported_reasons(args, cfg: ReplaySSMConfig) -> List[str]:
                    "without the replay ring; not supported")
     if g("enable_hierarchical_cache"):
         out.append("--enable-hierarchical-cache: host round trips of mamba state bypass the replay ring; not supported")
-    if g("mamba_radix_cache_strategy") == "extra_buffer":
-        out.append("--mamba-radix-cache-strategy extra_buffer: ping-pong slot donation bypasses the replay ring; "
-                   "use no_buffer or --disable-radix-cache")
+    extra = getattr(args, "enable_mamba_extra_buffer", None)
+    extra_on = extra() if callable(extra) else str(g("mamba_radix_cache_strategy") or "").startswith("extra_buffer")
+    if extra_on:
+        out.append(f"--mamba-radix-cache-strategy {g('mamba_radix_cache_strategy')}: ping-pong slot donation and "
+                   "per-step state tracking bypass the replay ring; use no_buffer or --disable-radix-cache")
+    if g("enable_int8_mamba_checkpoint"):
+        out.append("--enable-int8-mamba-checkpoint: the int8 checkpoint pool loads cached states into slots without "
+                   "clearing or copying them, so their replay-ring cursors would be stale; not supported")
+    if g("enable_streaming_session"):
+        out.append("--enable-streaming-session: a session keeps a request's mamba slot across turns without the "
+                   "radix cache's fold of the replay ring; not supported")
     if g("enable_unified_memory"):
         out.append("--enable-unified-memory: the unified mamba pool is not supported yet")
     if (g("tp_size") or 1) > 1 or (g("pp_size") or 1) > 1:

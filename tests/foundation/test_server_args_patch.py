@@ -61,6 +61,8 @@ def test_reasons_cover_each_combination(args_for):
         "mamba_radix_cache_strategy": ("extra_buffer", "extra_buffer"),
         "pp_size": (2, "PP=1"),
         "enable_mixed_chunk": (True, "--enable-mixed-chunk"),
+        "enable_int8_mamba_checkpoint": (True, "--enable-int8-mamba-checkpoint"),
+        "enable_streaming_session": (True, "--enable-streaming-session"),
     }
     base = dict(vars(a))  # resolved ServerArgs are read-only: vary a plain copy of their fields
     for field, (value, needle) in cases.items():
@@ -74,6 +76,8 @@ def test_reasons_cover_each_combination(args_for):
     adaptive = SimpleNamespace(**{**vars(spec), "max_speculative_num_draft_tokens": 6})
     assert any("--max-speculative-num-draft-tokens 6" in r
                for r in unsupported_reasons(adaptive, ReplaySSMConfig(enable=True, buffer_len=4)))
+    lazy = SimpleNamespace(**{**base, "mamba_radix_cache_strategy": "extra_buffer_lazy"})
+    assert any("extra_buffer_lazy" in r for r in unsupported_reasons(lazy, cfg))
     ngram = SimpleNamespace(**{**vars(spec), "speculative_algorithm": "NGRAM"})
     assert any("NGRAM" in r for r in unsupported_reasons(ngram, ReplaySSMConfig(enable=True, buffer_len=4)))
     assert unsupported_reasons(ngram, ReplaySSMConfig(enable=True, buffer_len=4, spec=False)) == []

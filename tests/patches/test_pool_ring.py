@@ -523,8 +523,14 @@ def test_solver_sees_no_speculation_only_with_a_spec_ring(env):
         return rest - 1.0
 
     eagle = _Algo(False)
-    runner = SimpleNamespace(spec_algorithm=eagle, mambaish_config=SimpleNamespace(mamba2_cache_params=mamba2_params()))
-    assert pool_seam.handle_max_mamba_cache_around(solver, runner, 10.0) == 9.0
+    params = mamba2_params()
+    sa = SimpleNamespace(speculative_num_draft_tokens=4, max_running_requests=7)
+    runner = SimpleNamespace(spec_algorithm=eagle, mambaish_config=SimpleNamespace(mamba2_cache_params=params),
+                             server_args=sa)
+    conv_gb = pool_seam.conv_window_bytes(params, sa) / (1 << 30)
+    conv_state = params.shape.conv[0][0] * params.shape.conv[0][1] * params.dtype.conv.itemsize
+    assert conv_gb * (1 << 30) == conv_state * len(params.layers) * 4 * 8
+    assert pool_seam.handle_max_mamba_cache_around(solver, runner, 10.0) == pytest.approx(9.0 - conv_gb)
     assert seen == [True] and runner.spec_algorithm is eagle
     env.setenv("SGLANG_REPLAYSSM_SPEC", "false")
     pool_seam.handle_max_mamba_cache_around(solver, runner, 10.0)
@@ -535,6 +541,29 @@ def test_solver_sees_no_speculation_only_with_a_spec_ring(env):
     runner.spec_algorithm = _Algo.NONE
     pool_seam.handle_max_mamba_cache_around(solver, runner, 10.0)
     assert seen == [True, False, False, True]
+
+
+def test_solver_hook_on_sglangs_slots_configurator(env):
+    """The real KVCacheConfigurator is a slots dataclass (no __dict__): the hook swaps its
+    spec_algorithm and restores it."""
+    from types import SimpleNamespace
+
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    kc = object.__new__(KVCacheConfigurator)
+    assert not hasattr(kc, "__dict__")
+    kc.spec_algorithm = SpeculativeAlgorithm.EAGLE
+    kc.server_args = SimpleNamespace(speculative_num_draft_tokens=4, max_running_requests=8)
+    kc.model_config = None
+    seen = []
+    cfg_params = mamba2_params()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(KVCacheConfigurator, "mambaish_config", property(
+            lambda self: SimpleNamespace(mamba2_cache_params=cfg_params)), raising=False)
+        out = pool_seam.handle_max_mamba_cache_around(
+            lambda self, rest: (seen.append(self.spec_algorithm.is_none()), rest)[1], kc, 5.0)
+    assert seen == [True] and kc.spec_algorithm is SpeculativeAlgorithm.EAGLE and out < 5.0
 
 
 @pytest.mark.parametrize("version", ["0.5.15", "0.5.17", "0.5.23"])
