@@ -22,10 +22,21 @@ drift); flush and non-flush rows produce their outputs with the same arithmetic.
 *Flush (w == L-1, a per-row runtime branch: CUDA-graph safe).*  The S_ck tile is
 still in registers from the output pass, so nothing is re-read: the kernel adds
 sum_j c_j d_j k^_j^T to e^G S_ck and stores alpha S_{w-1} + d_w k^^T. ``flush=rank1``
-(default) does that as L-1 exact fp32 rank-1 updates on CUDA cores; ``flush=dot`` as
-one ``tl.dot`` [BV, LP] x [LP, K] with ``dot_precision`` "tf32x3" or "ieee" (plain
-"tf32" is refused: it drifts ~1e-2; measured 6e-4 vs 2e-7 for tf32x3 on a flushed
-Qwen3-Next state).
+(default) does that as L-1 exact fp32 rank-1 updates on CUDA cores; ``flush=rank1_fold``
+computes the same sum of L rank-1 terms in one pass with alpha distributed over it
+(alpha e^G S_ck + sum_j d_j (alpha c_j k^_j)^T + d_w k^^T: the scalars scale the K slice
+of k_j, not the d_j rows, and no extra pass multiplies the tile by alpha; exact fp32,
+only the rounding order differs); ``flush=dot`` as one ``tl.dot`` [BV, LP] x [LP, K]
+with ``dot_precision`` "tf32x3" or "ieee" (plain "tf32" is refused: it drifts ~1e-2;
+measured 6e-4 vs 2e-7 for tf32x3 on a flushed Qwen3-Next state).
+
+Offline sm_90a build (``python -m eval.gdn_sass``, no GPU; Qwen3-Next, L=16, tuned
+config BV 16 x 1 warp, scores pre, fp32 state, bf16 activations), SASS instructions per
+warp: common part (loads, output pass) 1132; flush branch rank1 1970 (1024 FFMA, 369
+FMUL, 75 LDG, 120 CS2R zero-fills of masked loads, 60 SHFL), rank1_fold 1523 (1024 FFMA,
+127 FMUL, 75 LDG, no CS2R); non-flush branch 42.  168 registers, no spills for both;
+with a bf16 state rank1 takes 255 registers (8 warps/SM instead of 12, on every step),
+rank1_fold 168.  Not yet timed on a GPU.
 
 Launches and tiles
 ------------------
@@ -102,7 +113,7 @@ import triton.language as tl
 from .common import L2NORM_EPS, SOFTPLUS_THRESHOLD, interpreting, launch_config, next_pow2, softplus
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, check_dot_precision
 
-__all__ = ["gdn_replay_decode", "gdn_launch_params", "GDN_DEFAULT_LAUNCH"]
+__all__ = ["gdn_replay_decode", "gdn_launch_params", "GDN_DEFAULT_LAUNCH", "GDN_LAUNCH_CHOICES"]
 
 GDN_DEFAULT_LAUNCH: Dict[str, Any] = {
     "BV": 16,  # value rows per V tile (power of two)
@@ -112,11 +123,15 @@ GDN_DEFAULT_LAUNCH: Dict[str, Any] = {
     "maxnreg": 0,  # register cap (0: none)
     "scores": "pre",  # "pre": key scores per (row, k-head) in a small pre-kernel; "inline": per program
     "scores_num_warps": 1,
-    "flush": "rank1",  # flush rebuild: "rank1" (fp32 CUDA-core FMAs) or "dot" (tensor cores, dot_precision)
+    # flush rebuild: "rank1" (fp32 CUDA-core FMAs), "rank1_fold" (the same FMAs in one fused pass, fewer
+    # instructions: see _flush_state_fold) or "dot" (tensor cores, dot_precision)
+    "flush": "rank1",
     "dot_precision": "tf32x3",
 }
-_FLUSH_MODES = ("rank1", "dot", "rank1_fold")
+_FLUSH_MODES = ("rank1", "rank1_fold", "dot")
 _SCORE_MODES = ("inline", "pre")
+# the string launch parameters that are speed choices (same math), for eval/tune_kernels.py
+GDN_LAUNCH_CHOICES: Dict[str, Tuple[str, ...]] = {"flush": _FLUSH_MODES, "scores": _SCORE_MODES}
 
 
 # ----------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
 NULL_SLOT = 0               # MambaSlotAllocator never hands out slot 0 (dummy / capture rows)
+RING_ATTR = "rssm_ring"     # on HybridReqToTokenPool.mamba_pool: the ReplayRing (patches/pool.py), or None
 STEP_ATTR = "_rssm_step"    # the backend attribute holding the forward in progress
 
 

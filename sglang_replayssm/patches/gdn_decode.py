@@ -92,7 +92,7 @@ from typing import List, Optional
 
 import torch
 
-from ._cursor import (ContextHolder, LayerContext, NULL_SLOT, ReplayDecodeError, close_layer, drop_step,
+from ._cursor import (RING_ATTR, ContextHolder, LayerContext, NULL_SLOT, ReplayDecodeError, close_layer, drop_step,
                       layer_order, open_layer)
 from .registry import Patch
 
@@ -103,7 +103,6 @@ FORWARD_DECODE_TARGET = BACKEND_MODULE + ".GDNAttnBackend.forward_decode"
 FORWARD_EXTEND_TARGET = BACKEND_MODULE + ".GDNAttnBackend.forward_extend"
 PACKED_DECODE_TARGET = BACKEND_MODULE + ".GDNKernelDispatcher.packed_decode"
 TARGET_VERIFY_TARGET = BACKEND_MODULE + ".GDNKernelDispatcher.target_verify"
-RING_ATTR = "rssm_ring"     # set on HybridReqToTokenPool.mamba_pool by patches/pool.py
 USE_QK_L2NORM = True       # TritonGDNKernel.packed_decode passes use_qk_l2norm_in_kernel=True
 UPSTREAM_RING_KWARGS = ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_write_pos",
                         "replayssm_force_flush")

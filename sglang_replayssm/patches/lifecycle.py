@@ -92,12 +92,12 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from ._cursor import RING_ATTR
 from .registry import Patch
 
 logger = logging.getLogger("sglang_replayssm.patches")
 
 RELEASE_TARGET = "sglang.srt.mem_cache.common.release_kv_cache"
-RING_ATTR = "rssm_ring"     # on HybridReqToTokenPool.mamba_pool (patches/pool.py)
 NULL_SLOT = 0               # SGLang's dummy slot: never folded
 
 

@@ -116,7 +116,7 @@ import logging
 from typing import Any, Dict, List, Optional
 
 from ._cursor import (  # noqa: F401  (gather/advance re-exported: tests and tools use them)
-    ContextHolder, LayerContext,
+    RING_ATTR, ContextHolder, LayerContext,
     NULL_SLOT, ReplayDecodeError, advance_cursors, close_layer, drop_step, gather_cursors, layer_order,
     open_layer)
 from .registry import Patch
@@ -126,7 +126,6 @@ logger = logging.getLogger("sglang_replayssm.patches")
 MIXER_MODULE = "sglang.srt.layers.attention.mamba.mamba"
 SSU_TARGET = MIXER_MODULE + ".selective_state_update"
 BACKEND_FORWARD_TARGET = "sglang.srt.layers.attention.hybrid_linear_attn_backend.Mamba2AttnBackend.forward"
-RING_ATTR = "rssm_ring"     # set on HybridReqToTokenPool.mamba_pool by patches/pool.py
 
 
 # --------------------------------------------------------------------------------------

@@ -143,6 +143,7 @@ import torch
 
 from ..config import ReplaySSMConfig, from_env
 from ..ring import GDNRingGeometry, Mamba2RingGeometry, ReplayRing, ring_bytes_per_slot
+from ._cursor import RING_ATTR
 from .registry import Patch
 
 logger = logging.getLogger("sglang_replayssm.patches")
@@ -155,7 +156,6 @@ CHARGE_TARGET = "sglang.srt.configs.mamba_utils.BaseLinearStateParams.mamba_cach
 SOLVER_TARGET = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._handle_max_mamba_cache"
 SOLVER_TARGET_0515 = "sglang.srt.model_executor.model_runner_kv_cache_mixin.ModelRunnerKVCacheMixin.handle_max_mamba_cache"
 
-RING_ATTR = "rssm_ring"            # on MambaPool: the ReplayRing, or None
 OWNER_ATTR = "rssm_ring_owner"     # on HybridReqToTokenPool: id() of the pool that ran the init hook
 
 _SERVER_DTYPES = {

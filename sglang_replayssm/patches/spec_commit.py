@@ -38,14 +38,13 @@ import logging
 import sys
 from typing import List
 
-from ._cursor import NULL_SLOT, ReplayDecodeError
+from ._cursor import NULL_SLOT, RING_ATTR, ReplayDecodeError
 from .registry import Patch
 
 logger = logging.getLogger("sglang_replayssm.patches")
 
 BACKEND_MODULE = "sglang.srt.layers.attention.hybrid_linear_attn_backend"
 TARGET = BACKEND_MODULE + ".HybridLinearAttnBackend.update_mamba_state_after_mtp_verify"
-RING_ATTR = "rssm_ring"
 CONV_SCATTER = "fused_conv_window_scatter_with_mask"
 
 
