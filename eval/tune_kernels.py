@@ -13,8 +13,12 @@ What is swept is read from the kernels, not hard-coded: each kernel module is ru
 once per geometry with its module-level ``launch_config`` wrapped by a recorder, which
 captures every (family, key, defaults) the wrapper asks for and the config it got.
 The integer parameters among those defaults are swept over the value lists in
-``SWEEP_VALUES`` (block sizes limited to the tensor extent); string parameters
-(``dot_precision``, ``route``) are accuracy/route choices and stay as they are.
+``SWEEP_VALUES`` (block sizes limited to the tensor extent).  String parameters stay as
+they are (``dot_precision``, ``route``: accuracy/route choices), except the speed choices
+a kernel module advertises for its family (:func:`launch_choices`; ``gdn_decode``:
+``flush`` rank1 / rank1_fold / dot, ``scores`` pre / inline and ``cast`` bits / cvt, from
+``gdn_replay.GDN_LAUNCH_CHOICES``), which are secondary parameters of stage 2
+(``--fixed-choices`` keeps them as they are).
 A candidate is applied by pointing ``SGLANG_REPLAYSSM_KERNEL_CONFIG`` at a fresh YAML
 file holding it (a new path per candidate, so no loader cache can serve a stale
 config).
@@ -70,6 +74,16 @@ QUICK_SWEEP_VALUES: Dict[str, List[int]] = {
 # ---------------------------------------------------------------------------------
 # discovery
 # ---------------------------------------------------------------------------------
+def launch_choices(family: str) -> Dict[str, Tuple[str, ...]]:
+    """String launch parameters of ``family`` that are speed choices (the same math), with
+    their values, as the kernel module advertises them; {} for families without any."""
+    if family == "gdn_decode":
+        from sglang_replayssm.kernels.gdn_replay import GDN_LAUNCH_CHOICES
+
+        return {k: tuple(v) for k, v in GDN_LAUNCH_CHOICES.items()}
+    return {}
+
+
 class Recorder:
     """Wraps a module's ``launch_config`` and records each request and its answer."""
 
@@ -147,9 +161,15 @@ def _current_config_file() -> Optional[Path]:
         return None
 
 
-def candidate_values(param: str, default: Any, geom: Dict[str, int], sweep: Dict[str, List[int]]) -> List[Any]:
+def candidate_values(param: str, default: Any, geom: Dict[str, int], sweep: Dict[str, List[int]],
+                     choices: Optional[Dict[str, Sequence[str]]] = None) -> List[Any]:
     """Values to try for one parameter: the sweep list (block sizes limited to the
-    extent they tile) plus the current value; non-integer parameters stay fixed."""
+    extent they tile) plus the current value; a string parameter listed in ``choices``
+    gets its listed values (current one included, listed order); other non-integer
+    parameters stay fixed."""
+    if isinstance(default, str) and choices and param in choices:
+        vals = list(choices[param])
+        return vals if default in vals else vals + [default]
     if isinstance(default, bool) or not isinstance(default, int) or param not in sweep:
         return [default]
     vals = list(sweep[param])
@@ -173,12 +193,13 @@ def stage1_candidates(current: Dict[str, Any], geom, sweep) -> List[Dict[str, An
     return out
 
 
-def stage2_candidates(bases: Sequence[Dict[str, Any]], current: Dict[str, Any], geom, sweep) -> List[Dict[str, Any]]:
+def stage2_candidates(bases: Sequence[Dict[str, Any]], current: Dict[str, Any], geom, sweep,
+                      choices: Optional[Dict[str, Sequence[str]]] = None) -> List[Dict[str, Any]]:
     sec = [p for p in current if p not in PRIMARY]
     out = []
     for base in bases:
         for p in sec:
-            for v in candidate_values(p, current[p], geom, sweep):
+            for v in candidate_values(p, current[p], geom, sweep, choices):
                 if v != base[p]:
                     c = dict(base)
                     c[p] = v
@@ -387,7 +408,8 @@ def tune_one(family: str, gname: str, geom: Dict[str, int], L: int, device: str,
         try_many(stage1_candidates(current, geom, sweep))
         ranked = sorted((r for r in rec["candidates"] if r.get("score")), key=lambda r: r["score"])
         bases = [dict(best)] + [r["config"] for r in ranked if r["config"] != best][:max(0, args.refine - 1)]
-        try_many(stage2_candidates(bases, current, geom, sweep))
+        choices = {} if args.fixed_choices else launch_choices(fam)
+        try_many(stage2_candidates(bases, current, geom, sweep, choices))
         if best_score > 1.0 - args.min_gain:
             best, best_score = dict(current), 1.0
         rec["best"] = best
@@ -407,11 +429,15 @@ def tune_one(family: str, gname: str, geom: Dict[str, int], L: int, device: str,
     return out
 
 
+CHOICE_NAMES = ("flush", "scores", "cast")  # string speed choices shown by compact()
+
+
 def compact(cfg: Dict[str, Any]) -> str:
-    """'BLOCK_M=16 nw=1 ns=1' style summary of the integer parameters."""
+    """'BLOCK_M=16 nw=1 ns=1' style summary of the integer parameters (and the string speed
+    choices, e.g. 'flush=rank1_fold')."""
     short = {"num_warps": "nw", "num_stages": "ns", "bc_num_warps": "bcw"}
     return " ".join(f"{short.get(k, k)}={v}" for k, v in cfg.items()
-                    if isinstance(v, int) and not isinstance(v, bool))
+                    if (isinstance(v, int) and not isinstance(v, bool)) or (k in CHOICE_NAMES and isinstance(v, str)))
 
 
 def tables_from(results: Sequence[Dict[str, Any]]) -> Dict[str, Dict[str, Dict[str, Any]]]:
@@ -443,6 +469,8 @@ def parse_args(argv=None):
     ap.add_argument("--budget-s", type=float, default=None, help="stop trying candidates after this (default 240)")
     ap.add_argument("--base", default=None, help="existing YAML to start from (tuned entries replace its keys)")
     ap.add_argument("--target-ms", type=float, default=None)
+    ap.add_argument("--fixed-choices", action="store_true",
+                    help="keep the string speed choices (gdn_decode flush / scores / cast) as they are")
     return ap.parse_args(argv)
 
 

@@ -30,13 +30,11 @@ only the rounding order differs); ``flush=dot`` as one ``tl.dot`` [BV, LP] x [LP
 with ``dot_precision`` "tf32x3" or "ieee" (plain "tf32" is refused: it drifts ~1e-2;
 measured 6e-4 vs 2e-7 for tf32x3 on a flushed Qwen3-Next state).
 
-Offline sm_90a build (``python -m eval.gdn_sass``, no GPU; Qwen3-Next, L=16, tuned
-config BV 16 x 1 warp, scores pre, fp32 state, bf16 activations), SASS instructions per
-warp: common part (loads, output pass) 1132; flush branch rank1 1970 (1024 FFMA, 369
-FMUL, 75 LDG, 120 CS2R zero-fills of masked loads, 60 SHFL), rank1_fold 1523 (1024 FFMA,
-127 FMUL, 75 LDG, no CS2R); non-flush branch 42.  168 registers, no spills for both;
-with a bf16 state rank1 takes 255 registers (8 warps/SM instead of 12, on every step),
-rank1_fold 168.  Not yet timed on a GPU.
+``cast`` (launch option) rounds the 16-bit stores (out, d, state) either with
+``_cast_rtne``'s bit arithmetic (``bits``, default; what the interpreter always uses) or
+with the GPU's own conversion (``cvt``: cvt.rn, the same bits; offline, a bf16 state's
+flush branch loses ~300 of its SASS instructions per warp and the kernel drops from 255
+to 168 registers).
 
 Launches and tiles
 ------------------
@@ -64,6 +62,20 @@ decode 275 us (1.41x) and upstream's ``--enable-linear-replayssm`` kernel 185 us
 (0.95x). The design goals (1.8x stock, 1.15x upstream) are not met yet; see the
 report for what limits it (history cost grows with w, the fp32 rank-1 flush is
 compute-bound at ~2x a state read+write).
+
+Offline sm_90a build of that config (``python -m eval.gdn_sass``: ptxas / nvdisasm, no
+GPU), SASS instructions per warp (one warp per program, 65,536 warps at batch 256):
+168 registers, no spills, 12 resident warps per SM (register-limited); common part
+(loads, output pass) 1132, non-flush branch 42, flush branch 1970 with ``flush=rank1``
+(1024 FFMA = the (L-1) BV K / 32 rank-1 FMAs + the alpha pass; 369 FMUL: c_j d_j on all
+16 rows every lane holds, e^G S, d_w k^T; 120 CS2R zero-fills of masked loads; 75 LDG;
+~150 for picking c_j out of a lane-distributed vector), 1523 with ``rank1_fold``.  So a
+flush launch issues 2.6x the warp instructions of a non-flush one (3102 vs 1174 per
+warp, ~195 us of issue at 1.98 GHz) on top of 2x the DRAM bytes (~255 us); 454 us is
+about their sum: with 12 warps per SM that each load, then compute, the two barely
+overlap.  rank1_fold takes the flush path to 2651 per warp (-15 %); a bf16 state with
+``flush=rank1, cast=bits`` needs 255 registers (8 warps/SM on every step), 168 with
+``rank1_fold`` or ``cast=cvt``.  Neither option is timed on a GPU yet.
 
 Why this ring (d in the state dtype + raw k in the activation dtype + g fp32)
 ---------------------------------------------------------------------------
@@ -127,11 +139,16 @@ GDN_DEFAULT_LAUNCH: Dict[str, Any] = {
     # instructions: see _flush_state_fold) or "dot" (tensor cores, dot_precision)
     "flush": "rank1",
     "dot_precision": "tf32x3",
+    # rounding of the 16-bit stores (out, d, state): "bits" (_cast_rtne's bit arithmetic) or "cvt" (the
+    # GPU's cvt.rn: the same values, fewer instructions); the interpreter always uses "bits"
+    "cast": "bits",
 }
 _FLUSH_MODES = ("rank1", "rank1_fold", "dot")
 _SCORE_MODES = ("inline", "pre")
-# the string launch parameters that are speed choices (same math), for eval/tune_kernels.py
-GDN_LAUNCH_CHOICES: Dict[str, Tuple[str, ...]] = {"flush": _FLUSH_MODES, "scores": _SCORE_MODES}
+_CAST_MODES = ("bits", "cvt")
+# the string launch parameters that are speed choices (same results), for eval/tune_kernels.py
+GDN_LAUNCH_CHOICES: Dict[str, Tuple[str, ...]] = {"flush": _FLUSH_MODES, "scores": _SCORE_MODES,
+                                                  "cast": _CAST_MODES}
 
 
 # ----------------------------------------------------------------------------------
@@ -150,6 +167,18 @@ def _cast_rtne(x, dtype: tl.constexpr):
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
         x = tl.where(xf != xf, xf, bits.to(tl.float32, bitcast=True))
     return x.to(dtype)
+
+
+@triton.jit
+def _cast_store(x, dtype: tl.constexpr, BITS: tl.constexpr):
+    """x.to(dtype) rounded to nearest even for a store: by _cast_rtne's bit arithmetic
+    (BITS: launch option ``cast=bits``, and always in the interpreter, which truncates to
+    bf16) or by the GPU's own conversion (``cast=cvt``: cvt.rn, the same values; the bit
+    arithmetic of a [16, 128] bf16 state tile costs ~300 SASS instructions per warp)."""
+    if BITS:
+        return _cast_rtne(x, dtype)
+    else:
+        return x.to(dtype)
 
 
 @triton.jit
@@ -346,7 +375,7 @@ def _tile_finish(s_ck, d_hist, v, t, o_b, o_k, mask_k, q, k, kq, alpha, beta, eG
                  is_flush, w, out_row, s_head, stride_s2, d_head, stride_dl, k_head, stride_kl, rn,
                  V: tl.constexpr, BV: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
                  PRE_SCORES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 USE_L2NORM: tl.constexpr, EPS: tl.constexpr, EVEN_V: tl.constexpr):
+                 USE_L2NORM: tl.constexpr, EPS: tl.constexpr, EVEN_V: tl.constexpr, CAST_BITS: tl.constexpr):
     """Output of V tile ``t``, then either the flushed checkpoint rows or the appended d_w."""
     o_v = t * BV + o_b
     mask_v = o_v < V
@@ -359,7 +388,7 @@ def _tile_finish(s_ck, d_hist, v, t, o_b, o_k, mask_k, q, k, kq, alpha, beta, eG
         sk = _replay_apply(sk, eG, d_hist, ck)
     d_cur = beta * (v.to(tl.float32) - alpha * sk)
     o = alpha * sq + d_cur * kq
-    tl.store(out_row + o_v, _cast_rtne(o, out_row.dtype.element_ty), mask=mask_v)
+    tl.store(out_row + o_v, _cast_store(o, out_row.dtype.element_ty, CAST_BITS), mask=mask_v)
     if is_flush:
         if FLUSH == "rank1_fold":
             # one fused fp32 rank-1 pass (see _flush_state_fold), alpha folded into its coefficients
@@ -373,11 +402,11 @@ def _tile_finish(s_ck, d_hist, v, t, o_b, o_k, mask_k, q, k, kq, alpha, beta, eG
                                           EVEN_V)
             else:
                 s_new = alpha * s_ck + d_cur[:, None] * k[None, :]
+            s_out = _cast_store(s_new, s_head.dtype.element_ty, CAST_BITS)
             if EVEN_V:  # every tile of every program lies inside V: no row mask on the store
-                tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :], _cast_rtne(s_new, s_head.dtype.element_ty),
-                         mask=mask_k[None, :])
+                tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :], s_out, mask=mask_k[None, :])
             else:
-                tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :], _cast_rtne(s_new, s_head.dtype.element_ty),
+                tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :], s_out,
                          mask=mask_v[:, None] & mask_k[None, :])
         else:
             # S_{w-1} from the tile already in registers (no second read), then the new checkpoint
@@ -400,10 +429,10 @@ def _tile_finish(s_ck, d_hist, v, t, o_b, o_k, mask_k, q, k, kq, alpha, beta, eG
             else:
                 s_prev = s_ck
             s_new = alpha * s_prev + d_cur[:, None] * k[None, :]
-            tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :], _cast_rtne(s_new, s_head.dtype.element_ty),
-                     mask=mask_v[:, None] & mask_k[None, :])
+            tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :],
+                     _cast_store(s_new, s_head.dtype.element_ty, CAST_BITS), mask=mask_v[:, None] & mask_k[None, :])
     else:
-        tl.store(d_head + w * stride_dl + o_v, _cast_rtne(d_cur, d_head.dtype.element_ty), mask=mask_v)
+        tl.store(d_head + w * stride_dl + o_v, _cast_store(d_cur, d_head.dtype.element_ty, CAST_BITS), mask=mask_v)
 
 
 # ----------------------------------------------------------------------------------
@@ -425,7 +454,7 @@ def _gdn_replay_decode_kernel(
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, V_TILES: tl.constexpr, NUM_STAGES: tl.constexpr,
     USE_L2NORM: tl.constexpr, PRE_SCORES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, EVEN_V: tl.constexpr,
+    SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, EVEN_V: tl.constexpr, CAST_BITS: tl.constexpr,
 ):
     # program: V_TILES consecutive V tiles of BV rows, of one (row, v-head)
     i_vp = tl.program_id(0)
@@ -502,13 +531,15 @@ def _gdn_replay_decode_kernel(
     # ---- V tiles: output-only replay, then flush or append ----
     _tile_finish(s_ck, d_hist, v, t0, o_b, o_k, mask_k, q, k, kq, alpha, beta, eG, c, cq, ck, k_hist,
                  is_flush, w, out_row, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, rn,
-                 V, BV, L, LP, PRE_SCORES, FLUSH, DOT_PRECISION, USE_L2NORM, EPS, EVEN_V)
+                 V, BV, L, LP, PRE_SCORES, FLUSH, DOT_PRECISION, USE_L2NORM, EPS, EVEN_V,
+                 CAST_BITS)
     for t in tl.range(t0 + 1, t0 + V_TILES, num_stages=NUM_STAGES):
         s_t, d_t, v_t = _tile_load(s_head, stride_s2, d_head, stride_d2, v_row, t, o_b, o_k, mask_k, o_j, valid,
                                    V, BV, L)
         _tile_finish(s_t, d_t, v_t, t, o_b, o_k, mask_k, q, k, kq, alpha, beta, eG, c, cq, ck, k_hist,
                      is_flush, w, out_row, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, rn,
-                     V, BV, L, LP, PRE_SCORES, FLUSH, DOT_PRECISION, USE_L2NORM, EPS, EVEN_V)
+                     V, BV, L, LP, PRE_SCORES, FLUSH, DOT_PRECISION, USE_L2NORM, EPS, EVEN_V,
+                     CAST_BITS)
 
     # ---- append g_w (per v-head) and raw k_w (one writer per (row, k-head)) ----
     if (i_vp == 0) & (w < L - 1):
@@ -536,6 +567,8 @@ def gdn_launch_params(HV: int, Hk: int, K: int, V: int, L: int, state_dtype=None
         check_dot_precision(cfg["dot_precision"], "gdn_decode launch config")
         if cfg["flush"] not in _FLUSH_MODES:
             raise ValueError(f"gdn_decode launch config: flush must be one of {_FLUSH_MODES}, got {cfg['flush']!r}")
+        if cfg["cast"] not in _CAST_MODES:
+            raise ValueError(f"gdn_decode launch config: cast must be one of {_CAST_MODES}, got {cfg['cast']!r}")
         if cfg["scores"] not in _SCORE_MODES:
             raise ValueError(f"gdn_decode launch config: scores must be one of {_SCORE_MODES}, got {cfg['scores']!r}")
         if not isinstance(cfg["maxnreg"], int) or cfg["maxnreg"] < 0:
@@ -708,7 +741,7 @@ def gdn_replay_decode(
         HK=Hk, HV=HV, K=K, V=V, L=L, BK=BK, BV=BV, LP=LP, V_TILES=v_tiles, NUM_STAGES=cfg["num_stages"],
         USE_L2NORM=use_l2, PRE_SCORES=pre, FLUSH=cfg["flush"],
         DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
-        EVEN_V=V % (BV * v_tiles) == 0,
+        EVEN_V=V % (BV * v_tiles) == 0, CAST_BITS=cfg["cast"] == "bits" or interpreting(),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **extra,
     )
     return out

@@ -86,6 +86,24 @@ def interp_launch(tmp_path, monkeypatch):
     return use
 
 
+FLUSHES = ("rank1", "rank1_fold")  # the fp32 CUDA-core flush modes every oracle test runs under
+
+
+@pytest.fixture
+def flush_launch(interp_launch):
+    """``interp_launch`` plus a flush mode. The interpreter gets the pinned tiles and the
+    mode; on CUDA a non-default mode is written alone (everything else: the defaults and
+    default.yaml), the default mode leaves the device's config in force."""
+
+    def use(flush, **interp_params):
+        if INTERP:
+            interp_launch(flush=flush, **interp_params)
+        elif flush != gr.GDN_DEFAULT_LAUNCH["flush"]:
+            interp_launch(always=True, flush=flush)
+
+    return use
+
+
 def check_close(actual, expected, atol, rtol, what, scale=0.0):
     a = actual.detach().double().cpu()
     e = expected.detach().double().cpu()
@@ -312,10 +330,11 @@ def small_geom(L, **kw):
 # ----------------------------------------------------------------------------------
 # 1 + 2 + 3 + 9: per-step outputs and flushed states vs oracle and reference
 # ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("flush", FLUSHES)
 @pytest.mark.parametrize("L", [1, 4, 16])
 @pytest.mark.parametrize("prec", list(PRECISIONS))
-def test_decode_matches_oracle_and_reference(device, seed, interp_launch, L, prec):
-    interp_launch(BV=32)  # V=64 -> two V tiles per head
+def test_decode_matches_oracle_and_reference(device, seed, flush_launch, L, prec, flush):
+    flush_launch(flush, BV=32)  # V=64 -> two V tiles per head
     sd, ad = PRECISIONS[prec]
     sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, **small_geom(L))
     rows = [4, 1, 3]
@@ -323,7 +342,7 @@ def test_decode_matches_oracle_and_reference(device, seed, interp_launch, L, pre
         sim.activate(s)
     for _ in range(max(2 * L + 1, 4)):
         sim.step(rows)
-    print(prec, f"L={L}", {k: f"{v:.2e}" for k, v in sim.max_errs.items()})
+    print(prec, f"L={L}", flush, {k: f"{v:.2e}" for k, v in sim.max_errs.items()})
 
 
 # ----------------------------------------------------------------------------------
@@ -332,15 +351,25 @@ def test_decode_matches_oracle_and_reference(device, seed, interp_launch, L, pre
 VARIANTS = {
     "inline-rank1": dict(scores="inline", flush="rank1"),
     "pre-rank1": dict(scores="pre", flush="rank1"),
+    "inline-fold": dict(scores="inline", flush="rank1_fold"),
+    "pre-fold": dict(scores="pre", flush="rank1_fold"),
     "inline-dot": dict(scores="inline", flush="dot"),
     "pre-dot-ieee": dict(scores="pre", flush="dot", dot_precision="ieee"),
     "vtiles2-stages2": dict(scores="pre", flush="rank1", v_tiles=2, num_stages=2),
+    "vtiles2-stages2-fold": dict(scores="pre", flush="rank1_fold", v_tiles=2, num_stages=2),
+    # V=64, BV=16, 3 tiles per program: the second program's last two tiles lie past V
+    # (the masked, not EVEN_V, rank1_fold path)
+    "vtiles3-partial-fold": dict(scores="pre", flush="rank1_fold", BV=16, v_tiles=3),
+    "vtiles3-partial-rank1": dict(scores="pre", flush="rank1", BV=16, v_tiles=3),
+    "pre-fold-cvt": dict(scores="pre", flush="rank1_fold", cast="cvt"),  # cvt: GPU only (interpreter: bits)
 }
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_launch_variants(device, seed, interp_launch, variant):
-    interp_launch(always=True, BV=32, num_warps=4 if "dot" in variant else 1, **VARIANTS[variant])
+    params = dict(BV=32, num_warps=4 if "dot" in variant else 1)
+    params.update(VARIANTS[variant])
+    interp_launch(always=True, **params)
     L = 4
     sim = Sim(device, seed, state_dtype=F32, act_dtype=BF16, **small_geom(L))
     rows = [2, 5]
@@ -350,12 +379,84 @@ def test_launch_variants(device, seed, interp_launch, variant):
         sim.step(rows)
 
 
+def _every_position_under_configs(sim, L, tmp_path, monkeypatch, out_dtype, configs):
+    """One launch with a row at every write position 0..L-1 (slots 1..L, one flush row), run on
+    clones of the same pools under each ``configs[name]`` (YAML flow entries of gdn_decode).
+    Returns ({name: (out, pool bases)}, bases before)."""
+    rows = list(range(1, L + 1))
+    for s in rows:
+        sim.activate(s)
+        sim.wpos[s] = s - 1
+    x, a, b = sim.inputs(len(rows))
+    idx, wp = sim.index_tensors(rows)
+    before = {n: t.clone() for n, t in sim.bases.items()}
+    got = {}
+    for name, entries in configs.items():
+        f = tmp_path / f"{name}.yaml"
+        f.write_text(f"gdn_decode:\n  default: {{BV: 32, {entries}}}\n")
+        monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
+        bases = {n: t.clone() for n, t in before.items()}
+        got[name] = (sim.launch(gdn_replay_decode, x, a, b, idx, wp, bases, sim.new_out(len(rows), out_dtype)), bases)
+    return got, before
+
+
+@pytest.mark.parametrize("scores", ["pre", "inline"])
+@pytest.mark.parametrize("prec", ["s32-a16b", "s16b-a16b", "s16-a16"])
+def test_flush_modes_agree(device, seed, tmp_path, monkeypatch, prec, scores):
+    """rank1_fold vs rank1 on identical pools, one launch with every write position
+    (one flush row): the same output pass, the flushed state within rounding-order
+    differences (fp32: ~1e-7 relative; 16-bit states: at most one ulp), the same ring
+    appends, nothing else written."""
+    sd, ad = PRECISIONS[prec]
+    L = 8
+    sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, **small_geom(L, Hk=2, HV=4, n_slots=L + 2))
+    p = sim.pools()
+    p["d"].copy_((sim.randn(p["d"].shape, 0.5)).to(sd))
+    p["g"].copy_(-torch.exp(sim.A_log.cpu())[None, :, None] * torch.rand(p["g"].shape, generator=sim.gen))
+    got, before = _every_position_under_configs(
+        sim, L, tmp_path, monkeypatch, F32, {fl: f"scores: {scores}, flush: {fl}" for fl in FLUSHES})
+    got = {k: (out, sim.pools(bases)) for k, (out, bases) in got.items()}
+    (o_ref, p_ref), (o_new, p_new) = got[FLUSHES[0]], got[FLUSHES[1]]
+    check_close(o_new, o_ref, *REF_OUT_TOL, "out: rank1_fold vs rank1")
+    flushed = L  # the slot of the row at write position L - 1
+    assert not torch.equal(bits(p_ref["state"][flushed]), bits(before["state"][flushed]))
+    if sd == F32:
+        e = check_close(p_new["state"], p_ref["state"], 1e-6, 2e-6, "flushed state: rank1_fold vs rank1")
+    else:  # one ulp of the state dtype
+        e = check_close(p_new["state"], p_ref["state"], 1e-6, ULP_RTOL[sd], "flushed state: rank1_fold vs rank1")
+    print(prec, scores, f"max |state diff| {e:.2e}")
+    others = [s for s in range(sim.S) if s != flushed]
+    assert torch.equal(bits(p_new["state"][others]), bits(before["state"][others]))
+    check_close(p_new["d"], p_ref["d"], 1e-6, ULP_RTOL[sd], "d ring: rank1_fold vs rank1")
+    for n in ("k", "g"):
+        assert torch.equal(bits(p_new[n]), bits(p_ref[n])), f"{n} ring differs between flush modes"
+
+
+@pytest.mark.parametrize("flush", FLUSHES)
+@pytest.mark.parametrize("prec", ["s32-a16b", "s16b-a16b", "s16-a16"])
+def test_cast_modes_bit_identical(device, seed, tmp_path, monkeypatch, prec, flush):
+    """cast=cvt (the GPU's cvt.rn) and cast=bits (_cast_rtne's bit arithmetic) store the
+    same bits: outputs in the activation dtype, d appends and the flushed state. In the
+    interpreter both run the bit arithmetic (it truncates otherwise); the GPU compares the
+    two roundings for real."""
+    sd, ad = PRECISIONS[prec]
+    L = 8
+    sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, **small_geom(L, Hk=2, HV=4, n_slots=L + 2))
+    got, before = _every_position_under_configs(
+        sim, L, tmp_path, monkeypatch, ad, {c: f"flush: {flush}, cast: {c}" for c in ("bits", "cvt")})
+    assert torch.equal(bits(got["cvt"][0]), bits(got["bits"][0])), "outputs differ between cast modes"
+    for n in before:
+        assert torch.equal(bits(got["cvt"][1][n]), bits(got["bits"][1][n])), f"{n} pool differs between cast modes"
+    assert not torch.equal(bits(got["bits"][1]["state"]), bits(before["state"]))  # the flush row wrote
+
+
 # ----------------------------------------------------------------------------------
 # 2: kernel vs reference at every write position in one launch (realistic ring data)
 # ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("flush", FLUSHES)
 @pytest.mark.parametrize("prec", ["s32-a16b", "s16b-a16b"])
-def test_every_write_position_matches_reference(device, seed, interp_launch, prec):
-    interp_launch(BV=32)
+def test_every_write_position_matches_reference(device, seed, flush_launch, prec, flush):
+    flush_launch(flush, BV=32)
     sd, ad = PRECISIONS[prec]
     L = 8
     sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, **small_geom(L, Hk=2, HV=4, n_slots=L + 2))
@@ -527,9 +628,10 @@ def test_out_layouts_and_default_out(device, seed, interp_launch):
 # 8: teeth
 # ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("ring", ["d", "k", "g"])
-@pytest.mark.parametrize("phase", ["nonflush", "flush"])
-def test_corrupted_ring_entry_is_detected(device, seed, interp_launch, ring, phase):
-    interp_launch(BV=32)
+@pytest.mark.parametrize("phase", ["nonflush", "flush"] + [f"flush-{f}" for f in FLUSHES[1:]])
+def test_corrupted_ring_entry_is_detected(device, seed, flush_launch, ring, phase):
+    flush_launch(phase[len("flush-"):] if phase.startswith("flush-") else FLUSHES[0], BV=32)
+    phase = "flush" if phase.startswith("flush") else phase
     L = 4
     sim = Sim(device, seed, state_dtype=F32, act_dtype=F32, **small_geom(L, Hk=2, HV=4))
     rows = [2, 4]
@@ -585,10 +687,11 @@ GEOMS = {
 }
 
 
+@pytest.mark.parametrize("flush", FLUSHES)
 @pytest.mark.parametrize("geom", list(GEOMS))
-def test_small_geometries(device, seed, interp_launch, geom):
+def test_small_geometries(device, seed, flush_launch, geom, flush):
     g = dict(GEOMS[geom])
-    interp_launch(BV=g.pop("BV"))
+    flush_launch(flush, BV=g.pop("BV"))
     L = 4
     sim = Sim(device, seed, state_dtype=F32, act_dtype=BF16, L=L, n_slots=5, **g)
     rows = [1, 4, 2]
@@ -613,9 +716,12 @@ def test_real_geometries(device, seed, interp_launch, geom):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("flush", FLUSHES)
 @pytest.mark.parametrize("prec", ["s32-a16b", "s16b-a16b"])
-def test_qwen3_next_full_cycles_gpu(device, seed, prec):
-    """Full L=16 cycles at batch 16 with the default launch config (CUDA only)."""
+def test_qwen3_next_full_cycles_gpu(device, seed, flush_launch, prec, flush):
+    """Full L=16 cycles at batch 16 with the default launch config (CUDA only); a
+    non-default flush mode replaces the device's config by the defaults + that mode."""
+    flush_launch(flush)
     sd, ad = PRECISIONS[prec]
     L = 16
     sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, Hk=16, HV=32, K=128, V=128, L=L, n_slots=20)
@@ -624,11 +730,12 @@ def test_qwen3_next_full_cycles_gpu(device, seed, prec):
         sim.activate(s)
     for _ in range(2 * L + 1):
         sim.step(rows)
-    print(prec, {k: f"{v:.2e}" for k, v in sim.max_errs.items()})
+    print(prec, flush, {k: f"{v:.2e}" for k, v in sim.max_errs.items()})
 
 
-def test_no_l2norm(device, seed, interp_launch):
-    interp_launch(BV=32)
+@pytest.mark.parametrize("flush", FLUSHES)
+def test_no_l2norm(device, seed, flush_launch, flush):
+    flush_launch(flush, BV=32)
     L = 4
     sim = Sim(device, seed, state_dtype=F32, act_dtype=F32, use_qk_l2norm=False, **small_geom(L))
     # without normalisation keep k small so the delta rule stays contractive
@@ -721,17 +828,22 @@ def test_validation_device_mismatch():
         _call(args)
 
 
-def test_launch_config_rejects_plain_tf32(tmp_path, monkeypatch):
+@pytest.mark.parametrize("entry,match", [("dot_precision: tf32", "tf32"), ("BV: 24", "BV"),
+                                         ("flush: rank2", "flush"), ("cast: truncate", "cast")])
+def test_launch_config_rejects_bad_values(tmp_path, monkeypatch, entry, match):
     f = tmp_path / "bad.yaml"
-    f.write_text("gdn_decode:\n  default:\n    dot_precision: tf32\n")
+    f.write_text(f"gdn_decode:\n  default:\n    {entry}\n")
     monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
-    with pytest.raises(ValueError, match="tf32"):
+    with pytest.raises(ValueError, match=match):
         gr.gdn_launch_params(2, 1, 32, 32, 4)
-    f2 = tmp_path / "bad2.yaml"
-    f2.write_text("gdn_decode:\n  default:\n    BV: 24\n")
-    monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f2))
-    with pytest.raises(ValueError, match="BV"):
-        gr.gdn_launch_params(2, 1, 32, 32, 4)
+
+
+def test_launch_config_accepts_every_advertised_flush(tmp_path, monkeypatch):
+    for flush in gr.GDN_LAUNCH_CHOICES["flush"]:  # every advertised mode is accepted
+        f4 = tmp_path / f"ok-{flush}.yaml"
+        f4.write_text(f"gdn_decode:\n  default:\n    flush: {flush}\n")
+        monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f4))
+        assert gr.gdn_launch_params(2, 1, 32, 32, 4)["flush"] == flush
 
 
 def test_default_yaml_has_gdn_section():
