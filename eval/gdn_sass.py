@@ -234,8 +234,10 @@ def split_regions(insns: List[Dict[str, Any]], labels: Dict[str, int], branch_at
                   ) -> Dict[str, List[Dict[str, Any]]]:
     """common / flush / nonflush instruction lists (see the module docstring)."""
     fname, line = branch_at
+    # compare file names, not paths: a kernel from Triton's cache keeps the line info of the
+    # checkout that first compiled it (same source hash, another directory)
     br = next((i for i in insns if i["op"] == "BRA" and i["pred"] and i["line"] == line
-               and os.path.samefile(i["file"], fname)), None)
+               and os.path.basename(i["file"]) == os.path.basename(fname)), None)
     if br is None:
         return {"all": insns}
     lab = re.search(r"\((\.L_x_\d+)\)", br["text"]).group(1)
