@@ -164,6 +164,12 @@ class ReplayRing:
         """``(origin, flush)`` of a spec ring, None for a standard-decode ring."""
         return None if self.origin is None else (self.origin, self.flush)
 
+    @property
+    def verify_cursors(self) -> Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """``(write_pos, origin, flush)`` as the verify and commit kernels take them; None for a
+        standard-decode ring."""
+        return None if self.origin is None else (self.write_pos, self.origin, self.flush)
+
     def _cursors(self):
         return [self.write_pos] + list(self.spec_cursors or ())
 

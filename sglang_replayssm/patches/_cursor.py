@@ -108,7 +108,7 @@ def close_layer(backend, ring, step: ForwardStep) -> None:
         if ring.spec_window is not None:
             from ..kernels.spec_cursor import spec_commit
 
-            spec_commit(ring.write_pos, ring.origin, ring.flush, step.slots, None, window=ring.spec_window,
+            spec_commit(*ring.verify_cursors, step.slots, None, window=ring.spec_window,
                         ring_len=ring.ring_len, null_slot=NULL_SLOT)
         else:
             advance_cursors(ring.write_pos, step.slots, step.wp_rows, ring.buffer_len)

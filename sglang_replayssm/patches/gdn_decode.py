@@ -184,10 +184,6 @@ def _plan(backend, layer, forward_batch):
     return ring, step, pool_idx
 
 
-def _spec_cursors(ring):
-    return (ring.write_pos, ring.origin, ring.flush) if ring.spec_window is not None else None
-
-
 def forward_decode_around(original, self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
     """AROUND ``GDNAttnBackend.forward_decode``: ring context + once-per-forward cursor advance."""
     plan = _plan(self, layer, forward_batch)
@@ -198,7 +194,7 @@ def forward_decode_around(original, self, layer, forward_batch, mixed_qkv, a, b,
     ctx = _LayerContext(ring_views=ring.layer(pool_idx), slots=step.slots, wp_rows=step.wp_rows,
                         state_ptr=temporal[pool_idx].data_ptr(), num_slots=ring.num_slots, geom=ring.geom,
                         pool_idx=pool_idx, layer_id=layer.layer_id,
-                        mode="decode" if ring.spec_window is None else "decode_spec", spec=_spec_cursors(ring))
+                        mode="decode" if ring.spec_window is None else "decode_spec", spec=ring.verify_cursors)
     if current_context() is not None:
         drop_step(self)
         raise ReplayDecodeError("nested GDNAttnBackend.forward_decode calls under a replay context")
@@ -296,7 +292,7 @@ def forward_extend_around(original, self, layer, forward_batch, mixed_qkv, a, b,
     temporal = pool.mamba_cache.temporal
     ctx = _LayerContext(ring_views=ring.layer(pool_idx), slots=md.mamba_cache_indices, wp_rows=None,
                         state_ptr=temporal[pool_idx].data_ptr(), num_slots=ring.num_slots, geom=ring.geom,
-                        pool_idx=pool_idx, layer_id=layer.layer_id, mode="verify", spec=_spec_cursors(ring))
+                        pool_idx=pool_idx, layer_id=layer.layer_id, mode="verify", spec=ring.verify_cursors)
     if current_context() is not None:
         raise ReplayDecodeError("nested GDN forwards under a replay context")
     _CTX.set(ctx)

@@ -219,7 +219,7 @@ def backend_forward_around(original, self, mixer, hidden_states, output, layer_i
         ring_views=ring.layer(pool_idx), slots=slots, wp_rows=wp_rows,
         state_ptr=temporal[pool_idx].data_ptr(), num_slots=ring.num_slots,
         route=_route_of(self), pool_idx=pool_idx, layer_id=layer_id, mode=mode,
-        spec=(ring.write_pos, ring.origin, ring.flush) if ring.spec_window is not None else None)
+        spec=ring.verify_cursors)
     if current_context() is not None:
         raise ReplayDecodeError("nested Mamba2AttnBackend.forward calls under a replay context")
     _CTX.set(ctx)

@@ -85,7 +85,7 @@ def commit_around(original, self, last_correct_step_indices, mamba_track_indices
     scatter = _conv_scatter()
     for conv, window in zip(caches.conv, caches.intermediate_conv_window):
         scatter(conv, window, slots, last_correct_step_indices)
-    spec_commit(ring.write_pos, ring.origin, ring.flush, slots, last_correct_step_indices + 1,
+    spec_commit(*ring.verify_cursors, slots, last_correct_step_indices + 1,
                 window=ring.spec_window, ring_len=ring.ring_len, null_slot=NULL_SLOT)
     return None
 

@@ -55,3 +55,11 @@ def test_bad_geometry_and_kind():
     ring = make_ring("mamba2", 1, 2, nheads=2, head_dim=4, dstate=4, ngroups=1, buffer_len=2)
     with pytest.raises(IndexError, match="slot ids"):
         ring.reset([2])
+
+
+def test_verify_cursors_are_the_three_spec_cursors():
+    kw = dict(nheads=2, head_dim=4, dstate=4, ngroups=1, buffer_len=2)
+    assert make_ring("mamba2", 1, 3, **kw).verify_cursors is None
+    ring = make_ring("mamba2", 1, 3, spec_window=2, **kw)
+    wp, origin, flush = ring.verify_cursors
+    assert wp is ring.write_pos and (origin, flush) == ring.spec_cursors
