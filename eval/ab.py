@@ -63,7 +63,9 @@ SCHEMA = "replayssm-ab/1"
 
 STOCK_MODULE = "sglang.launch_server"
 PATCHED_MODULE = "sglang_replayssm.launch_server"
-ARM_KINDS = ("stock", "patched")
+# stock: plain SGLang; patched: our launcher (applied seams only); staged: our launcher with
+# ``--replayssm-staged true`` (the decode/verify seams still under GPU validation)
+ARM_KINDS = ("stock", "patched", "staged")
 SPEC_ALGOS = {"none": None, "nextn": "NEXTN", "eagle": "EAGLE"}
 BENCH_KEYS = (
     "completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
@@ -90,7 +92,7 @@ def log(msg: str) -> None:
 @dataclass
 class Phase:
     label: str                  # unique: "stock", "stock-2", "patched", "patched-spec-parity", ...
-    kind: str                   # "stock" | "patched"
+    kind: str                   # one of ARM_KINDS
     spec: bool                  # speculative flags on
     sim_acc_len: Optional[float]
     bench: bool
@@ -110,6 +112,14 @@ def parse_arms(text: str) -> List[Tuple[str, str]]:
         seen[k] = seen.get(k, 0) + 1
         out.append((k if seen[k] == 1 else f"{k}-{seen[k]}", k))
     return out
+
+
+def arm_launch(args, kind: str) -> Tuple[str, List[str]]:
+    """The launcher module and the launcher-only flags of one arm kind."""
+    if kind == "stock":
+        return args.stock_module, []
+    extra = [x for e in (args.patched_arg or []) for x in shlex.split(e)]
+    return args.patched_module, extra + (["--replayssm-staged", "true"] if kind == "staged" else [])
 
 
 def parse_batches(text: str) -> List[int]:
@@ -810,8 +820,7 @@ class PhaseRun:
                  pythonpath: List[str], logdir: Path):
         self.phase, self.args, self.model, self.logdir = phase, args, model, logdir
         port = free_port(args.host)
-        module = args.stock_module if phase.kind == "stock" else args.patched_module
-        extra = [x for e in (args.patched_arg or []) if phase.kind == "patched" for x in shlex.split(e)]
+        module, extra = arm_launch(args, phase.kind)
         cmd = launch_cmd(args.python, module, flags, args.host, port, extra)
         env = server_env(base_env, args, phase, model, pythonpath)
         log_path = logdir / f"server-{phase.label}.log"
@@ -1050,7 +1059,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("what to run")
     g.add_argument("--model", default="tiny-nemotron-h", help="built-in geometry (--list-models) or a model dir")
-    g.add_argument("--arms", default="stock,patched", help="servers in order; later arms are compared with the first")
+    g.add_argument("--arms", default="stock,patched", help="servers in order, each stock, patched or staged (patched + "
+                   "--replayssm-staged true); later arms are compared with the first")
     g.add_argument("--batch", default="1,8,32,64", help="bench_serving --max-concurrency values")
     g.add_argument("--input-len", type=int, default=128)
     g.add_argument("--output-len", type=int, default=256)
@@ -1074,8 +1084,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cuda-graph-max-bs", type=int, default=0, help="default: the largest --batch")
     s.add_argument("--prefill-graph", choices=("default", "off"), default="off")
     s.add_argument("--server-arg", action="append", help="extra SGLang flags for every server (shell-split)")
-    s.add_argument("--patched-arg", action="append", help="extra flags for the patched launcher only, e.g. "
-                   "'--replayssm-buffer-len 16'")
+    s.add_argument("--patched-arg", action="append", help="extra flags for the patched and staged arms' launcher, "
+                   "e.g. '--replayssm-buffer-len 16'")
     s.add_argument("--seed", type=int, default=0, help="SGLang --random-seed, bench and parity prompt seed")
     s.add_argument("--host", default="127.0.0.1")
     w = p.add_argument_group("weights")
@@ -1162,8 +1172,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     base_env = dict(os.environ)
     if args.dry_run:
         for ph in phases:
-            module = args.stock_module if ph.kind == "stock" else args.patched_module
-            extra = [x for e in (args.patched_arg or []) if ph.kind == "patched" for x in shlex.split(e)]
+            module, extra = arm_launch(args, ph.kind)
             cmd = launch_cmd(args.python, module, flags[ph.spec], args.host, 30000, extra)
             env = env_delta(server_env(base_env, args, ph, spec_models[ph.spec], pythonpath), base_env)
             print(f"# {ph.label} ({ph.role}): bench={ph.bench} parity={ph.parity}")

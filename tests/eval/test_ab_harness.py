@@ -46,6 +46,14 @@ def test_arms_and_phases():
     with pytest.raises(ValueError, match="unknown arm"):
         ab.parse_arms("stock,fork")
     assert ab.parse_batches("32,1,128,32") == [1, 32, 128]
+
+
+def test_arm_launchers():
+    args = ab.build_parser().parse_args(["--patched-arg", "--replayssm-buffer-len 8"])
+    assert ab.arm_launch(args, "stock") == (ab.STOCK_MODULE, [])
+    assert ab.arm_launch(args, "patched") == (ab.PATCHED_MODULE, ["--replayssm-buffer-len", "8"])
+    assert ab.arm_launch(args, "staged") == (ab.PATCHED_MODULE,
+                                              ["--replayssm-buffer-len", "8", "--replayssm-staged", "true"])
     with pytest.raises(ValueError):
         ab.parse_batches("1,x")
     ph = ab.plan_phases(_args("--arms", "stock,patched"))
