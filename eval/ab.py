@@ -135,8 +135,10 @@ def parse_batches(text: str) -> List[int]:
 def plan_phases(args) -> List[Phase]:
     spec = args.spec != "none"
     sim = args.sim_acc_len if spec and args.sim_acc_len else None
-    phases = [Phase(label, kind, spec, sim, bench=not args.no_bench,
-                    parity=(not args.no_parity) and sim is None)
+    # a whole accept length under "match-expected" accepts the same draft tokens on every server,
+    # so simulated runs are comparable token for token (multi-token accepts, rollback, flushes)
+    repeatable = sim is None or (float(sim).is_integer() and args.sim_acc_method == "match-expected")
+    phases = [Phase(label, kind, spec, sim, bench=not args.no_bench, parity=(not args.no_parity) and repeatable)
               for label, kind in parse_arms(args.arms)]
     if spec and not args.no_parity and args.spec_parity:
         if sim is not None:
@@ -200,8 +202,8 @@ def common_server_flags(args, model: ModelSpec, spec: bool) -> List[str]:
     if backend:
         f += ["--attention-backend", backend]
     mem = args.mem_fraction_static or (0.25 if model.builtin and model.size == "tiny" else 0.85)
-    f += ["--sampling-backend", args.sampling_backend, "--disable-radix-cache",
-          "--mem-fraction-static", str(mem),
+    f += ["--sampling-backend", args.sampling_backend] + (["--disable-radix-cache"] if args.radix_cache == "off" else [])
+    f += ["--mem-fraction-static", str(mem),
           "--context-length", str(args.context_length), "--random-seed", str(args.seed),
           "--enable-metrics"]
     if args.max_running_requests:
@@ -588,6 +590,19 @@ def run_parity(url: str, prompts: List[List[int]], n_tokens: int, topk: int, tim
     return {"seconds": round(time.time() - t0, 2), "outputs": outs}
 
 
+def run_parity_solo(url: str, prompts: List[List[int]], args, deadline: float) -> Dict[str, Any]:
+    """The parity prompts again, one request at a time: the same tokens through a batch of one.
+    Stock batched vs stock solo is the noise floor of the serving engine itself (GEMM tilings
+    and reduction orders change with the batch; with the radix cache on, the repeats also hit
+    the prefixes cached by the batched run)."""
+    t0, outs = time.time(), []
+    for pr in prompts:
+        res = run_parity(url, [pr], args.parity_tokens, args.parity_topk,
+                         timeout=min(args.parity_timeout, max(10.0, deadline - time.time())))
+        outs += res["outputs"]
+    return {"seconds": round(time.time() - t0, 2), "outputs": outs}
+
+
 def _truncate_generate(item: dict, n: int) -> dict:
     out = {k: v for k, v in item.items() if k != "meta_info"}
     if isinstance(out.get("output_ids"), list):
@@ -876,6 +891,9 @@ class PhaseRun:
                                                    sample_path=self.logdir / f"generate-sample-{phase.label}.json")
                         log(f"{phase.label}: parity {len(prompts)} x {args.parity_tokens} tokens in "
                             f"{rec['parity']['seconds']} s")
+                        if args.parity_solo:
+                            rec["parity_solo"] = run_parity_solo(server.url, prompts, args, deadline)
+                            log(f"{phase.label}: parity one prompt at a time in {rec['parity_solo']['seconds']} s")
                     except Exception as e:  # noqa: BLE001
                         rec["parity"] = {"error": f"{type(e).__name__}: {e}"}
                 progress.step(f"{phase.label} parity")
@@ -1000,6 +1018,12 @@ def compare(a: Dict[str, Any], b: Dict[str, Any], phases: List[Dict[str, Any]], 
     else:
         out["parity"] = {"skipped": pa.get("skipped") or pb.get("skipped") or pa.get("error") or pb.get("error")
                          or "no parity outputs (simulated acceptance or --no-parity)"}
+    sa, sb = a.get("parity_solo") or {}, b.get("parity_solo") or {}
+    if "outputs" in pa and "outputs" in sa:  # the engine's own batch sensitivity: the noise floor
+        out["parity_noise_floor"] = dict(compare_parity(pa["outputs"], sa["outputs"], args.near_tie_tol,
+                                                        args.parity_tokens), what=f"{a['label']} batched vs solo")
+    if "outputs" in sa and "outputs" in sb:
+        out["parity_solo"] = compare_parity(sa["outputs"], sb["outputs"], args.near_tie_tol, args.parity_tokens)
     ref = next((p for p in phases if p["phase"]["role"] == "reference"), None)
     if ref is not None and "outputs" in (ref.get("parity") or {}):
         sp = {}
@@ -1018,19 +1042,22 @@ def compare(a: Dict[str, Any], b: Dict[str, Any], phases: List[Dict[str, Any]], 
         parts.append(f"throughput ratio {b['label']}/{a['label']} geomean {geo:.3f} "
                      f"(min {out['throughput_ratio_min']:.3f}, max {out['throughput_ratio_max']:.3f})"
                      + (" within the noise band" if abs(geo - 1) <= noise else ""))
-    if "exact" in par:
-        parts.append("parity exact" if par["exact"] else
-                     f"parity: {par['mismatches']} mismatching prompt(s), {len(par['near_ties'])} near-tie(s), "
-                     f"max |dlogprob| {par['max_abs_dlogprob']:.3g}")
+    for name, pr in (("parity", par), ("solo parity", out.get("parity_solo") or {}),
+                     ("noise floor", out.get("parity_noise_floor") or {})):
+        if "exact" in pr:
+            parts.append(f"{name} exact" if pr["exact"] else
+                         f"{name}: {pr['mismatches']} mismatching prompt(s), {len(pr['near_ties'])} near-tie(s), "
+                         f"max |dlogprob| {pr['max_abs_dlogprob']:.3g}")
     out["verdict"] = "; ".join(parts) if parts else "no comparable numbers"
     return out
 
 
 def slim_phase(rec: Dict[str, Any]) -> Dict[str, Any]:
     q = dict(rec)
-    par = q.get("parity")
-    if isinstance(par, dict) and "outputs" in par:
-        q["parity"] = dict(par, outputs=slim_outputs(par["outputs"]))
+    for key in ("parity", "parity_solo"):
+        par = q.get(key)
+        if isinstance(par, dict) and "outputs" in par:
+            q[key] = dict(par, outputs=slim_outputs(par["outputs"]))
     return q
 
 
@@ -1081,6 +1108,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--context-length", type=int, default=4096)
     s.add_argument("--max-running-requests", type=int, default=0, help="0: SGLang decides (reported)")
     s.add_argument("--cuda-graph", choices=("on", "off"), default="on")
+    s.add_argument("--radix-cache", choices=("on", "off"), default="off")
     s.add_argument("--cuda-graph-max-bs", type=int, default=0, help="default: the largest --batch")
     s.add_argument("--prefill-graph", choices=("default", "off"), default="off")
     s.add_argument("--server-arg", action="append", help="extra SGLang flags for every server (shell-split)")
@@ -1106,6 +1134,9 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--parity-prompts", type=int, default=8)
     pa.add_argument("--parity-tokens", type=int, default=1024)
     pa.add_argument("--parity-topk", type=int, default=5)
+    pa.add_argument("--parity-solo", action="store_true",
+                    help="also send the parity prompts one at a time; stock batched vs stock solo is reported as "
+                         "the engine's own noise floor (parity_noise_floor)")
     pa.add_argument("--near-tie-tol", type=float, default=0.05, help="nats; top-2 gap under which a flip is a near-tie")
     o = p.add_argument_group("run control and output")
     o.add_argument("--out-dir", default=str(ROOT / "eval" / "results"))

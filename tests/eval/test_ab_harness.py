@@ -47,13 +47,6 @@ def test_arms_and_phases():
         ab.parse_arms("stock,fork")
     assert ab.parse_batches("32,1,128,32") == [1, 32, 128]
 
-
-def test_arm_launchers():
-    args = ab.build_parser().parse_args(["--patched-arg", "--replayssm-buffer-len 8"])
-    assert ab.arm_launch(args, "stock") == (ab.STOCK_MODULE, [])
-    assert ab.arm_launch(args, "patched") == (ab.PATCHED_MODULE, ["--replayssm-buffer-len", "8"])
-    assert ab.arm_launch(args, "staged") == (ab.PATCHED_MODULE,
-                                              ["--replayssm-buffer-len", "8", "--replayssm-staged", "true"])
     with pytest.raises(ValueError):
         ab.parse_batches("1,x")
     ph = ab.plan_phases(_args("--arms", "stock,patched"))
@@ -68,6 +61,21 @@ def test_arm_launchers():
     # spec without simulation: the arms do their own parity; only the reference is extra
     ph = ab.plan_phases(_args("--arms", "stock,patched", "--spec", "nextn"))
     assert [p.role for p in ph] == ["arm", "arm", "reference"] and ph[0].parity
+    # a whole simulated accept length with match-expected accepts the same drafts on every server:
+    # the speed arms compare their outputs too
+    ph = ab.plan_phases(_args("--arms", "stock,staged", "--spec", "nextn", "--sim-acc-len", "3"))
+    assert [(p.label, p.parity) for p in ph][:2] == [("stock", True), ("staged", True)]
+    ph = ab.plan_phases(_args("--arms", "stock,staged", "--spec", "nextn", "--sim-acc-len", "3",
+                              "--sim-acc-method", "multinomial"))
+    assert [(p.label, p.parity) for p in ph][:2] == [("stock", False), ("staged", False)]
+
+
+def test_arm_launchers():
+    args = ab.build_parser().parse_args(["--patched-arg", "--replayssm-buffer-len 8"])
+    assert ab.arm_launch(args, "stock") == (ab.STOCK_MODULE, [])
+    assert ab.arm_launch(args, "patched") == (ab.PATCHED_MODULE, ["--replayssm-buffer-len", "8"])
+    assert ab.arm_launch(args, "staged") == (ab.PATCHED_MODULE,
+                                              ["--replayssm-buffer-len", "8", "--replayssm-staged", "true"])
 
 
 def _model(tmp_path, name, spec=False):
@@ -336,3 +344,29 @@ def test_deadline_skips_servers(tmp_path):
     assert r.returncode == 1
     res = json.loads((tmp_path / "ab-tiny-nemotron-h-stock-vs-patched.json").read_text())
     assert {a["status"] for a in res["arms"].values()} == {"skipped"}
+
+
+def test_solo_parity_and_engine_noise_floor():
+    """--parity-solo: stock batched vs stock solo is the noise floor; solo vs solo compares the arms."""
+    args = ab.build_parser().parse_args(["--parity-solo", "--parity-tokens", "3"])
+    base = [_run([1, 2, 3]), _run([4, 5, 6])]
+    flipped = [_run([1, 2, 3]), _run([4, 50, 6])]
+
+    def arm(label, kind, batched, solo):
+        return {"label": label, "phase": {"role": "arm", "kind": kind}, "status": "ok", "bench": {},
+                "parity": {"outputs": batched}, "parity_solo": {"outputs": solo}}
+
+    a, b = arm("stock", "stock", base, flipped), arm("staged", "staged", base, flipped)
+    out = ab.compare(a, b, [a, b], args)
+    assert out["parity"]["exact"] and out["parity_solo"]["exact"]
+    nf = out["parity_noise_floor"]
+    assert nf["mismatches"] == 1 and nf["first_divergence"] == [None, 1] and nf["what"] == "stock batched vs solo"
+    assert "noise floor: 1 mismatching prompt(s)" in out["verdict"] and "solo parity exact" in out["verdict"]
+    slim = ab.slim_phase(a)
+    assert set(slim["parity_solo"]["outputs"][0]) == {"tokens", "logprobs"}
+
+
+def test_radix_cache_flag(tmp_path):
+    m = _model(tmp_path, "tiny-nemotron-h")
+    assert "--disable-radix-cache" in ab.common_server_flags(_args(), m, False)
+    assert "--disable-radix-cache" not in ab.common_server_flags(_args("--radix-cache", "on"), m, False)
