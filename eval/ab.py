@@ -64,8 +64,10 @@ SCHEMA = "replayssm-ab/1"
 STOCK_MODULE = "sglang.launch_server"
 PATCHED_MODULE = "sglang_replayssm.launch_server"
 # stock: plain SGLang; patched: our launcher (applied seams only); staged: our launcher with
-# ``--replayssm-staged true`` (the decode/verify seams still under GPU validation)
-ARM_KINDS = ("stock", "patched", "staged")
+# ``--replayssm-staged true`` (the decode/verify seams still under GPU validation);
+# upstream: plain SGLang with its own GDN replay kernel (``--enable-linear-replayssm``)
+ARM_KINDS = ("stock", "patched", "staged", "upstream")
+STOCK_KINDS = ("stock", "upstream")  # plain SGLang launcher, no replayssm plugin
 SPEC_ALGOS = {"none": None, "nextn": "NEXTN", "eagle": "EAGLE"}
 BENCH_KEYS = (
     "completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
@@ -116,8 +118,8 @@ def parse_arms(text: str) -> List[Tuple[str, str]]:
 
 def arm_launch(args, kind: str) -> Tuple[str, List[str]]:
     """The launcher module and the launcher-only flags of one arm kind."""
-    if kind == "stock":
-        return args.stock_module, []
+    if kind in STOCK_KINDS:
+        return args.stock_module, (["--enable-linear-replayssm"] if kind == "upstream" else [])
     extra = [x for e in (args.patched_arg or []) for x in shlex.split(e)]
     return args.patched_module, extra + (["--replayssm-staged", "true"] if kind == "staged" else [])
 
@@ -202,7 +204,10 @@ def common_server_flags(args, model: ModelSpec, spec: bool) -> List[str]:
     if backend:
         f += ["--attention-backend", backend]
     mem = args.mem_fraction_static or (0.25 if model.builtin and model.size == "tiny" else 0.85)
-    f += ["--sampling-backend", args.sampling_backend] + (["--disable-radix-cache"] if args.radix_cache == "off" else [])
+    # radix on: SGLang's no_buffer mamba strategy (extra_buffer bypasses the replay ring and is
+    # rejected by the patched launcher; SGLang picks it by default for some models)
+    f += ["--sampling-backend", args.sampling_backend] + (["--disable-radix-cache"] if args.radix_cache == "off" else
+                                                          ["--mamba-radix-cache-strategy", "no_buffer"])
     f += ["--mem-fraction-static", str(mem),
           "--context-length", str(args.context_length), "--random-seed", str(args.seed),
           "--enable-metrics"]
@@ -250,7 +255,7 @@ def server_env(base: Dict[str, str], args, phase: Phase, model: ModelSpec, pytho
     from eval import weights
 
     env = dict(base)
-    if phase.kind == "stock":  # plain SGLang: the replayssm plugin must stay inert
+    if phase.kind in STOCK_KINDS:  # plain SGLang: the replayssm plugin must stay inert
         for k in [k for k in env if k.startswith("SGLANG_REPLAYSSM_")]:
             env.pop(k)
     env["PYTHONPATH"] = os.pathsep.join([*pythonpath, *(x for x in [base.get("PYTHONPATH", "")] if x)])
@@ -1086,8 +1091,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("what to run")
     g.add_argument("--model", default="tiny-nemotron-h", help="built-in geometry (--list-models) or a model dir")
-    g.add_argument("--arms", default="stock,patched", help="servers in order, each stock, patched or staged (patched + "
-                   "--replayssm-staged true); later arms are compared with the first")
+    g.add_argument("--arms", default="stock,patched", help="servers in order, each stock, patched, staged (patched + "
+                   "--replayssm-staged true) or upstream (stock + --enable-linear-replayssm); later arms are "
+                   "compared with the first")
     g.add_argument("--batch", default="1,8,32,64", help="bench_serving --max-concurrency values")
     g.add_argument("--input-len", type=int, default=128)
     g.add_argument("--output-len", type=int, default=256)

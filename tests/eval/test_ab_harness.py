@@ -76,6 +76,7 @@ def test_arm_launchers():
     assert ab.arm_launch(args, "patched") == (ab.PATCHED_MODULE, ["--replayssm-buffer-len", "8"])
     assert ab.arm_launch(args, "staged") == (ab.PATCHED_MODULE,
                                               ["--replayssm-buffer-len", "8", "--replayssm-staged", "true"])
+    assert ab.arm_launch(args, "upstream") == (ab.STOCK_MODULE, ["--enable-linear-replayssm"])
 
 
 def _model(tmp_path, name, spec=False):
@@ -369,4 +370,6 @@ def test_solo_parity_and_engine_noise_floor():
 def test_radix_cache_flag(tmp_path):
     m = _model(tmp_path, "tiny-nemotron-h")
     assert "--disable-radix-cache" in ab.common_server_flags(_args(), m, False)
-    assert "--disable-radix-cache" not in ab.common_server_flags(_args("--radix-cache", "on"), m, False)
+    on = ab.common_server_flags(_args("--radix-cache", "on"), m, False)
+    assert "--disable-radix-cache" not in on
+    assert on[on.index("--mamba-radix-cache-strategy") + 1] == "no_buffer"
