@@ -191,7 +191,7 @@ def plot_panels(path, panels: List[Dict[str, Any]], suptitle: Optional[str] = No
             drew = True
         if panel.get("xlog2"):
             ax.set_xscale("log", base=2)
-            ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         if panel.get("hline") is not None:
             ax.axhline(panel["hline"], color="grey", linewidth=0.8, linestyle=":")
         ax.set_title(panel.get("title", ""))

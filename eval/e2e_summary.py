@@ -1,0 +1,311 @@
+"""Issue-level summaries of end-to-end A/B runs (``python -m eval.ab`` result JSONs).
+
+    python -m eval.e2e_summary eval/results/e2e-h200 --out-dir eval/results
+
+reads every ``ab-*.json`` under the given directories and writes
+
+* ``parity-decode-h200.{json,md,png}``: greedy parity of the replay server (arm kind ``staged``)
+  against stock SGLang, non-speculative runs, next to the same statistics for the comparisons
+  that measure SGLang's own sensitivity (the *references*): stock vs stock, stock vs SGLang's
+  own replay kernel (``upstream``), stock batched vs stock one prompt at a time, stock
+  speculative vs non-speculative;
+* ``e2e-decode-h200.{json,md,png}``: decode speed of the real geometries (tiny models are
+  launch-bound and are not used for speed);
+* ``e2e-spec-h200.{json,md}``: speculative (NEXTN) runs: accept length, parity of the replay
+  server against stock under the same simulated acceptance, and speculative vs non-speculative.
+
+Every number is read from the result files; each entry names the file it came from.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from eval import models, report
+
+DECODE_TARGETS = {"nemotron_h_speedup_bs256": 1.4, "nemotron_h_speedup_bs1": 0.98,
+                  "gdn_speedup_bs256": 1.25, "gdn_vs_upstream_bs256": 1.05}
+SPEC_TARGETS = {"spec_vs_stock_spec_bs256": 1.9, "spec_vs_stock_nonspec_bs256": 1.5, "capacity_ratio": 3.0,
+                "greedy_mismatches": 0}
+PARITY_MAX_DLOGPROB = 0.05  # the decode issue's bound at fp32 state
+
+
+def load_results(dirs: Iterable[Path]) -> List[Tuple[Path, Dict[str, Any]]]:
+    out = []
+    for d in dirs:
+        d = Path(d)
+        files = [d] if d.is_file() else sorted(d.rglob("ab-*.json"))
+        for f in files:
+            res = report.read_json(f)
+            if isinstance(res, dict) and res.get("kind") == "ab" and "summary" in res:
+                out.append((f, res))
+    return out
+
+
+def _kinds(res: Dict[str, Any]) -> Tuple[str, str]:
+    s, arms = res["summary"], res.get("arms", {})
+    return ((arms.get(s.get("a")) or {}).get("phase", {}).get("kind", "?"),
+            (arms.get(s.get("b")) or {}).get("phase", {}).get("kind", "?"))
+
+
+def _harness(res: Dict[str, Any]) -> Dict[str, Any]:
+    return (res.get("flags") or {}).get("harness") or {}
+
+
+def _geometry(res: Dict[str, Any]) -> Tuple[Optional[str], Optional[str], Optional[str]]:
+    """(name, size, family) of a result's model: from the result, else from the built-in registry."""
+    m = res.get("model") or {}
+    name, size, family = m.get("name"), m.get("size"), m.get("family")
+    if (size is None or family is None) and m.get("builtin") and name in models.names():
+        g = models.get(name)
+        size, family = size or g.size, family or g.family
+    return name, size, family
+
+
+def _setup(res: Dict[str, Any]) -> Dict[str, Any]:
+    h = _harness(res)
+    name, size, family = _geometry(res)
+    return {"model": name, "size": size, "family": family, "cuda_graph": h.get("cuda_graph"),
+            "radix_cache": h.get("radix_cache", "off"), "spec": h.get("spec"), "sim_acc_len": h.get("sim_acc_len"),
+            "git_commit": res.get("git_commit"), "sglang_version": res.get("sglang_version"),
+            "gpu": (res.get("gpu") or {}).get("name")}
+
+
+def _parity_entry(par: Dict[str, Any], src: Path, what: str, setup: Dict[str, Any]) -> Dict[str, Any]:
+    return {"what": what, "file": str(src), **setup,
+            "prompts": par.get("prompts"), "tokens_per_prompt": par.get("tokens_per_prompt"),
+            "tokens_compared": par.get("tokens_compared"), "token_mismatches": par.get("mismatches"),
+            "near_ties": len(par.get("near_ties") or []), "identical_prompts": par.get("identical_prompts"),
+            "first_divergence": par.get("first_divergence"), "max_abs_logprob_diff": par.get("max_abs_dlogprob"),
+            "max_abs_logprob_diff_topk": par.get("max_abs_dlogprob_topk"), "dlogprob_hist": par.get("dlogprob_hist"),
+            "divergence_gaps": [[d.get("gap_a"), d.get("gap_b")] for d in par.get("mismatch_details") or []]}
+
+
+def parity_entries(results) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    """(replay-vs-stock entries, reference entries) of the non-speculative runs (plus the
+    stock spec-vs-nonspec references of the speculative runs)."""
+    ours, refs = [], []
+    for f, res in results:
+        s, setup = res["summary"], _setup(res)
+        ka, kb = _kinds(res)
+        par = s.get("parity") or {}
+        spec = setup["spec"] not in (None, "none")
+        if "mismatches" in par and ka == "stock" and not spec:
+            if kb == "staged":
+                ours.append(_parity_entry(par, f, "staged vs stock", setup))
+            elif kb in ("stock", "upstream", "patched"):
+                refs.append(_parity_entry(par, f, f"{kb} vs stock", setup))
+        nf = s.get("parity_noise_floor") or {}
+        if "mismatches" in nf and ka == "stock":
+            refs.append(_parity_entry(nf, f, "stock batched vs stock one prompt at a time", setup))
+        for label, p in (s.get("spec_vs_nonspec") or {}).items():
+            if "mismatches" in p and label == s.get("a") and ka == "stock":
+                refs.append(_parity_entry(p, f, "stock speculative vs stock non-speculative", setup))
+    return ours, refs
+
+
+def _agg(entries: List[Dict[str, Any]]) -> Dict[str, Any]:
+    return {"runs": len(entries), "tokens_compared": sum(e["tokens_compared"] or 0 for e in entries),
+            "token_mismatches": sum(e["token_mismatches"] or 0 for e in entries),
+            "near_ties": sum(e["near_ties"] for e in entries),
+            "max_abs_logprob_diff": max((e["max_abs_logprob_diff"] or 0.0 for e in entries), default=None)}
+
+
+def parity_summary(results) -> Dict[str, Any]:
+    ours, refs = parity_entries(results)
+    summary = _agg(ours)
+    summary["by_family"] = {fam: _agg([e for e in ours if e["family"] == fam])
+                            for fam in sorted({e["family"] for e in ours})}
+    summary["references"] = {w: _agg([e for e in refs if e["what"] == w]) for w in sorted({e["what"] for e in refs})}
+    summary["target_max_abs_logprob_diff"] = PARITY_MAX_DLOGPROB
+    summary["target_met"] = bool(ours) and summary["token_mismatches"] == 0 and \
+        (summary["max_abs_logprob_diff"] or 0) <= PARITY_MAX_DLOGPROB
+    return {"schema": "replayssm-e2e-parity/1", "summary": summary, "runs": ours, "references": refs}
+
+
+def _bs_row(res: Dict[str, Any], label: str) -> Dict[int, Dict[str, Any]]:
+    out = {}
+    for e in (res.get("arms", {}).get(label) or {}).get("bench", []):
+        if e.get("result"):
+            out[int(e["batch"])] = e["result"]
+    return out
+
+
+def decode_speed(results) -> Dict[str, Any]:
+    rows, noise = [], []
+    for f, res in results:
+        setup = _setup(res)
+        if setup["size"] != "real" or setup["spec"] not in (None, "none"):
+            continue
+        ka, kb = _kinds(res)
+        s = res["summary"]
+        if ka != "stock":
+            continue
+        a, b = _bs_row(res, s["a"]), _bs_row(res, s["b"])
+        for bs in sorted(set(a) & set(b)):
+            rows.append({"model": setup["model"], "family": setup["family"], "arm": kb, "batch": bs,
+                         "run_started": res.get("started"),
+                         "stock_tok_s": a[bs].get("output_throughput"), "arm_tok_s": b[bs].get("output_throughput"),
+                         "throughput_ratio": report.ratio(b[bs].get("output_throughput"),
+                                                          a[bs].get("output_throughput")),
+                         "tpot_speedup": report.ratio(a[bs].get("median_tpot_ms"), b[bs].get("median_tpot_ms")),
+                         "file": str(f)})
+        if kb == "stock":
+            noise.append({"model": setup["model"], "geomean": s.get("throughput_ratio_geomean"),
+                          "min": s.get("throughput_ratio_min"), "max": s.get("throughput_ratio_max"), "file": str(f)})
+
+    def pick(family: str, arm: str, bs: int, key: str = "throughput_ratio") -> Optional[float]:
+        return next((r[key] for r in rows if r["family"] == family and r["arm"] == arm and r["batch"] == bs), None)
+
+    def vs_upstream(bs: int) -> Optional[float]:
+        ours = next((r for r in rows if r["family"] == "gdn" and r["arm"] == "staged" and r["batch"] == bs), None)
+        # the upstream arm of the same harness run (same stock baseline)
+        up = next((r for r in rows if r["family"] == "gdn" and r["arm"] == "upstream" and r["batch"] == bs
+                   and ours is not None and (r["model"], r["run_started"]) == (ours["model"], ours["run_started"])),
+                  None)
+        return report.ratio(ours["arm_tok_s"], up["arm_tok_s"]) if ours and up else None
+
+    summary = {"nemotron_h_speedup_bs256": pick("mamba2", "staged", 256),
+               "nemotron_h_speedup_bs1": pick("mamba2", "staged", 1),
+               "gdn_speedup_bs256": pick("gdn", "staged", 256),
+               "gdn_vs_upstream_bs256": vs_upstream(256),
+               "upstream_speedup_bs256": pick("gdn", "upstream", 256),
+               "noise_floor_stock_vs_stock": noise}
+    summary["targets"] = DECODE_TARGETS
+    summary["met"] = {k: (summary[k] is not None and summary[k] >= t) for k, t in DECODE_TARGETS.items()}
+    return {"schema": "replayssm-e2e-decode/1", "metric": "output tokens/s ratio, arm / stock, same run",
+            "summary": summary, "by_batch": rows}
+
+
+def spec_summary(results) -> Dict[str, Any]:
+    runs = []
+    for f, res in results:
+        setup = _setup(res)
+        if setup["spec"] in (None, "none"):
+            continue
+        s = res["summary"]
+        ka, kb = _kinds(res)
+        svn = s.get("spec_vs_nonspec") or {}
+        par = s.get("parity") or {}
+        runs.append({**setup, "file": str(f), "arms": f"{kb} vs {ka}", "accept_length": s.get("accept_length"),
+                     "max_running_requests": s.get("max_running_requests"),
+                     "parity_same_simulated_acceptance": _parity_entry(par, f, f"{kb} vs {ka}", setup)
+                     if "mismatches" in par else par,
+                     "spec_vs_nonspec": {k: _parity_entry(v, f, f"{k} speculative vs stock non-speculative", setup)
+                                         for k, v in svn.items() if "mismatches" in v}})
+    ours = [r["spec_vs_nonspec"].get(r["arms"].split(" vs ")[0]) for r in runs]
+    stock = [r["spec_vs_nonspec"].get(r["arms"].split(" vs ")[1]) for r in runs]
+    summary = {"spec_vs_stock_spec_bs256": None, "spec_vs_stock_nonspec_bs256": None, "capacity_ratio": None,
+               "greedy_mismatches": sum(e["token_mismatches"] for e in ours if e) if any(ours) else None,
+               "stock_greedy_mismatches": sum(e["token_mismatches"] for e in stock if e) if any(stock) else None,
+               "not_measured": "bs256 speed and capacity need a speculative A/B on a real geometry (not run yet)",
+               "targets": SPEC_TARGETS}
+    return {"schema": "replayssm-e2e-spec/1", "summary": summary, "runs": runs}
+
+
+# ---------------------------------------------------------------------------------------------
+def _parity_rows(entries: List[Dict[str, Any]]) -> List[List[Any]]:
+    return [[e["what"], e["model"], e["cuda_graph"], e["radix_cache"], f"{e['prompts']} x {e['tokens_per_prompt']}",
+             e["tokens_compared"], e["token_mismatches"], e["near_ties"], report.fmt(e["max_abs_logprob_diff"], 3),
+             Path(e["file"]).name] for e in entries]
+
+
+PARITY_HEAD = ["comparison", "model", "graphs", "radix", "prompts x tokens", "tokens compared", "mismatches",
+               "near-ties", "max |Δlogprob|", "file"]
+
+
+def write_parity(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
+    s = doc["summary"]
+    paths = [report.write_json(out_dir / "parity-decode-h200.json", doc)]
+    refs = "\n".join(f"- {w}: {v['token_mismatches']} mismatches over {v['tokens_compared']} tokens compared, "
+                     f"max |Δlogprob| {report.fmt(v['max_abs_logprob_diff'], 3)}" for w, v in s["references"].items())
+    paths.append(report.write_markdown(out_dir / "parity-decode-h200.md", "Decode parity on the H200", [
+        ("Summary", report.markdown_kv({k: s[k] for k in ("runs", "tokens_compared", "token_mismatches", "near_ties",
+                                                           "max_abs_logprob_diff", "target_met")})),
+        ("Replay server vs stock", report.markdown_table(PARITY_HEAD, _parity_rows(doc["runs"]))),
+        ("References: SGLang against itself", refs + "\n\n" + report.markdown_table(PARITY_HEAD,
+                                                                                  _parity_rows(doc["references"]))),
+    ]))
+    hist = [e for e in doc["runs"] + doc["references"] if e.get("dlogprob_hist")]
+    if hist:
+        labels = hist[0]["dlogprob_hist"]["labels"]
+        series = [{"label": f"{e['what']} ({e['model']})",
+                   "y": [c / max(1, sum(e["dlogprob_hist"]["counts"])) for c in e["dlogprob_hist"]["counts"]]}
+                  for e in hist]
+        if report.plot_panels(out_dir / "parity-decode-h200.png", [
+                {"kind": "bar", "title": "chosen-token |Δlogprob| before the first divergence",
+                 "xlabel": "|Δlogprob| bin", "ylabel": "fraction of compared tokens", "categories": labels,
+                 "series": series}]):
+            paths.append(out_dir / "parity-decode-h200.png")
+    return paths
+
+
+def write_decode(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
+    s = doc["summary"]
+    paths = [report.write_json(out_dir / "e2e-decode-h200.json", doc)]
+    rows = [[k, report.fmt(s[k], 3), t, "yes" if s["met"][k] else "no"] for k, t in DECODE_TARGETS.items()]
+    brows = [[r["model"], r["arm"], r["batch"], report.fmt(r["stock_tok_s"], 0), report.fmt(r["arm_tok_s"], 0),
+              report.fmt(r["throughput_ratio"], 3), report.fmt(r["tpot_speedup"], 3)] for r in doc["by_batch"]]
+    noise = "\n".join(f"- {n['model']}: stock vs stock geomean {report.fmt(n['geomean'], 3)} "
+                      f"(min {report.fmt(n['min'], 3)}, max {report.fmt(n['max'], 3)})"
+                      for n in s["noise_floor_stock_vs_stock"]) or "- none"
+    paths.append(report.write_markdown(out_dir / "e2e-decode-h200.md", "End-to-end decode speed on the H200", [
+        ("Targets", report.markdown_table(["metric", "measured", "target", "met"], rows)),
+        ("Noise floor", noise),
+        ("By batch (sglang.bench_serving output tokens/s; TPOT p50)",
+         report.markdown_table(["model", "arm", "batch", "stock tok/s", "arm tok/s", "throughput ratio",
+                                "TPOT speedup"], brows)),
+    ]))
+    series = []
+    for key in dict.fromkeys((r["model"], r["arm"]) for r in doc["by_batch"]):
+        pts = [r for r in doc["by_batch"] if (r["model"], r["arm"]) == key]
+        series.append({"label": f"{key[1]} / stock, {key[0]}", "x": [r["batch"] for r in pts],
+                       "y": [r["throughput_ratio"] for r in pts], "style": ":" if key[1] == "stock" else "-"})
+    if report.plot_panels(out_dir / "e2e-decode-h200.png", [
+            {"title": "decode throughput vs stock SGLang (H200)", "xlabel": "concurrent requests",
+             "ylabel": "output tok/s ratio", "xlog2": True, "hline": 1.0, "series": series}]):
+        paths.append(out_dir / "e2e-decode-h200.png")
+    return paths
+
+
+def write_spec(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
+    s = doc["summary"]
+    paths = [report.write_json(out_dir / "e2e-spec-h200.json", doc)]
+    rows = []
+    for r in doc["runs"]:
+        p = r["parity_same_simulated_acceptance"]
+        acc = " / ".join(f"{k} {report.fmt(v, 2)}" for k, v in (r["accept_length"] or {}).items())
+        rows.append([r["model"], r["arms"], r["sim_acc_len"], acc,
+                     p.get("token_mismatches") if isinstance(p, dict) else None,
+                     report.fmt(p.get("max_abs_logprob_diff"), 3) if isinstance(p, dict) else None,
+                     "; ".join(f"{k}: {v['token_mismatches']} mismatches, first at {v['first_divergence']}"
+                               for k, v in r["spec_vs_nonspec"].items())])
+    paths.append(report.write_markdown(out_dir / "e2e-spec-h200.md", "Speculative decoding (NEXTN) on the H200", [
+        ("Summary", report.markdown_kv({k: v for k, v in s.items() if k != "targets"})),
+        ("Runs", report.markdown_table(["model", "arms", "simulated accept", "accept length",
+                                        "mismatches (same simulated acceptance)", "max |Δlogprob|",
+                                        "spec vs non-spec greedy"], rows)),
+    ]))
+    return paths
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("inputs", nargs="+", help="result directories or ab-*.json files")
+    p.add_argument("--out-dir", default="eval/results")
+    args = p.parse_args(argv)
+    results = load_results(Path(x) for x in args.inputs)
+    if not results:
+        p.error(f"no eval.ab result JSON under {args.inputs}")
+    out = Path(args.out_dir)
+    written = write_parity(parity_summary(results), out) + write_decode(decode_speed(results), out) \
+        + write_spec(spec_summary(results), out)
+    for w in written:
+        print(f"wrote {w}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,69 @@
+"""eval/e2e_summary.py on a recorded H200 result (tests/eval/data/ab_result_sample.json) and variants of it."""
+import copy
+import json
+from pathlib import Path
+
+from eval import e2e_summary, report
+
+DATA = Path(__file__).parent / "data"
+
+
+def _variant(res, *, model=None, b_kind=None, stem=None, scale=None):
+    r = copy.deepcopy(res)
+    if model:
+        r["model"]["name"] = model
+        r["model"].pop("size", None)
+    b = r["summary"]["b"]
+    if b_kind:
+        r["arms"][b]["phase"]["kind"] = b_kind
+    if scale:
+        for e in r["arms"][b]["bench"]:
+            if e.get("result"):
+                e["result"]["output_throughput"] *= scale
+    return r
+
+
+def _tok_s(res, label, bs):
+    return next(e["result"]["output_throughput"] for e in res["arms"][label]["bench"] if e["batch"] == bs)
+
+
+def test_summaries_from_recorded_and_variant_results(tmp_path):
+    res = json.loads((DATA / "ab_result_sample.json").read_text())
+    a, b = res["summary"]["a"], res["summary"]["b"]
+    assert res["arms"][b]["phase"]["kind"] == "staged" and res["model"]["name"] == "nemotron-h-8b"
+    runs = tmp_path / "runs"
+    report.write_json(runs / "n" / "ab-nemotron-h-8b-stock-vs-staged.json", res)
+    report.write_json(runs / "n" / "ab-nemotron-h-8b-stock-vs-stock.json", _variant(res, b_kind="stock"))
+    g = "qwen3-next-80b-a3b-e64"
+    report.write_json(runs / "g" / f"ab-{g}-stock-vs-staged.json", _variant(res, model=g))
+    report.write_json(runs / "g" / f"ab-{g}-stock-vs-upstream.json", _variant(res, model=g, b_kind="upstream",
+                                                                             scale=0.5))
+    out = tmp_path / "out"
+    assert e2e_summary.main([str(runs), "--out-dir", str(out)]) == 0
+    dec = json.loads((out / "e2e-decode-h200.json").read_text())["summary"]
+    want = _tok_s(res, b, 256) / _tok_s(res, a, 256)
+    assert abs(dec["nemotron_h_speedup_bs256"] - want) < 1e-9 and abs(dec["gdn_speedup_bs256"] - want) < 1e-9
+    assert abs(dec["nemotron_h_speedup_bs1"] - _tok_s(res, b, 1) / _tok_s(res, a, 1)) < 1e-9
+    assert abs(dec["gdn_vs_upstream_bs256"] - 2.0) < 1e-9 and abs(dec["upstream_speedup_bs256"] - want / 2) < 1e-9
+    assert [n["model"] for n in dec["noise_floor_stock_vs_stock"]] == ["nemotron-h-8b"]
+    assert dec["met"]["gdn_vs_upstream_bs256"] is True
+    par = json.loads((out / "parity-decode-h200.json").read_text())
+    s = res["summary"]["parity"]
+    assert par["summary"]["runs"] == 2 and par["summary"]["token_mismatches"] == 2 * s["mismatches"]
+    assert par["summary"]["tokens_compared"] == 2 * s["tokens_compared"]
+    assert par["summary"]["max_abs_logprob_diff"] == s["max_abs_dlogprob"]
+    assert set(par["summary"]["references"]) == {"stock vs stock", "upstream vs stock"}
+    assert par["summary"]["target_met"] is (s["mismatches"] == 0 and s["max_abs_dlogprob"] <= 0.05)
+    spec = json.loads((out / "e2e-spec-h200.json").read_text())
+    assert spec["runs"] == [] and spec["summary"]["greedy_mismatches"] is None
+    md = (out / "e2e-decode-h200.md").read_text()
+    assert "| nemotron_h_speedup_bs256 |" in md and "stock vs stock geomean" in md
+    assert (out / "e2e-decode-h200.png").exists() == report.have_matplotlib()
+
+
+def test_no_results_is_an_error(tmp_path, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        e2e_summary.main([str(tmp_path)])
+    assert "no eval.ab result JSON" in capsys.readouterr().err
