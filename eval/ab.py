@@ -205,9 +205,11 @@ def common_server_flags(args, model: ModelSpec, spec: bool) -> List[str]:
         f += ["--attention-backend", backend]
     mem = args.mem_fraction_static or (0.25 if model.builtin and model.size == "tiny" else 0.85)
     # radix on: SGLang's no_buffer mamba strategy (extra_buffer bypasses the replay ring and is
-    # rejected by the patched launcher; SGLang picks it by default for some models)
-    f += ["--sampling-backend", args.sampling_backend] + (["--disable-radix-cache"] if args.radix_cache == "off" else
-                                                          ["--mamba-radix-cache-strategy", "no_buffer"])
+    # rejected by the patched launcher; SGLang picks it by default for some models), which
+    # SGLang 0.5.17 runs only without the overlap scheduler
+    f += ["--sampling-backend", args.sampling_backend] + (
+        ["--disable-radix-cache"] if args.radix_cache == "off" else
+        ["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule"])
     f += ["--mem-fraction-static", str(mem),
           "--context-length", str(args.context_length), "--random-seed", str(args.seed),
           "--enable-metrics"]
@@ -1114,7 +1116,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--context-length", type=int, default=4096)
     s.add_argument("--max-running-requests", type=int, default=0, help="0: SGLang decides (reported)")
     s.add_argument("--cuda-graph", choices=("on", "off"), default="on")
-    s.add_argument("--radix-cache", choices=("on", "off"), default="off")
+    s.add_argument("--radix-cache", choices=("on", "off"), default="off",
+                   help="on: radix cache with SGLang's no_buffer mamba strategy and --disable-overlap-schedule "
+                        "(SGLang 0.5.17 runs no_buffer only without the overlap scheduler)")
     s.add_argument("--cuda-graph-max-bs", type=int, default=0, help="default: the largest --batch")
     s.add_argument("--prefill-graph", choices=("default", "off"), default="off")
     s.add_argument("--server-arg", action="append", help="extra SGLang flags for every server (shell-split)")

@@ -80,14 +80,15 @@ _GEOMETRIES: List[Geometry] = [
         source="sglang_replayssm/models/tiny-nemotron-h.json (shared/docs/sglang-seams.md §9.2): "
                "NemotronH schema at toy size, pattern M*M- (2 Mamba2, 1 attention, 1 MLP)",
         spec_keys=_NEMOTRON_TINY_MTP, spec_server_flags=("--moe-runner-backend", "triton"),
-        env=_FLASHINFER_ENV, h200="bundle smoke test only (not this harness yet)",
+        env=_FLASHINFER_ENV, h200="harness: decode + NEXTN parity (stock/staged)",
     ),
     Geometry(
         name="tiny-qwen3-next", family="gdn", size="tiny",
         config=pkg_models.config("tiny-qwen3-next"), attention_backend="triton",
         source="sglang_replayssm/models/tiny-qwen3-next.json (sglang-seams.md §9.3): Qwen3-Next schema "
                "at toy size, 3 GDN + 1 attention layer, 8 experts top-2",
-        spec_keys={"num_nextn_predict_layers": 1}, h200="bundle smoke test only (not this harness yet)",
+        spec_keys={"num_nextn_predict_layers": 1},
+        h200="harness: decode + NEXTN parity (stock/patched/staged)",
     ),
     Geometry(
         name="tiny-qwen3.5", family="gdn", size="tiny",
@@ -154,6 +155,7 @@ _GEOMETRIES: List[Geometry] = [
                "The same numbers are the defaults of SGLang 0.5.17's NemotronHConfig. Full size (8.1B, ~16 GB bf16)",
         spec_keys=_NEMOTRON_8B_MTP, spec_server_flags=("--moe-runner-backend", "triton"), env=_FLASHINFER_ENV,
         notes="the checkpoint has no MTP head: under NEXTN the draft (*E: attention + 8-expert MoE) is synthetic",
+        h200="harness: decode A/B bs 1-256 (stock/stock/staged)",
     ),
     Geometry(
         name="qwen3-next-80b-a3b-e64", family="gdn", size="real",
@@ -177,6 +179,7 @@ _GEOMETRIES: List[Geometry] = [
                "are unchanged",
         spec_keys={"num_nextn_predict_layers": 1},
         notes="fewer experts than the released model: expert-weight memory and MoE routing spread differ",
+        h200="harness: decode A/B bs 1-256 (stock/staged/upstream)",
     ),
     Geometry(
         name="qwen3.5-4b-like", family="gdn", size="real",

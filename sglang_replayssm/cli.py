@@ -80,7 +80,7 @@ def doctor(as_json: bool = False, apply_patches: bool = False) -> int:
     print(f"  patch targets ({len(rows)}):")
     for t, s, d in rows:
         print(f"    [{s:<8}] {t}" + (f"  -- {d}" if d and s != "resolved" and s != "patched" else ""))
-    print(f"  staged targets, not applied by the launcher yet ({len(staged)}):")
+    print(f"  staged targets, applied only with --replayssm-staged true ({len(staged)}):")
     for t, s, d in staged:
         print(f"    [{s:<8}] {t}" + (f"  -- {d}" if s == "missing" else ""))
     print("  status:", "OK" if rc == 0 else "PROBLEMS FOUND")

@@ -113,7 +113,8 @@ SETTINGS: Tuple[Setting, ...] = (
             "mamba2, gdn (default both)", "TYPES"),
     Setting("spec", _parse_bool, "use the replay-ring verifier under EAGLE/MTP speculative decoding (default on)", "BOOL"),
     Setting("staged", _parse_bool, "EXPERIMENTAL: also apply the staged seams (ring pool, Mamba2/GDN decode and "
-            "verify, spec commit, slot lifecycle): CPU-tested, not yet validated on a GPU (default off)", "BOOL"),
+            "verify, spec commit, slot lifecycle). Run on an H200 with CUDA graphs and the overlap scheduler; "
+            "CUDA graphs off, the radix cache and retraction not yet run on a GPU (default off)", "BOOL"),
     Setting("log_level", _choice(LOG_LEVELS), "log level of the sglang_replayssm logger (default info)", "LEVEL"),
     Setting("kernel_config", _parse_path, "YAML file of tuned kernel launch configs "
             "(default: the packaged file for the detected GPU)", "PATH"),

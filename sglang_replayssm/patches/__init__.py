@@ -14,11 +14,11 @@ def all_patches() -> List[Patch]:
 
 
 def staged_patches() -> List[Patch]:
-    """Seams that are written and CPU-tested but NOT active in servers yet.
+    """Seams applied only with ``--replayssm-staged true`` (or explicitly by tests and tools).
 
-    The plugin applies :func:`all_patches` only.  A staged seam moves there once the
-    whole decode path it belongs to is complete and validated on a GPU (CUDA graphs
-    included); until then tests and tools apply these explicitly.
+    They are CPU-tested and have run end to end on an H200 (decode and NEXTN, CUDA graphs and the
+    overlap scheduler on; ``eval/results/e2e-h200``).  They move into :func:`all_patches` once
+    the remaining paths (CUDA graphs off, the radix cache, retraction) have run on a GPU too.
     """
     from . import gdn_decode, lifecycle, mamba2_decode, pool, spec_commit
 

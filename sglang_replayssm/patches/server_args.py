@@ -44,7 +44,8 @@ def unsupported_reasons(args, cfg: ReplaySSMConfig) -> List[str]:
     extra_on = extra() if callable(extra) else str(g("mamba_radix_cache_strategy") or "").startswith("extra_buffer")
     if extra_on:
         out.append(f"--mamba-radix-cache-strategy {g('mamba_radix_cache_strategy')}: ping-pong slot donation and "
-                   "per-step state tracking bypass the replay ring; use no_buffer or --disable-radix-cache")
+                   "per-step state tracking bypass the replay ring; use --disable-radix-cache, or "
+                   "--mamba-radix-cache-strategy no_buffer (which SGLang runs only with --disable-overlap-schedule)")
     if g("enable_int8_mamba_checkpoint"):
         out.append("--enable-int8-mamba-checkpoint: the int8 checkpoint pool loads cached states into slots without "
                    "clearing or copying them, so their replay-ring cursors would be stale; not supported")

@@ -372,4 +372,15 @@ def test_radix_cache_flag(tmp_path):
     assert "--disable-radix-cache" in ab.common_server_flags(_args(), m, False)
     on = ab.common_server_flags(_args("--radix-cache", "on"), m, False)
     assert "--disable-radix-cache" not in on
-    assert on[on.index("--mamba-radix-cache-strategy") + 1] == "no_buffer"
+    assert on[on.index("--mamba-radix-cache-strategy") + 1] == "no_buffer" and "--disable-overlap-schedule" in on
+
+
+def test_radix_flags_pass_sglangs_own_checks(tmp_path, sglang_parser):
+    """SGLang 0.5.17 asserts no_buffer runs without the overlap scheduler (found on the H200)."""
+    sa = pytest.importorskip("sglang.srt.server_args")
+    m = _model(tmp_path, "tiny-nemotron-h")
+    flags = ab.common_server_flags(_args("--radix-cache", "on"), m, False)
+    ns = sglang_parser.parse_args(ab.launch_cmd("python", ab.STOCK_MODULE, flags, "127.0.0.1", 31000)[3:])
+    assert ns.disable_overlap_schedule and not ns.disable_radix_cache
+    assert ns.mamba_radix_cache_strategy == "no_buffer"
+    assert hasattr(sa.ServerArgs, "_validate_mamba_no_buffer")
