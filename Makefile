@@ -7,6 +7,7 @@
 #   make bench-kernels  GPU host: kernel benchmark vs SGLang's stock kernels -> eval/results/
 #   make bench-spec     GPU host: spec-verify kernels vs SGLang's verify + commit -> eval/results/
 #   make ab             GPU host: A/B of stock SGLang vs the patched launcher on real servers -> eval/results/
+#   make e2e-summary    parity/decode/spec summaries from the A/B results under eval/results/e2e-h200/
 #   make gpu-test       GPU host: the test suite on CUDA
 
 PYTHON ?= python3
@@ -19,7 +20,7 @@ WHEEL_CACHE := .cache/sglang-wheels
 PIP := $(PY) -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 
-.PHONY: test venv doctor serve bench-kernels bench-spec gpu-test clean sglang-wheels ab
+.PHONY: test venv doctor serve bench-kernels bench-spec gpu-test clean sglang-wheels ab e2e-summary
 
 venv: $(STAMP)
 
@@ -48,8 +49,10 @@ doctor: venv
 # ---- GPU host targets (python3 with torch+CUDA; SGLang from pip or the offline bundle) ----
 GPU_PY ?= python3
 MODEL ?=
+# the replay decode/verify seams as run on the H200; SERVE_ARGS= serves with the launch checks only
+SERVE_ARGS ?= --replayssm-staged true
 serve:
-	$(GPU_PY) -m sglang_replayssm serve $(if $(MODEL),--model $(MODEL),)
+	$(GPU_PY) -m sglang_replayssm serve $(if $(MODEL),--model $(MODEL),) $(SERVE_ARGS)
 
 bench-kernels:
 	GIT_COMMIT=$$(git rev-parse HEAD 2>/dev/null || echo $${GIT_COMMIT:-unknown}) \
@@ -65,11 +68,14 @@ gpu-test:
 # A/B harness (eval/ab.py): noise floor (stock vs stock) and stock vs patched, same flags
 AB_MODEL ?= nemotron-h-8b
 AB_BATCH ?= 1,32,128,256
-AB_ARMS ?= stock,stock,patched
+AB_ARMS ?= stock,stock,staged
 AB_ARGS ?=
 ab:
 	GIT_COMMIT=$$(git rev-parse HEAD 2>/dev/null || echo $${GIT_COMMIT:-unknown}) PYTHON=$(GPU_PY) \
 	bash eval/gpu_ab.sh --model $(AB_MODEL) --batch $(AB_BATCH) --arms $(AB_ARMS) $(AB_ARGS)
+
+e2e-summary: venv
+	$(PY) -m eval.e2e_summary eval/results/e2e-h200 --out-dir eval/results
 
 clean:
 	rm -rf $(VENV) .pytest_cache

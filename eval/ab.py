@@ -102,17 +102,22 @@ class Phase:
     role: str = "arm"           # "arm" | "spec-parity" | "reference"
 
 
-def parse_arms(text: str) -> List[Tuple[str, str]]:
-    """``"stock,stock,patched"`` -> [("stock", "stock"), ("stock-2", "stock"), ("patched", "patched")]."""
-    kinds = [a.strip() for a in text.split(",") if a.strip()]
-    if not kinds:
+def parse_arms(text: str) -> List[Tuple[str, str, bool]]:
+    """``"stock,stock,patched"`` -> [("stock", "stock", False), ("stock-2", "stock", False),
+    ("patched", "patched", False)].  A ``:nospec`` suffix (``stock:nospec``) runs that arm without
+    the speculative flags of a ``--spec`` run (label ``stock-nospec``): the non-speculative
+    baseline measured in the same run."""
+    items = [a.strip() for a in text.split(",") if a.strip()]
+    if not items:
         raise ValueError("--arms is empty")
     out, seen = [], {}
-    for k in kinds:
-        if k not in ARM_KINDS:
-            raise ValueError(f"unknown arm {k!r}; accepted: {', '.join(ARM_KINDS)}")
-        seen[k] = seen.get(k, 0) + 1
-        out.append((k if seen[k] == 1 else f"{k}-{seen[k]}", k))
+    for item in items:
+        kind, _, mod = item.partition(":")
+        if kind not in ARM_KINDS or mod not in ("", "nospec"):
+            raise ValueError(f"unknown arm {item!r}; accepted: {', '.join(ARM_KINDS)}, each optionally with :nospec")
+        base = f"{kind}-nospec" if mod else kind
+        seen[base] = seen.get(base, 0) + 1
+        out.append((base if seen[base] == 1 else f"{base}-{seen[base]}", kind, bool(mod)))
     return out
 
 
@@ -140,11 +145,12 @@ def plan_phases(args) -> List[Phase]:
     # a whole accept length under "match-expected" accepts the same draft tokens on every server,
     # so simulated runs are comparable token for token (multi-token accepts, rollback, flushes)
     repeatable = sim is None or (float(sim).is_integer() and args.sim_acc_method == "match-expected")
-    phases = [Phase(label, kind, spec, sim, bench=not args.no_bench, parity=(not args.no_parity) and repeatable)
-              for label, kind in parse_arms(args.arms)]
+    phases = [Phase(label, kind, spec and not nospec, None if nospec else sim, bench=not args.no_bench,
+                    parity=(not args.no_parity) and repeatable and not (spec and nospec))
+              for label, kind, nospec in parse_arms(args.arms)]
     if spec and not args.no_parity and args.spec_parity:
         if sim is not None:
-            for kind in dict.fromkeys(p.kind for p in phases):
+            for kind in dict.fromkeys(p.kind for p in phases if p.spec):
                 phases.append(Phase(f"{kind}-spec-parity", kind, True, None, bench=False, parity=True,
                                     role="spec-parity"))
         phases.append(Phase("stock-nospec-reference", "stock", False, None, bench=False, parity=True,

@@ -30,6 +30,7 @@ DECODE_TARGETS = {"nemotron_h_speedup_bs256": 1.4, "nemotron_h_speedup_bs1": 0.9
 SPEC_TARGETS = {"spec_vs_stock_spec_bs256": 1.9, "spec_vs_stock_nonspec_bs256": 1.5, "capacity_ratio": 3.0,
                 "greedy_mismatches": 0}
 PARITY_MAX_DLOGPROB = 0.05  # the decode issue's bound at fp32 state
+STOCK_KINDS = ("stock", "upstream")
 
 
 def load_results(dirs: Iterable[Path]) -> List[Tuple[Path, Dict[str, Any]]]:
@@ -179,6 +180,46 @@ def decode_speed(results) -> Dict[str, Any]:
             "summary": summary, "by_batch": rows}
 
 
+def arms_by_run(results) -> Dict[Tuple[Any, Any], Dict[str, Dict[str, Any]]]:
+    """Every arm of every harness run, keyed by (model, start time): a run with three arms is
+    spread over two result files (each later arm against the first)."""
+    runs: Dict[Tuple[Any, Any], Dict[str, Dict[str, Any]]] = {}
+    for f, res in results:
+        setup, s = _setup(res), res["summary"]
+        for label in (s.get("a"), s.get("b")):
+            arm = (res.get("arms") or {}).get(label)
+            if arm is None:
+                continue
+            runs.setdefault((setup["model"], res.get("started")), {})[label] = {
+                "kind": arm["phase"].get("kind"), "spec": bool(arm["phase"].get("spec")),
+                "bench": _bs_row(res, label), "max_running_requests": (s.get("max_running_requests") or {}).get(label),
+                "accept_length": (s.get("accept_length") or {}).get(label), "setup": setup, "file": str(f)}
+    return runs
+
+
+def spec_speed(results) -> List[Dict[str, Any]]:
+    """Per run and batch: replay spec vs stock spec, vs stock non-spec (a ``stock:nospec`` arm of the
+    same run), and the capacity ratio (max running requests, same memory settings)."""
+    rows = []
+    for (model, _), arms in arms_by_run(results).items():
+        find = lambda kind, spec: next((a for a in arms.values() if a["kind"] == kind and a["spec"] == spec), None)
+        ours, stock, nospec = find("staged", True), find("stock", True), find("stock", False)
+        if ours is None or stock is None:
+            continue
+        setup = ours["setup"]
+        cap = report.ratio(ours["max_running_requests"], stock["max_running_requests"])
+        for bs in sorted(ours["bench"]):
+            thr = lambda arm: (arm["bench"].get(bs) or {}).get("output_throughput") if arm else None
+            rows.append({"model": model, "family": setup["family"], "size": setup["size"], "batch": bs,
+                         "sim_acc_len": setup["sim_acc_len"], "staged_tok_s": thr(ours), "stock_spec_tok_s": thr(stock),
+                         "stock_nonspec_tok_s": thr(nospec),
+                         "spec_vs_stock_spec": report.ratio(thr(ours), thr(stock)),
+                         "spec_vs_stock_nonspec": report.ratio(thr(ours), thr(nospec)),
+                         "stock_spec_vs_stock_nonspec": report.ratio(thr(stock), thr(nospec)),
+                         "capacity_ratio": cap, "file": ours["file"]})
+    return rows
+
+
 def spec_summary(results) -> Dict[str, Any]:
     runs = []
     for f, res in results:
@@ -187,6 +228,8 @@ def spec_summary(results) -> Dict[str, Any]:
             continue
         s = res["summary"]
         ka, kb = _kinds(res)
+        if kb in STOCK_KINDS:  # the stock:nospec baseline of a spec run: speed only (spec_speed)
+            continue
         svn = s.get("spec_vs_nonspec") or {}
         par = s.get("parity") or {}
         runs.append({**setup, "file": str(f), "arms": f"{kb} vs {ka}", "accept_length": s.get("accept_length"),
@@ -197,12 +240,23 @@ def spec_summary(results) -> Dict[str, Any]:
                                          for k, v in svn.items() if "mismatches" in v}})
     ours = [r["spec_vs_nonspec"].get(r["arms"].split(" vs ")[0]) for r in runs]
     stock = [r["spec_vs_nonspec"].get(r["arms"].split(" vs ")[1]) for r in runs]
-    summary = {"spec_vs_stock_spec_bs256": None, "spec_vs_stock_nonspec_bs256": None, "capacity_ratio": None,
+    speed = spec_speed(results)
+    real256 = [r for r in speed if r["size"] == "real" and r["batch"] == 256]
+
+    def worst(key: str) -> Optional[float]:  # the lowest over the real geometries measured
+        vals = [r[key] for r in real256 if r[key] is not None]
+        return min(vals) if vals else None
+
+    caps = [r["capacity_ratio"] for r in speed if r["size"] == "real" and r["capacity_ratio"] is not None]
+    summary = {"spec_vs_stock_spec_bs256": worst("spec_vs_stock_spec"),
+               "spec_vs_stock_nonspec_bs256": worst("spec_vs_stock_nonspec"),
+               "capacity_ratio": min(caps) if caps else None,
                "greedy_mismatches": sum(e["token_mismatches"] for e in ours if e) if any(ours) else None,
                "stock_greedy_mismatches": sum(e["token_mismatches"] for e in stock if e) if any(stock) else None,
-               "not_measured": "bs256 speed and capacity need a speculative A/B on a real geometry (not run yet)",
                "targets": SPEC_TARGETS}
-    return {"schema": "replayssm-e2e-spec/1", "summary": summary, "runs": runs}
+    if not real256:
+        summary["not_measured"] = "bs256 speed and capacity need a speculative A/B on a real geometry (not run yet)"
+    return {"schema": "replayssm-e2e-spec/1", "summary": summary, "speed": speed, "runs": runs}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,12 +336,30 @@ def write_spec(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
                      report.fmt(p.get("max_abs_logprob_diff"), 3) if isinstance(p, dict) else None,
                      "; ".join(f"{k}: {v['token_mismatches']} mismatches, first at {v['first_divergence']}"
                                for k, v in r["spec_vs_nonspec"].items())])
+    speed = [[r["model"], r["batch"], report.fmt(r["staged_tok_s"], 0), report.fmt(r["stock_spec_tok_s"], 0),
+              report.fmt(r["stock_nonspec_tok_s"], 0), report.fmt(r["spec_vs_stock_spec"], 3),
+              report.fmt(r["spec_vs_stock_nonspec"], 3), report.fmt(r["capacity_ratio"], 2)] for r in doc["speed"]]
+    tgt = [[k, report.fmt(s.get(k), 3), t] for k, t in SPEC_TARGETS.items()]
     paths.append(report.write_markdown(out_dir / "e2e-spec-h200.md", "Speculative decoding (NEXTN) on the H200", [
         ("Summary", report.markdown_kv({k: v for k, v in s.items() if k != "targets"})),
+        ("Targets (the lowest over the real geometries)", report.markdown_table(["metric", "measured", "target"], tgt)),
+        ("Speed (output tokens/s, simulated acceptance; tiny models are launch-bound and not used for the targets)",
+         report.markdown_table(["model", "batch", "replay spec", "stock spec", "stock non-spec", "vs stock spec",
+                                "vs stock non-spec", "capacity ratio"], speed) if speed else "not run yet"),
         ("Runs", report.markdown_table(["model", "arms", "simulated accept", "accept length",
                                         "mismatches (same simulated acceptance)", "max |Δlogprob|",
                                         "spec vs non-spec greedy"], rows)),
     ]))
+    series = []
+    for model in dict.fromkeys(r["model"] for r in doc["speed"]):
+        pts = [r for r in doc["speed"] if r["model"] == model]
+        for key, style in (("spec_vs_stock_spec", "-"), ("spec_vs_stock_nonspec", "--")):
+            series.append({"label": f"{key.replace('_', ' ')}, {model}", "x": [r["batch"] for r in pts],
+                           "y": [r[key] for r in pts], "style": style})
+    if series and report.plot_panels(out_dir / "e2e-spec-h200.png", [
+            {"title": "speculative decoding vs stock SGLang (H200)", "xlabel": "concurrent requests",
+             "ylabel": "output tok/s ratio", "xlog2": True, "hline": 1.0, "series": series}]):
+        paths.append(out_dir / "e2e-spec-h200.png")
     return paths
 
 

@@ -42,9 +42,21 @@ def _env():
 # plan and command lines
 # --------------------------------------------------------------------------------
 def test_arms_and_phases():
-    assert ab.parse_arms("stock,stock,patched") == [("stock", "stock"), ("stock-2", "stock"), ("patched", "patched")]
-    with pytest.raises(ValueError, match="unknown arm"):
-        ab.parse_arms("stock,fork")
+    assert ab.parse_arms("stock,stock,patched") == [("stock", "stock", False), ("stock-2", "stock", False),
+                                                   ("patched", "patched", False)]
+    assert ab.parse_arms("stock,staged,stock:nospec") == [("stock", "stock", False), ("staged", "staged", False),
+                                                         ("stock-nospec", "stock", True)]
+    for bad in ("stock,fork", "stock:fast"):
+        with pytest.raises(ValueError, match="unknown arm"):
+            ab.parse_arms(bad)
+    # the non-speculative baseline arm of a spec run: no spec flags, no simulation, bench only
+    ph = ab.plan_phases(_args("--arms", "stock,staged,stock:nospec", "--spec", "nextn", "--sim-acc-len", "3"))
+    assert [(p.label, p.spec, p.sim_acc_len, p.bench, p.parity, p.role) for p in ph] == [
+        ("stock", True, 3.0, True, True, "arm"), ("staged", True, 3.0, True, True, "arm"),
+        ("stock-nospec", False, None, True, False, "arm"),
+        ("stock-spec-parity", True, None, False, True, "spec-parity"),
+        ("staged-spec-parity", True, None, False, True, "spec-parity"),
+        ("stock-nospec-reference", False, None, False, True, "reference")]
     assert ab.parse_batches("32,1,128,32") == [1, 32, 128]
 
     with pytest.raises(ValueError):

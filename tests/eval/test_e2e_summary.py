@@ -67,3 +67,33 @@ def test_no_results_is_an_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         e2e_summary.main([str(tmp_path)])
     assert "no eval.ab result JSON" in capsys.readouterr().err
+
+
+def test_spec_speed_and_capacity_from_one_run(tmp_path):
+    """A spec run with arms stock, staged, stock:nospec spreads over two result files."""
+    res = json.loads((DATA / "ab_result_sample.json").read_text())
+    a, b = res["summary"]["a"], res["summary"]["b"]
+    res["flags"]["harness"].update(spec="nextn", sim_acc_len=3.0)
+    for arm in res["arms"].values():
+        arm["phase"]["spec"] = True
+    res["summary"]["max_running_requests"] = {a: 100, b: 350}
+    nospec = _variant(res, b_kind="stock", scale=0.5)
+    nospec["arms"]["stock-nospec"] = nospec["arms"].pop(b)
+    nospec["arms"]["stock-nospec"]["phase"]["spec"] = False
+    nospec["summary"].update(b="stock-nospec", max_running_requests={a: 100, "stock-nospec": 120})
+    runs = tmp_path / "runs"
+    report.write_json(runs / "ab-nemotron-h-8b-nextn-stock-vs-staged.json", res)
+    report.write_json(runs / "ab-nemotron-h-8b-nextn-stock-vs-stock-nospec.json", nospec)
+    out = tmp_path / "out"
+    assert e2e_summary.main([str(runs), "--out-dir", str(out)]) == 0
+    doc = json.loads((out / "e2e-spec-h200.json").read_text())
+    s = doc["summary"]
+    want = _tok_s(res, b, 256) / _tok_s(res, a, 256)
+    assert abs(s["spec_vs_stock_spec_bs256"] - want) < 1e-9
+    assert abs(s["spec_vs_stock_nonspec_bs256"] - _tok_s(res, b, 256) / (0.5 * _tok_s(res, b, 256))) < 1e-9
+    assert s["capacity_ratio"] == 3.5 and "not_measured" not in s
+    assert [r["arms"] for r in doc["runs"]] == ["staged vs stock"]
+    assert sorted(r["batch"] for r in doc["speed"]) == [1, 32, 128, 256]
+    # the spec run is not a decode run
+    assert json.loads((out / "e2e-decode-h200.json").read_text())["by_batch"] == []
+    assert "| 256 |" in (out / "e2e-spec-h200.md").read_text()
