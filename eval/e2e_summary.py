@@ -2,7 +2,7 @@
 
     python -m eval.e2e_summary eval/results/e2e-h200 --out-dir eval/results
 
-reads every ``ab-*.json`` under the given directories and writes
+reads every ``ab-*.json`` (or ``ab-*.json.gz``) under the given directories and writes
 
 * ``parity-decode-h200.{json,md,png}``: greedy parity of the replay server (arm kind ``staged``)
   against stock SGLang, non-speculative runs, next to the same statistics for the comparisons
@@ -37,7 +37,7 @@ def load_results(dirs: Iterable[Path]) -> List[Tuple[Path, Dict[str, Any]]]:
     out = []
     for d in dirs:
         d = Path(d)
-        files = [d] if d.is_file() else sorted(d.rglob("ab-*.json"))
+        files = [d] if d.is_file() else sorted([*d.rglob("ab-*.json"), *d.rglob("ab-*.json.gz")])
         for f in files:
             res = report.read_json(f)
             if isinstance(res, dict) and res.get("kind") == "ab" and "summary" in res:
@@ -365,7 +365,7 @@ def write_spec(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("inputs", nargs="+", help="result directories or ab-*.json files")
+    p.add_argument("inputs", nargs="+", help="result directories or ab-*.json[.gz] files")
     p.add_argument("--out-dir", default="eval/results")
     args = p.parse_args(argv)
     results = load_results(Path(x) for x in args.inputs)

@@ -57,7 +57,14 @@ def write_json(path, obj: Any, indent: int = 1) -> Path:
 
 
 def read_json(path) -> Any:
-    return json.loads(Path(path).read_text())
+    """A JSON file, or a gzipped one (``*.json.gz``: how large raw results are committed)."""
+    p = Path(path)
+    if p.suffix == ".gz":
+        import gzip
+
+        with gzip.open(p, "rt", encoding="utf-8") as f:
+            return json.load(f)
+    return json.loads(p.read_text())
 
 
 def fmt(x: Any, digits: int = 2, pct: bool = False, suffix: str = "") -> str:

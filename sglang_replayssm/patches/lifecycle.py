@@ -1,7 +1,8 @@
 """Seam: slot lifecycle -- fold a request's ring into its checkpoint before SGLang keeps the state.
 
-STAGED: listed by :func:`sglang_replayssm.patches.staged_patches`, not by
-``all_patches()``.  No math here: the fold is ``kernels.materialize.materialize_ring``.
+STAGED: listed by :func:`sglang_replayssm.patches.staged_patches`, applied by the
+launcher with ``--replayssm-staged true`` (run end to end on an H200, CUDA graphs on).
+No math here: the fold is ``kernels.materialize.materialize_ring``.
 
 Why
 ---

@@ -1,10 +1,8 @@
 """Seam: Mamba2 standard decode -> the ReplaySSM ring (no math; the kernel is
 ``kernels.mamba2_replay.mamba2_replay_decode``).
 
-STAGED: listed by :func:`sglang_replayssm.patches.staged_patches`, not by
-``all_patches()``, so no server applies it yet.  It becomes active once the whole
-decode path is complete (ring pool, slot lifecycle, radix finish flush, launch
-rejections) and has been validated on a GPU, CUDA graphs included.
+STAGED: listed by :func:`sglang_replayssm.patches.staged_patches`, applied by the
+launcher with ``--replayssm-staged true`` (run end to end on an H200, CUDA graphs on).
 
 How SGLang runs Mamba2 decode (0.5.17; the same in 0.5.15 and 0.5.23)
 ---------------------------------------------------------------------

@@ -1,9 +1,7 @@
 """Seam: SGLang's hybrid state pool -- ReplaySSM ring state per mamba slot (no math).
 
-STAGED: listed by :func:`sglang_replayssm.patches.staged_patches`, not by
-``all_patches()``, so no server applies it yet.  It becomes active together with the
-decode patches that read the ring (``patches/mamba2_decode.py`` and the GDN one),
-when they move into the same registry.
+STAGED: listed by :func:`sglang_replayssm.patches.staged_patches`, applied by the
+launcher with ``--replayssm-staged true`` (run end to end on an H200, CUDA graphs on).
 
 Interface for the decode seams (keep stable)
 --------------------------------------------

@@ -1,7 +1,7 @@
 """Seam: the commit after a speculative verify -> a cursor move on the spec ring (no math).
 
-STAGED (``staged_patches()``), like the decode seams: it becomes active with the rest of
-the speculative path once validated on a GPU.
+STAGED: listed by :func:`sglang_replayssm.patches.staged_patches`, applied by the
+launcher with ``--replayssm-staged true`` (run end to end on an H200, CUDA graphs on).
 
 How SGLang commits (0.5.17; 0.5.15 and 0.5.23 reach the same method)
 --------------------------------------------------------------------

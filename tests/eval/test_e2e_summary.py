@@ -1,5 +1,6 @@
 """eval/e2e_summary.py on a recorded H200 result (tests/eval/data/ab_result_sample.json) and variants of it."""
 import copy
+import gzip
 import json
 from pathlib import Path
 
@@ -36,8 +37,11 @@ def test_summaries_from_recorded_and_variant_results(tmp_path):
     report.write_json(runs / "n" / "ab-nemotron-h-8b-stock-vs-stock.json", _variant(res, b_kind="stock"))
     g = "qwen3-next-80b-a3b-e64"
     report.write_json(runs / "g" / f"ab-{g}-stock-vs-staged.json", _variant(res, model=g))
-    report.write_json(runs / "g" / f"ab-{g}-stock-vs-upstream.json", _variant(res, model=g, b_kind="upstream",
-                                                                             scale=0.5))
+    up = report.write_json(runs / "g" / f"ab-{g}-stock-vs-upstream.json", _variant(res, model=g, b_kind="upstream",
+                                                                                  scale=0.5))
+    with gzip.open(str(up) + ".gz", "wt") as f:  # large raw results are committed gzipped
+        f.write(up.read_text())
+    up.unlink()
     out = tmp_path / "out"
     assert e2e_summary.main([str(runs), "--out-dir", str(out)]) == 0
     dec = json.loads((out / "e2e-decode-h200.json").read_text())["summary"]
