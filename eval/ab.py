@@ -991,10 +991,9 @@ def comparisons(phases: List[Dict[str, Any]]) -> List[Tuple[Dict[str, Any], Dict
 
 def compare(a: Dict[str, Any], b: Dict[str, Any], phases: List[Dict[str, Any]], args) -> Dict[str, Any]:
     """Summary of arm ``b`` against arm ``a``."""
-    def by_batch(rec):
-        return {e["batch"]: (e.get("result") or {}) for e in rec.get("bench", []) if e.get("result")}
+    from eval import ab_report
 
-    ba, bb = by_batch(a), by_batch(b)
+    ba, bb = ab_report.bench_rows(a), ab_report.bench_rows(b)
     rows = {}
     for bs in sorted(set(ba) & set(bb)):
         ra, rb = ba[bs], bb[bs]

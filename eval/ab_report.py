@@ -13,8 +13,9 @@ from typing import Any, Dict, List, Optional
 from eval import report
 
 
-def _bench_rows(arm: Dict[str, Any]) -> Dict[int, Dict[str, Any]]:
-    return {int(e["batch"]): (e.get("result") or {}) for e in arm.get("bench", []) if e.get("result")}
+def bench_rows(arm: Dict[str, Any]) -> Dict[int, Dict[str, Any]]:
+    """batch -> ``sglang.bench_serving`` result of one server record (batches that produced one)."""
+    return {int(e["batch"]): e["result"] for e in (arm or {}).get("bench", []) if e.get("result")}
 
 
 def _labels(res: Dict[str, Any]) -> List[str]:
@@ -30,11 +31,11 @@ def speed_table(res: Dict[str, Any]) -> str:
         a = labels[0]
         rows = [[bs, r.get("output_throughput"), r.get("median_tpot_ms"), r.get("p99_tpot_ms"),
                  r.get("median_itl_ms"), r.get("p99_itl_ms"), r.get("median_ttft_ms"), r.get("accept_length")]
-                for bs, r in sorted(_bench_rows(arms[a]).items())]
+                for bs, r in sorted(bench_rows(arms[a]).items())]
         return report.markdown_table(["batch", "tok/s", "TPOT p50 ms", "TPOT p99 ms", "ITL p50 ms", "ITL p99 ms",
                                       "TTFT p50 ms", "accept len"], rows)
     a, b = labels
-    ra, rb = _bench_rows(arms[a]), _bench_rows(arms[b])
+    ra, rb = bench_rows(arms[a]), bench_rows(arms[b])
     by = res["summary"].get("by_batch", {})
     rows = []
     for bs in sorted(set(ra) | set(rb)):
@@ -178,7 +179,7 @@ def panels(res: Dict[str, Any]) -> List[Dict[str, Any]]:
                                {"label": "TPOT p50 speedup", "x": bs, "y": get("tpot_speedup"), "style": "--"}]})
     series = []
     for label in labels:
-        rows = _bench_rows(arms[label])
+        rows = bench_rows(arms[label])
         b = sorted(rows)
         series.append({"label": label, "x": b, "y": [rows[x].get("output_throughput") for x in b]})
     out.append({"title": "output tokens/s (bench_serving)", "xlabel": "batch (max concurrency)",
@@ -224,7 +225,7 @@ def render(path) -> str:
 def stdout_summary(run: Dict[str, Any], pairs, args) -> str:
     rows = []
     for ph in run["phases"]:
-        b = {e["batch"]: (e.get("result") or {}) for e in ph.get("bench", []) if e.get("result")}
+        b = bench_rows(ph)
         tps = " ".join(f"{k}:{report.fmt(v.get('output_throughput'), 0)}" for k, v in sorted(b.items()))
         rows.append([ph["label"], ph.get("status"), ph.get("startup_s"),
                      (ph.get("facts") or {}).get("max_running_requests"), ph.get("peak_gpu_mem_mib"), tps or "—"])

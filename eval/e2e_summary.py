@@ -23,7 +23,7 @@ import math
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from eval import models, report
+from eval import ab_report, models, report
 
 DECODE_TARGETS = {"nemotron_h_speedup_bs256": 1.4, "nemotron_h_speedup_bs1": 0.98,
                   "gdn_speedup_bs256": 1.25, "gdn_vs_upstream_bs256": 1.05}
@@ -43,6 +43,21 @@ def load_results(dirs: Iterable[Path]) -> List[Tuple[Path, Dict[str, Any]]]:
             if isinstance(res, dict) and res.get("kind") == "ab" and "summary" in res:
                 out.append((f, res))
     return out
+
+
+def provenance(results, files: Iterable[str]) -> Dict[str, Any]:
+    """Which code, SGLang and GPU produced the numbers of a summary: ``git_commit`` is the commit
+    of the runs (comma-joined when they differ), ``sources`` names each run file with its own."""
+    used = set(files)
+    src = [{"file": str(f), "git_commit": res.get("git_commit"), "sglang_version": res.get("sglang_version"),
+            "gpu": (res.get("gpu") or {}).get("name")} for f, res in results if str(f) in used]
+
+    def joined(key: str) -> Optional[str]:
+        vals = sorted({str(x[key]) for x in src if x[key] is not None})
+        return ", ".join(vals) if vals else None
+
+    return {"git_commit": joined("git_commit"), "sglang_version": joined("sglang_version"), "gpu": joined("gpu"),
+            "sources": src}
 
 
 def _kinds(res: Dict[str, Any]) -> Tuple[str, str]:
@@ -123,15 +138,12 @@ def parity_summary(results) -> Dict[str, Any]:
     summary["target_max_abs_logprob_diff"] = PARITY_MAX_DLOGPROB
     summary["target_met"] = bool(ours) and summary["token_mismatches"] == 0 and \
         (summary["max_abs_logprob_diff"] or 0) <= PARITY_MAX_DLOGPROB
-    return {"schema": "replayssm-e2e-parity/1", "summary": summary, "runs": ours, "references": refs}
+    return {"schema": "replayssm-e2e-parity/1", **provenance(results, (e["file"] for e in ours + refs)),
+            "summary": summary, "runs": ours, "references": refs}
 
 
 def _bs_row(res: Dict[str, Any], label: str) -> Dict[int, Dict[str, Any]]:
-    out = {}
-    for e in (res.get("arms", {}).get(label) or {}).get("bench", []):
-        if e.get("result"):
-            out[int(e["batch"])] = e["result"]
-    return out
+    return ab_report.bench_rows((res.get("arms") or {}).get(label))
 
 
 def decode_speed(results) -> Dict[str, Any]:
@@ -176,8 +188,8 @@ def decode_speed(results) -> Dict[str, Any]:
                "noise_floor_stock_vs_stock": noise}
     summary["targets"] = DECODE_TARGETS
     summary["met"] = {k: (summary[k] is not None and summary[k] >= t) for k, t in DECODE_TARGETS.items()}
-    return {"schema": "replayssm-e2e-decode/1", "metric": "output tokens/s ratio, arm / stock, same run",
-            "summary": summary, "by_batch": rows}
+    return {"schema": "replayssm-e2e-decode/1", **provenance(results, (r["file"] for r in rows)),
+            "metric": "output tokens/s ratio, arm / stock, same run", "summary": summary, "by_batch": rows}
 
 
 def arms_by_run(results) -> Dict[Tuple[Any, Any], Dict[str, Dict[str, Any]]]:
@@ -256,7 +268,8 @@ def spec_summary(results) -> Dict[str, Any]:
                "targets": SPEC_TARGETS}
     if not real256:
         summary["not_measured"] = "bs256 speed and capacity need a speculative A/B on a real geometry (not run yet)"
-    return {"schema": "replayssm-e2e-spec/1", "summary": summary, "speed": speed, "runs": runs}
+    return {"schema": "replayssm-e2e-spec/1", **provenance(results, [r["file"] for r in speed + runs]),
+            "summary": summary, "speed": speed, "runs": runs}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,6 +277,12 @@ def _parity_rows(entries: List[Dict[str, Any]]) -> List[List[Any]]:
     return [[e["what"], e["model"], e["cuda_graph"], e["radix_cache"], f"{e['prompts']} x {e['tokens_per_prompt']}",
              e["tokens_compared"], e["token_mismatches"], e["near_ties"], report.fmt(e["max_abs_logprob_diff"], 3),
              Path(e["file"]).name] for e in entries]
+
+
+def _source_section(doc: Dict[str, Any]) -> Tuple[str, str]:
+    return ("Source", report.markdown_kv({"git commit of the runs": doc.get("git_commit") or "—",
+                                          "SGLang": doc.get("sglang_version") or "—", "GPU": doc.get("gpu") or "—",
+                                          "run files": str(len(doc.get("sources", [])))}))
 
 
 PARITY_HEAD = ["comparison", "model", "graphs", "radix", "prompts x tokens", "tokens compared", "mismatches",
@@ -276,6 +295,7 @@ def write_parity(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
     refs = "\n".join(f"- {w}: {v['token_mismatches']} mismatches over {v['tokens_compared']} tokens compared, "
                      f"max |Δlogprob| {report.fmt(v['max_abs_logprob_diff'], 3)}" for w, v in s["references"].items())
     paths.append(report.write_markdown(out_dir / "parity-decode-h200.md", "Decode parity on the H200", [
+        _source_section(doc),
         ("Summary", report.markdown_kv({k: s[k] for k in ("runs", "tokens_compared", "token_mismatches", "near_ties",
                                                            "max_abs_logprob_diff", "target_met")})),
         ("Replay server vs stock", report.markdown_table(PARITY_HEAD, _parity_rows(doc["runs"]))),
@@ -306,6 +326,7 @@ def write_decode(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
                       f"(min {report.fmt(n['min'], 3)}, max {report.fmt(n['max'], 3)})"
                       for n in s["noise_floor_stock_vs_stock"]) or "- none"
     paths.append(report.write_markdown(out_dir / "e2e-decode-h200.md", "End-to-end decode speed on the H200", [
+        _source_section(doc),
         ("Targets", report.markdown_table(["metric", "measured", "target", "met"], rows)),
         ("Noise floor", noise),
         ("By batch (sglang.bench_serving output tokens/s; TPOT p50)",
@@ -341,6 +362,7 @@ def write_spec(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
               report.fmt(r["spec_vs_stock_nonspec"], 3), report.fmt(r["capacity_ratio"], 2)] for r in doc["speed"]]
     tgt = [[k, report.fmt(s.get(k), 3), t] for k, t in SPEC_TARGETS.items()]
     paths.append(report.write_markdown(out_dir / "e2e-spec-h200.md", "Speculative decoding (NEXTN) on the H200", [
+        _source_section(doc),
         ("Summary", report.markdown_kv({k: v for k, v in s.items() if k != "targets"})),
         ("Targets (the lowest over the real geometries)", report.markdown_table(["metric", "measured", "target"], tgt)),
         ("Speed (output tokens/s, simulated acceptance; tiny models are launch-bound and not used for the targets)",

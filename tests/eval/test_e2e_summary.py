@@ -101,3 +101,22 @@ def test_spec_speed_and_capacity_from_one_run(tmp_path):
     # the spec run is not a decode run
     assert json.loads((out / "e2e-decode-h200.json").read_text())["by_batch"] == []
     assert "| 256 |" in (out / "e2e-spec-h200.md").read_text()
+
+
+def test_summaries_name_the_code_that_produced_them(tmp_path):
+    res = json.loads((DATA / "ab_result_sample.json").read_text())
+    other = copy.deepcopy(res)
+    other["git_commit"] = "0000000"
+    other["started"] = "later"
+    report.write_json(tmp_path / "runs" / "a" / "ab-nemotron-h-8b-stock-vs-staged.json", res)
+    report.write_json(tmp_path / "runs" / "b" / "ab-nemotron-h-8b-stock-vs-staged.json", other)
+    out = tmp_path / "out"
+    assert e2e_summary.main([str(tmp_path / "runs"), "--out-dir", str(out)]) == 0
+    for name in ("parity-decode-h200", "e2e-decode-h200"):
+        doc = json.loads((out / f"{name}.json").read_text())
+        assert doc["git_commit"] == ", ".join(sorted({res["git_commit"], "0000000"}))
+        assert doc["sglang_version"] == res["sglang_version"] and doc["gpu"] == res["gpu"]["name"]
+        assert {x["git_commit"] for x in doc["sources"]} == {res["git_commit"], "0000000"}
+        assert f"git commit of the runs**: {doc['git_commit']}" in (out / f"{name}.md").read_text()
+    spec = json.loads((out / "e2e-spec-h200.json").read_text())
+    assert spec["git_commit"] is None and spec["sources"] == []  # no speculative run among the inputs
