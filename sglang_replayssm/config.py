@@ -24,6 +24,7 @@ ENV_PREFIX = "SGLANG_REPLAYSSM_"
 FLAG_PREFIX = "--replayssm-"
 
 MAMBA2_ROUTES = ("auto", "output_only", "state_and_output")
+SPEC_MAX_RUNNING = ("sglang", "auto")
 SSM_TYPES = ("mamba2", "gdn")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 _TRUE = ("1", "true", "yes", "on")
@@ -112,6 +113,10 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("ssm_types", _parse_ssm_types, "comma-separated SSM layer types to run on the replay ring: "
             "mamba2, gdn (default both)", "TYPES"),
     Setting("spec", _parse_bool, "use the replay-ring verifier under EAGLE/MTP speculative decoding (default on)", "BOOL"),
+    Setting("spec_max_running", _choice(SPEC_MAX_RUNNING), "max running requests under the ring verifier: "
+            "auto (solved from memory like non-speculative SGLang, at most the decode CUDA-graph batch; the "
+            "launcher's default when --max-running-requests is not given) or sglang (SGLang's own: 48 under "
+            "speculative decoding unless --max-running-requests; the default for plugin-only use)", "MODE"),
     Setting("staged", _parse_bool, "EXPERIMENTAL: also apply the staged seams (ring pool, Mamba2/GDN decode and "
             "verify, spec commit, slot lifecycle). Run on an H200 with CUDA graphs and the overlap scheduler; "
             "CUDA graphs off, the radix cache and retraction not yet run on a GPU (default off)", "BOOL"),
@@ -131,6 +136,7 @@ class ReplaySSMConfig:
     mamba2_route: str = "auto"
     ssm_types: Tuple[str, ...] = SSM_TYPES
     spec: bool = True
+    spec_max_running: str = "sglang"
     staged: bool = False
     log_level: str = "info"
     kernel_config: Optional[str] = None

@@ -14,7 +14,7 @@ import runpy
 import sys
 from typing import List, Optional
 
-from .config import CONFIG_FILE_ENV, ConfigError, add_flags, from_flags
+from .config import CONFIG_FILE_ENV, ConfigError, ReplaySSMConfig, add_flags, from_flags
 
 PROG = "python -m sglang_replayssm.launch_server"
 
@@ -47,6 +47,23 @@ def entry_point_registered() -> bool:
     return any(ep.value.startswith("sglang_replayssm.plugin") for ep in entry_points(group="sglang.srt.plugins"))
 
 
+def _has_flag(argv: List[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
+def resolve_spec_max_running(cfg: ReplaySSMConfig, sglang_argv: List[str]) -> ReplaySSMConfig:
+    """The launcher's default for ``spec_max_running``: ``auto`` unless the user gave
+    ``--max-running-requests`` (an explicit SGLang flag always wins).  Setting ``auto``
+    explicitly together with ``--max-running-requests`` is a contradiction and raises."""
+    explicit = _has_flag(sglang_argv, "--max-running-requests")
+    if "spec_max_running" in cfg.source:
+        if explicit and cfg.spec_max_running == "auto":
+            raise ConfigError("--replayssm-spec-max-running auto sizes max running requests from memory; "
+                              "it cannot be combined with --max-running-requests (drop one of them)")
+        return cfg
+    return cfg.replace(spec_max_running="sglang" if explicit else "auto")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ns, rest = _own_parser().parse_known_args(argv)
@@ -54,7 +71,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(full_help())
         return 0
     try:
-        cfg = from_flags(ns)
+        cfg = resolve_spec_max_running(from_flags(ns), rest)
     except ConfigError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

@@ -460,7 +460,10 @@ def handle_max_mamba_cache_around(original, self, *args, **kwargs):
     (joint solve); the ring verifier allocates none (:func:`init_mamba_pool_around`), so the
     whole mamba budget goes to slots, whose size (``mamba_cache_per_req``, patched) includes
     the spec ring.  The solver reads speculation only through ``self.spec_algorithm``, which is
-    seen as NONE for the duration of the call."""
+    seen as NONE for the duration of the call.  Then (0.5.17+, :func:`_auto_max_running`,
+    :func:`_charge_draft_kv`): with ``spec_max_running=auto`` the max running requests are
+    solved from memory instead of SGLang's flat speculative default, and the KV budget
+    returned is shared with the draft model's KV pool."""
     cfg = from_env()
     algo = getattr(self, "spec_algorithm", None)
     config = getattr(self, "mambaish_config", None)
@@ -468,16 +471,100 @@ def handle_max_mamba_cache_around(original, self, *args, **kwargs):
     if not (cfg.enable and cfg.spec) or algo is None or algo.is_none() or params is None \
             or plan_ring(params, cfg) is None:
         return original(self, *args, **kwargs)
+    bags = _config_bags(self)
+    auto = cfg.spec_max_running == "auto" and bags is not None \
+        and bags.get_schedule().max_mamba_cache_size is None
+    sglang_default = bags.get_schedule().max_running_requests if auto else None
+    if auto:  # let the solver fit the slot count to memory (its non-speculative branch)
+        bags.get_context().override("sglang_replayssm.spec_max_running", max_running_requests=None)
     # KVCacheConfigurator is a slots dataclass (no __dict__): swap the attribute and restore it
     self.spec_algorithm = type(algo).NONE
     try:
         result = original(self, *args, **kwargs)
+    except BaseException:
+        if auto:
+            bags.get_context().override("sglang_replayssm.spec_max_running", max_running_requests=sglang_default)
+        raise
     finally:
         self.spec_algorithm = algo
+    if auto:
+        result += _auto_max_running(self, bags, params, sglang_default)
     windows_gb = conv_window_bytes(params, _resolved_sizes(self)) / (1 << 30)
     logger.info("sglang_replayssm: mamba pool sized without per-draft SSM snapshots (spec ring verifier); "
                 "%.3f GiB reserved for SGLang's per-draft conv windows", windows_gb)
-    return result - windows_gb
+    result -= windows_gb
+    return _charge_draft_kv(self, result) if bags is not None else result
+
+
+def _config_bags(solver_self):
+    """The solver module's runtime-config accessors (0.5.17+), or None (0.5.15 reads ServerArgs)."""
+    import sys
+
+    mod = sys.modules.get(type(solver_self).__module__)
+    if all(hasattr(mod, name) for name in ("get_schedule", "get_context", "get_exec")):
+        return mod
+    return None
+
+
+def _graph_decode_max_bs(bags) -> int:
+    try:
+        graph = bags.get_exec().graph.cuda_graph_config
+        return int(graph.decode.max_bs or 0) if graph is not None else 0
+    except AttributeError:
+        return 0
+
+
+def _auto_max_running(solver_self, bags, params, sglang_default) -> float:
+    """After the solver fitted ``K`` slots to the mamba budget (non-speculative branch):
+    max running requests ``N = min(K / ratio, max(decode CUDA-graph batch, SGLang's
+    default))``.  The cap keeps the batch within what SGLang's speculative workers
+    preallocate for (``max(decode graph max_bs, max_running_requests)`` at their init, before
+    this solve).  Without the radix cache (one slot per request) the pool shrinks to ``N``
+    slots and the bytes of the unused ones go back to the KV budget (returned, in GiB)."""
+    sched = bags.get_schedule()
+    K = int(sched.max_mamba_cache_size)
+    ratio = max(1, int(solver_self._calculate_mamba_ratio()))
+    cap = max(_graph_decode_max_bs(bags), int(sglang_default or 0), 1)
+    N = max(1, min(K // ratio, cap))
+    give_back = 0.0
+    fields = {"max_running_requests": N}
+    if ratio == 1 and N < K:
+        per_slot = int(params.mamba_cache_per_req)  # patched: state + conv + ring
+        give_back = (K - N) * per_slot / (1 << 30)
+        fields["max_mamba_cache_size"] = N
+    bags.get_context().override("sglang_replayssm.spec_max_running", **fields)
+    logger.info("sglang_replayssm: max running requests %d, solved from memory under the ring verifier "
+                "(SGLang's speculative default: %s; memory fits %d slot(s), %d state slot(s) per request, "
+                "decode CUDA-graph batch %d); %.2f GiB of unused slots returned to the KV pool",
+                N, sglang_default, K, ratio, _graph_decode_max_bs(bags), give_back)
+    return give_back
+
+
+def _charge_draft_kv(solver_self, rest_gb: float) -> float:
+    """Share the KV budget with the draft model's KV pool where SGLang does not.
+
+    SGLang scales its per-token KV cost by the draft's layers only when the draft has its own
+    checkpoint (``spec_aux_config.eagle_draft_num_layers``); a NEXTN/MTP draft inside the
+    target checkpoint is not charged, and its pool (the same token count as the target's) then
+    comes out of the activation slack.  Stock gets away with it because the snapshot reserve
+    keeps its token count small; with the snapshots gone the target's pool grows and the
+    draft's would no longer fit.  So the budget is scaled by ``n / (n + d)`` (``n`` target
+    attention layers, ``d`` MTP layers): the target's and the draft's pools together fit it."""
+    aux = getattr(solver_self, "spec_aux_config", None)
+    if aux is None or getattr(aux, "eagle_draft_num_layers", None):
+        return rest_gb  # SGLang charges the draft itself (or there is no EAGLE-family draft)
+    algo = solver_self.spec_algorithm
+    if not (getattr(algo, "is_eagle", lambda: False)() or getattr(algo, "is_standalone", lambda: False)()):
+        return rest_gb
+    hf = getattr(getattr(solver_self, "model_config", None), "hf_config", None)
+    d = int(getattr(hf, "num_nextn_predict_layers", 0) or 0)
+    n = len(getattr(solver_self.mambaish_config, "full_attention_layer_ids", None) or ())
+    if d <= 0 or n <= 0 or rest_gb <= 0:
+        return rest_gb
+    charged = rest_gb * n / (n + d)
+    logger.info("sglang_replayssm: KV budget %.2f GiB shared with the MTP draft's KV pool (%d target + %d draft "
+                "attention layer(s)): %.2f GiB for the target's tokens", rest_gb, n, d, charged)
+    return charged
 
 
 def _resolved_sizes(solver_self):

@@ -52,3 +52,29 @@ def test_serve_command_for_builtin_model():
     assert cmd[1:3] == ["-m", "sglang_replayssm.launch_server"]
     assert "--load-format" in cmd and "flashinfer" in cmd and cmd[-2:] == ["--port", "31000"]
     assert serve_command("tiny-qwen3-next", [], stock=True)[2] == "sglang.launch_server"
+
+
+def test_launcher_default_for_spec_max_running():
+    """The launcher sizes max running requests from memory unless SGLang's flag is given; an explicit
+    auto next to --max-running-requests is refused."""
+    import pytest
+
+    from sglang_replayssm.config import ConfigError, from_env
+    from sglang_replayssm.launch_server import resolve_spec_max_running
+
+    base = from_env({})
+    assert base.spec_max_running == "sglang"  # plugin-only use keeps SGLang's default
+    assert resolve_spec_max_running(base, ["--model-path", "m"]).spec_max_running == "auto"
+    for argv in (["--max-running-requests", "64"], ["--max-running-requests=64"]):
+        assert resolve_spec_max_running(base, argv).spec_max_running == "sglang"
+    chosen = from_env({"SGLANG_REPLAYSSM_SPEC_MAX_RUNNING": "sglang"})
+    assert resolve_spec_max_running(chosen, ["--model-path", "m"]).spec_max_running == "sglang"
+    auto = from_env({"SGLANG_REPLAYSSM_SPEC_MAX_RUNNING": "auto"})
+    with pytest.raises(ConfigError, match="--max-running-requests"):
+        resolve_spec_max_running(auto, ["--max-running-requests", "64"])
+
+
+def test_launcher_exports_spec_max_running(tmp_path):
+    r = run(["-m", "sglang_replayssm.launch_server", "--replayssm-spec-max-running", "auto",
+             "--max-running-requests", "8", "--model-path", "x"])
+    assert r.returncode == 2 and "--max-running-requests" in r.stderr

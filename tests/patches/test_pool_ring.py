@@ -594,3 +594,107 @@ def test_solver_reads_speculation_only_through_spec_algorithm(version):
                     and n.name == fn and n.lineno == int(line))
         text = ast.get_source_segment(src.zip.read(fname).decode(), node)
     assert text.count("spec_algorithm") == 1 and "self.spec_algorithm.is_none()" in text
+
+
+# --------------------------------------------------------------------------------------
+# SGLang's real pool solver under the ring verifier: capacity from memory, draft KV charged
+# --------------------------------------------------------------------------------------
+
+@pytest.fixture
+def spec_solver(env, tmp_path, patched):
+    """SGLang 0.5.17's own ``KVCacheConfigurator._handle_max_mamba_cache`` (patched) on a
+    configurator of the tiny NemotronH with an MTP layer, its config published as a scheduler
+    publishes it, and the speculative settings SGLang resolves for NEXTN (4 draft tokens, the
+    flat default of 48 max running requests)."""
+    from types import SimpleNamespace
+
+    from sglang.srt import runtime_context
+    from sglang.srt.configs.hybrid_arch import mambaish_config
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+    from sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state import (
+        SpecAuxHiddenStateConfig)
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    ctx = runtime_context.get_context()
+    env.setattr(ctx, "_config_bags", ctx._config_bags)  # restored after the test
+    path = models.materialize("tiny-nemotron-h", root=tmp_path, num_nextn_predict_layers=1)
+    args = prepare_server_args(["--model-path", path, "--load-format", "dummy", "--skip-tokenizer-init",
+                                "--device", "cpu", "--disable-radix-cache"])
+    runtime_context.publish(args, role="test")
+    ctx.override("test: NEXTN as SGLang resolves it", speculative_num_draft_tokens=4, max_running_requests=48)
+    mc = args.model_config
+    kc = object.__new__(KVCacheConfigurator)
+    for name, value in dict(model_config=mc, server_args=args, spec_algorithm=SpeculativeAlgorithm.EAGLE,
+                            spec_aux_config=SpecAuxHiddenStateConfig(), mambaish_config=mambaish_config(mc),
+                            hybrid_gdn_config=None,
+                            ps=SimpleNamespace(pp_size=1, attn_dp_size=1)).items():
+        setattr(kc, name, value)
+    with runtime_context.get_parallel().override(attn_tp_size=1):
+        params = kc.mambaish_config.mamba2_cache_params
+        per_slot = params.mamba_cache_per_req  # patched: includes the spec ring
+        assert per_slot > original_per_req(params)
+        yield SimpleNamespace(kc=kc, params=params, per_slot=per_slot, sched=runtime_context.get_schedule,
+                              n_attn=len(kc.mambaish_config.full_attention_layer_ids))
+
+
+def _expected(rest_gb, slots, s):
+    windows = pool_seam.conv_window_bytes(s.params, pool_seam._resolved_sizes(s.kc)) / (1 << 30)
+    return (rest_gb - (slots + 1) * s.per_slot / (1 << 30) - windows) * s.n_attn / (s.n_attn + 1)
+
+
+def test_solver_keeps_sglangs_max_running_by_default(spec_solver, env):
+    """spec_max_running=sglang: 48 requests and 48 slots (SGLang's branch for an explicit count), no
+    snapshot reserve, and the KV budget shared with the MTP draft's one attention layer."""
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+
+    s = spec_solver
+    rest = 1000 * s.per_slot / (1 << 30)
+    out = KVCacheConfigurator._handle_max_mamba_cache(s.kc, rest)
+    assert (s.sched().max_running_requests, s.sched().max_mamba_cache_size) == (48, 48)
+    assert out == pytest.approx(_expected(rest, 48, s))
+    assert s.kc.spec_algorithm.is_eagle()  # restored
+
+
+@pytest.mark.parametrize("budget_slots,expect", [(40, "memory"), (5000, "cap")])
+def test_solver_sizes_max_running_from_memory_in_auto_mode(spec_solver, env, budget_slots, expect):
+    """spec_max_running=auto: SGLang's non-speculative branch fits K slots into the mamba share of
+    the budget; max running = min(K, max(decode graph batch, 48)).  Above the cap the pool shrinks
+    to the cap and the unused slots' bytes go to the KV budget."""
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+
+    env.setenv("SGLANG_REPLAYSSM_SPEC_MAX_RUNNING", "auto")
+    s = spec_solver
+    ratio = s.sched().mamba_full_memory_ratio
+    rest = budget_slots * s.per_slot * (1 + ratio) / ratio / (1 << 30)
+    fit = int((rest * ratio / (1 + ratio) * (1 << 30) - s.per_slot) // s.per_slot)
+    out = KVCacheConfigurator._handle_max_mamba_cache(s.kc, rest)
+    cap = max(pool_seam._graph_decode_max_bs(pool_seam._config_bags(s.kc)), 48)
+    n = s.sched().max_running_requests
+    assert s.sched().max_mamba_cache_size == n
+    if expect == "memory":
+        assert n == fit < cap and n != 48
+    else:
+        assert fit > cap and n == cap
+    # unused slots are not allocated: the KV budget is what is left after n + 1 slots
+    assert out == pytest.approx(_expected(rest, n, s))
+
+
+def test_solver_auto_mode_restores_sglangs_value_when_the_solve_fails(spec_solver, env):
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+
+    env.setenv("SGLANG_REPLAYSSM_SPEC_MAX_RUNNING", "auto")
+    with pytest.raises(RuntimeError, match="Not enough GPU memory"):
+        KVCacheConfigurator._handle_max_mamba_cache(spec_solver.kc, 0.0)
+    assert spec_solver.sched().max_running_requests == 48
+
+
+def test_solver_leaves_a_charged_draft_alone(spec_solver):
+    """A draft with its own checkpoint is charged by SGLang (eagle_draft_num_layers): no second charge."""
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+
+    s = spec_solver
+    s.kc.spec_aux_config.eagle_draft_num_layers = 1
+    rest = 1000 * s.per_slot / (1 << 30)
+    out = KVCacheConfigurator._handle_max_mamba_cache(s.kc, rest)
+    assert out == pytest.approx(_expected(rest, 48, s) * (s.n_attn + 1) / s.n_attn)
