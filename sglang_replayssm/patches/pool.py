@@ -533,11 +533,43 @@ def _auto_max_running(solver_self, bags, params, sglang_default) -> float:
         give_back = (K - N) * per_slot / (1 << 30)
         fields["max_mamba_cache_size"] = N
     bags.get_context().override("sglang_replayssm.spec_max_running", **fields)
+    if N > int(sglang_default or 0):
+        _widen_flashinfer_workspace(N * int(bags.get_spec().speculative_num_draft_tokens or 1))
     logger.info("sglang_replayssm: max running requests %d, solved from memory under the ring verifier "
                 "(SGLang's speculative default: %s; memory fits %d slot(s), %d state slot(s) per request, "
                 "decode CUDA-graph batch %d); %.2f GiB of unused slots returned to the KV pool",
                 N, sglang_default, K, ratio, _graph_decode_max_bs(bags), give_back)
     return give_back
+
+
+FLASHINFER_WORKSPACE_ENV = "SGLANG_FLASHINFER_WORKSPACE_SIZE"
+WORKSPACE_BYTES_PER_VERIFY_TOKEN = 768 << 10   # FlashInfer's split-KV prefill temporaries per query token
+WORKSPACE_BASE_BYTES = 256 << 20
+
+
+def _widen_flashinfer_workspace(verify_tokens: int) -> None:
+    """Size FlashInfer's workspace for a target-verify batch of ``verify_tokens`` query tokens.
+
+    SGLang's default (384 MiB, ``SGLANG_FLASHINFER_WORKSPACE_SIZE``) is sized for its own
+    speculative batches (48 requests); on the H200, Nemotron-H-8B's verify at 256 requests x 4
+    tokens needed 574 MiB for ``batch_prefill_tmp_v`` alone (about 0.56 MiB per query token)
+    and CUDA-graph capture failed.  Runs in the scheduler process before the attention backend
+    allocates the buffer; a value the user set is left alone."""
+    import os
+
+    if FLASHINFER_WORKSPACE_ENV in os.environ:
+        return
+    want = WORKSPACE_BASE_BYTES + verify_tokens * WORKSPACE_BYTES_PER_VERIFY_TOKEN
+    try:
+        from sglang.srt.environ import envs
+
+        current = int(envs.SGLANG_FLASHINFER_WORKSPACE_SIZE.get())
+    except (ImportError, AttributeError):
+        current = 384 << 20
+    if want > current:
+        os.environ[FLASHINFER_WORKSPACE_ENV] = str(want)
+        logger.info("sglang_replayssm: %s=%d MiB for target-verify batches of %d query tokens (SGLang's "
+                    "default: %d MiB)", FLASHINFER_WORKSPACE_ENV, want >> 20, verify_tokens, current >> 20)
 
 
 def _charge_draft_kv(solver_self, rest_gb: float) -> float:

@@ -664,6 +664,7 @@ def test_solver_sizes_max_running_from_memory_in_auto_mode(spec_solver, env, bud
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
 
     env.setenv("SGLANG_REPLAYSSM_SPEC_MAX_RUNNING", "auto")
+    env.delenv(pool_seam.FLASHINFER_WORKSPACE_ENV, raising=False)
     s = spec_solver
     ratio = s.sched().mamba_full_memory_ratio
     rest = budget_slots * s.per_slot * (1 + ratio) / ratio / (1 << 30)
@@ -678,6 +679,19 @@ def test_solver_sizes_max_running_from_memory_in_auto_mode(spec_solver, env, bud
         assert fit > cap and n == cap
     # unused slots are not allocated: the KV budget is what is left after n + 1 slots
     assert out == pytest.approx(_expected(rest, n, s))
+    # FlashInfer's workspace grows with verify batches (n requests x 4 tokens) beyond SGLang's 48
+    want = pool_seam.WORKSPACE_BASE_BYTES + n * 4 * pool_seam.WORKSPACE_BYTES_PER_VERIFY_TOKEN
+    widened = n > 48 and want > 384 << 20
+    assert os.environ.get(pool_seam.FLASHINFER_WORKSPACE_ENV) == (str(want) if widened else None)
+
+
+def test_flashinfer_workspace_left_alone_when_set(env):
+    env.setenv(pool_seam.FLASHINFER_WORKSPACE_ENV, "123")
+    pool_seam._widen_flashinfer_workspace(4096)
+    assert os.environ[pool_seam.FLASHINFER_WORKSPACE_ENV] == "123"
+    env.delenv(pool_seam.FLASHINFER_WORKSPACE_ENV)
+    pool_seam._widen_flashinfer_workspace(1024)
+    assert int(os.environ[pool_seam.FLASHINFER_WORKSPACE_ENV]) == (256 + 768) << 20
 
 
 def test_solver_auto_mode_restores_sglangs_value_when_the_solve_fails(spec_solver, env):
