@@ -200,9 +200,9 @@ def panels(res: Dict[str, Any]) -> List[Dict[str, Any]]:
     return out
 
 
-def write_all(res: Dict[str, Any], out_dir, stem: str) -> List[Path]:
+def write_all(res: Dict[str, Any], out_dir, stem: str, with_json: bool = True) -> List[Path]:
     out_dir = Path(out_dir)
-    paths = [report.write_json(out_dir / f"{stem}.json", res)]
+    paths = [report.write_json(out_dir / f"{stem}.json", res)] if with_json else []
     md = out_dir / f"{stem}.md"
     md.write_text(markdown(res))
     paths.append(md)
@@ -215,10 +215,12 @@ def write_all(res: Dict[str, Any], out_dir, stem: str) -> List[Path]:
 
 
 def render(path) -> str:
-    """Re-write the .md and .png beside a result JSON; returns a one-line status."""
+    """Re-write the .md and .png beside a result JSON (``.json`` or ``.json.gz``, left as it is);
+    returns a one-line status."""
     p = Path(path)
     res = report.read_json(p)
-    written = write_all(res, p.parent, p.stem)
+    stem = p.name[:-len(".json.gz")] if p.name.endswith(".json.gz") else p.stem
+    written = write_all(res, p.parent, stem, with_json=False)
     return f"{p}: {', '.join(x.name for x in written)}"
 
 

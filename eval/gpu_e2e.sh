@@ -9,7 +9,8 @@
 set -uo pipefail
 OUT="${OUT:-/tmp/replayssm-e2e}"
 mkdir -p "$OUT"
-if [ -f .sglang-bundle/bootstrap.sh ] && ! python3 -c "import sglang" 2>/dev/null; then
+# the HTTP server needs the bundle's HTTP extras (jsonschema, fastapi, ...), not only sglang
+if [ -f .sglang-bundle/bootstrap.sh ] && ! python3 -c "import sglang, jsonschema, fastapi" 2>/dev/null; then
   SGLANG_BUNDLE_HTTP=1 source .sglang-bundle/bootstrap.sh
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1

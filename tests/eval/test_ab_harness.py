@@ -282,6 +282,16 @@ def test_report_from_recorded_result(tmp_path):
     assert {"ab-sample.json", "ab-sample.md"} <= names
     assert ("ab-sample.png" in names) == report.have_matplotlib()
     assert "ab-sample.json" in ab_report.render(tmp_path / "ab-sample.json")
+    # a gzipped result is rendered beside itself and left as it is
+    import gzip
+
+    gz = tmp_path / "gz" / "ab-z.json.gz"
+    gz.parent.mkdir()
+    gz.write_bytes(gzip.compress((tmp_path / "ab-sample.json").read_bytes()))
+    before = gz.read_bytes()
+    ab_report.render(gz)
+    assert (gz.parent / "ab-z.md").read_text() == md and gz.read_bytes() == before
+    assert not list(gz.parent.glob("*.json"))
     panels = ab_report.panels(res)
     assert panels[0]["hline"] == 1.0 and panels[-1]["kind"] == "bar"
 

@@ -120,3 +120,24 @@ def test_summaries_name_the_code_that_produced_them(tmp_path):
         assert f"git commit of the runs**: {doc['git_commit']}" in (out / f"{name}.md").read_text()
     spec = json.loads((out / "e2e-spec-h200.json").read_text())
     assert spec["git_commit"] is None and spec["sources"] == []  # no speculative run among the inputs
+
+
+def test_spec_nonspec_baseline_borrowed_from_the_nearest_run():
+    """The recorded Nemotron-H-8B NEXTN runs (eval/results/e2e-h200/spec-nemotron-h-8b*): the run with
+    stock and staged has no stock:nospec arm, so its non-spec baseline is the one of the run nearest in
+    time (run 2), flagged as borrowed; ratios are recomputed from the arms' own throughputs."""
+    root = Path(__file__).parents[2] / "eval" / "results" / "e2e-h200"
+    dirs = sorted(root.glob("spec-nemotron-h-8b*"))
+    results = e2e_summary.load_results(dirs)
+    rows = [r for r in e2e_summary.spec_speed(results) if r["model"] == "nemotron-h-8b"]
+    assert {r["batch"] for r in rows} == {1, 32, 128, 256}
+    runs = e2e_summary.arms_by_run(results)
+    nospec = {st: next(a for a in arms.values() if a["kind"] == "stock" and not a["spec"])
+              for (m, st), arms in runs.items() if any(a["kind"] == "stock" and not a["spec"] for a in arms.values())}
+    assert len(nospec) == 2
+    for r in rows:
+        assert r["nonspec_same_run"] is False and "run2-workspace" in r["stock_nonspec_file"]
+        run2 = next(a for st, a in nospec.items() if "run2" in a["file"])
+        assert r["stock_nonspec_tok_s"] == run2["bench"][r["batch"]]["output_throughput"]
+        assert r["spec_vs_stock_nonspec"] == report.ratio(r["staged_tok_s"], r["stock_nonspec_tok_s"])
+        assert r["capacity_ratio"] == report.ratio(r["max_running_staged"], r["max_running_stock"])
