@@ -129,8 +129,12 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = {
     "num_stages": 1,
     "flush": "rank1",  # flush fold: "rank1" (exact fp32 CUDA-core FMAs) or "dot" (tl.dot, dot_precision)
     "dot_precision": "tf32x3",
+    # the window's dots against the state tile and each other: "bcast" (one [BV, T, K] broadcast-and-sum)
+    # or "token" (T two-dimensional row reductions, as the decode kernel does for one token)
+    "reduce": "bcast",
 }
 _FLUSH_MODES = ("rank1", "dot")
+_REDUCE_MODES = ("bcast", "token")
 
 
 def gdn_verify_key(HV: int, Hk: int, K: int, V: int, R: int, T: int) -> str:
@@ -157,7 +161,7 @@ def _gdn_verify_kernel(
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, TP: tl.constexpr,
     USE_L2NORM: tl.constexpr, ROUND_BETA: tl.constexpr, FLUSH_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr,
+    SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, PER_TOKEN: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_n = tl.program_id(1).to(tl.int64)
@@ -266,12 +270,31 @@ def _gdn_verify_kernel(
     # ---- window, part 1 (independent of the solve), all tokens at once:
     # S_c q^_i, S_c k^_i (checkpoint tile + replayed history) and the Gram entries
     # kk[j, i] = k^_j . k^_i, kq[j, i] = k^_j . q^_i ----
-    s_q = tl.sum(s[:, None, :] * q_hat[None, :, :], axis=2)  # [BV, TP]
-    s_k = tl.sum(s[:, None, :] * k_hat[None, :, :], axis=2)
-    s_q = eG_x * s_q + tl.sum(d_hist[:, :, None] * (c_x[:, None] * hq)[None, :, :], axis=1)
-    s_k = eG_x * s_k + tl.sum(d_hist[:, :, None] * (c_x[:, None] * hk)[None, :, :], axis=1)
-    kk = tl.sum(k_hat[:, None, :] * k_hat[None, :, :], axis=2)  # [TP, TP]
-    kq = tl.sum(k_hat[:, None, :] * q_hat[None, :, :], axis=2)
+    if PER_TOKEN:
+        s_q = tl.zeros([BV, TP], dtype=tl.float32)
+        s_k = tl.zeros([BV, TP], dtype=tl.float32)
+        kk = tl.zeros([TP, TP], dtype=tl.float32)
+        kq = tl.zeros([TP, TP], dtype=tl.float32)
+        for i in tl.static_range(TP):
+            sel = o_t == i
+            col = sel[None, :]
+            q_i = tl.sum(tl.where(sel[:, None], q_hat, 0.0), axis=0)  # [BK]
+            k_i = tl.sum(tl.where(sel[:, None], k_hat, 0.0), axis=0)
+            hq_i = tl.sum(tl.where(col, hq, 0.0), axis=1)  # [LP]
+            hk_i = tl.sum(tl.where(col, hk, 0.0), axis=1)
+            sq_i = eG_x * tl.sum(s * q_i[None, :], axis=1) + tl.sum(d_hist * (c_x * hq_i)[None, :], axis=1)
+            sk_i = eG_x * tl.sum(s * k_i[None, :], axis=1) + tl.sum(d_hist * (c_x * hk_i)[None, :], axis=1)
+            s_q = tl.where(col, sq_i[:, None], s_q)
+            s_k = tl.where(col, sk_i[:, None], s_k)
+            kk = tl.where(col, tl.sum(k_hat * k_i[None, :], axis=1)[:, None], kk)
+            kq = tl.where(col, tl.sum(k_hat * q_i[None, :], axis=1)[:, None], kq)
+    else:
+        s_q = tl.sum(s[:, None, :] * q_hat[None, :, :], axis=2)  # [BV, TP]
+        s_k = tl.sum(s[:, None, :] * k_hat[None, :, :], axis=2)
+        s_q = eG_x * s_q + tl.sum(d_hist[:, :, None] * (c_x[:, None] * hq)[None, :, :], axis=1)
+        s_k = eG_x * s_k + tl.sum(d_hist[:, :, None] * (c_x[:, None] * hk)[None, :, :], axis=1)
+        kk = tl.sum(k_hat[:, None, :] * k_hat[None, :, :], axis=2)  # [TP, TP]
+        kq = tl.sum(k_hat[:, None, :] * q_hat[None, :, :], axis=2)
 
     # ---- window, part 2: UT forward substitution, one token at a time ----
     d_win = tl.zeros([BV, TP], dtype=tl.float32)
@@ -319,6 +342,8 @@ def gdn_verify_launch_params(HV: int, Hk: int, K: int, V: int, R: int, T: int, s
         check_dot_precision(cfg["dot_precision"], where)
         if cfg["flush"] not in _FLUSH_MODES:
             raise ValueError(f"{where}: flush must be one of {_FLUSH_MODES}, got {cfg['flush']!r}")
+        if cfg["reduce"] not in _REDUCE_MODES:
+            raise ValueError(f"{where}: reduce must be one of {_REDUCE_MODES}, got {cfg['reduce']!r}")
         for name in ("BV", "num_warps", "num_stages"):
             val = cfg[name]
             if not isinstance(val, int) or val < 1:
@@ -471,7 +496,7 @@ def gdn_verify(
         g_ring.stride(0), g_ring.stride(1), g_ring.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         HK=Hk, HV=HV, K=K, V=V, R=R, T=T, BK=BK, BV=BV, LP=LP, TP=TP,
-        USE_L2NORM=bool(use_qk_l2norm), ROUND_BETA=bool(round_beta), FLUSH_DOT=cfg["flush"] == "dot",
+        USE_L2NORM=bool(use_qk_l2norm), ROUND_BETA=bool(round_beta), FLUSH_DOT=cfg["flush"] == "dot", PER_TOKEN=cfg["reduce"] == "token",
         DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )

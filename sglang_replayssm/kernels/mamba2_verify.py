@@ -55,7 +55,12 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = {
     "num_warps": 4,
     "num_stages": 1,
     "dot_precision": "tf32x3",
+    "reduce": "bcast",
 }
+# How the per-token dots are reduced (the same math and fp32 order of terms per dot):
+# "bcast" -- one [rows, T, NC] broadcast-and-sum per chunk (3-D temporaries);
+# "token" -- T two-dimensional row reductions per chunk, as the decode kernel does for T = 1.
+REDUCE_MODES = ("bcast", "token")
 
 
 def verify_geometry_key(H: int, P: int, N: int, G: int, R: int, T: int) -> str:
@@ -84,6 +89,7 @@ def _mamba2_verify_kernel(
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_NC: tl.constexpr, N_CHUNKS: tl.constexpr, WH: tl.constexpr, TP: tl.constexpr,
+    PER_TOKEN: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -95,6 +101,7 @@ def _mamba2_verify_kernel(
     wp = tl.load(wp_ptr + slot).to(tl.int32)
     org = tl.load(org_ptr + slot).to(tl.int32)
     is_flush = tl.load(fl_ptr + slot) != 0
+    no_flush = tl.load(fl_ptr + slot) == 0
     wp = tl.minimum(tl.maximum(wp, 0), R - T)  # memory safety only (the commit rule keeps wp + T <= R)
     org = tl.minimum(tl.maximum(org, 0), R - 1)
 
@@ -146,8 +153,9 @@ def _mamba2_verify_kernel(
         st_ptrs = st_base + offs_m[:, None] * s_st_p + offs_n[None, :] * s_st_n
         st_mask = mask_m[:, None] & mask_n[None, :]
         S = tl.load(st_ptrs, mask=st_mask, other=0.0).to(tl.float32)
-        C_w = tl.load(C_row + offs_t[:, None] * s_C_t + offs_n[None, :] * s_C_n,
-                      mask=mask_t[:, None] & mask_n[None, :], other=0.0).to(tl.float32)  # [TP, NC]
+        if not PER_TOKEN:
+            C_w = tl.load(C_row + offs_t[:, None] * s_C_t + offs_n[None, :] * s_C_n,
+                          mask=mask_t[:, None] & mask_n[None, :], other=0.0).to(tl.float32)  # [TP, NC]
         B_w = tl.load(B_row + offs_t[:, None] * s_B_t + offs_n[None, :] * s_B_n,
                       mask=mask_t[:, None] & mask_n[None, :], other=0.0)  # [TP, NC]
         B_h = tl.load(Br_base + phys_k[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
@@ -156,28 +164,48 @@ def _mamba2_verify_kernel(
             S = decay_end * S + tl.dot(x_hist, B_h * s_hist[:, None], input_precision=DOT_PRECISION)
             if wp > 0:
                 tl.store(st_ptrs, S.to(state_ptr.dtype.element_ty), mask=st_mask)
-        else:
-            bc_h += tl.sum(B_h[:, None, :] * C_w[None, :, :], 2)
-        SC += tl.sum(S[:, None, :] * C_w[None, :, :], 2)
         B_wf = B_w.to(tl.float32)
-        bc_w += tl.sum(B_wf[:, None, :] * C_w[None, :, :], 2)
+        if PER_TOKEN:
+            for t in tl.static_range(TP):
+                sel = offs_t == t
+                C_t = tl.load(C_row + t * s_C_t + offs_n * s_C_n, mask=mask_n & (t < T), other=0.0).to(tl.float32)
+                SC += tl.where(sel[None, :], tl.sum(S * C_t[None, :], 1)[:, None], 0.0)
+                bc_w += tl.where(sel[None, :], tl.sum(B_wf * C_t[None, :], 1)[:, None], 0.0)
+                if no_flush:
+                    bc_h += tl.where(sel[None, :], tl.sum(B_h * C_t[None, :], 1)[:, None], 0.0)
+        else:
+            if no_flush:
+                bc_h += tl.sum(B_h[:, None, :] * C_w[None, :, :], 2)
+            SC += tl.sum(S[:, None, :] * C_w[None, :, :], 2)
+            bc_w += tl.sum(B_wf[:, None, :] * C_w[None, :, :], 2)
         if write_B:
             tl.store(Br_base + phys_t[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
                      B_w.to(Br_ptr.dtype.element_ty), mask=mask_t[:, None] & mask_n[None, :])
 
     # ---- outputs ----
-    if is_flush:
-        base = tl.exp(A * mu)                     # S_c is the new checkpoint, no history left
-        y = SC * base[None, :]
-    else:
-        base = tl.exp(A * (lam_end + mu))
-        w_h = tl.where(valid_k[:, None],
-                       (d_hist * tl.exp(A * (lam_end - lam)))[:, None] * tl.exp(A * mu)[None, :] * bc_h, 0.0)
-        y = SC * base[None, :] + tl.sum(x_hist[:, :, None] * w_h[None, :, :], 1)
     causal = (offs_t[:, None] <= offs_t[None, :]) & mask_t[:, None]  # [m, s]: m <= s
     expo = tl.where(causal, A * (mu[None, :] - mu[:, None]), 0.0)
-    w_w = tl.where(causal, d_win[:, None] * tl.exp(expo) * bc_w, 0.0)
-    y += tl.sum(x_win[:, :, None] * w_w[None, :, :], 1)
+    w_w = tl.where(causal, d_win[:, None] * tl.exp(expo) * bc_w, 0.0)  # [m, s]
+    if is_flush:
+        y = SC * tl.exp(A * mu)[None, :]          # S_c is the new checkpoint, no history left
+    else:
+        y = SC * tl.exp(A * (lam_end + mu))[None, :]
+    if PER_TOKEN:
+        e_mu = tl.exp(A * mu)
+        for t in tl.static_range(TP):
+            sel = offs_t == t
+            w_t = tl.sum(tl.where(sel[None, :], w_w, 0.0), 1)                       # [m]
+            y_t = tl.sum(x_win * w_t[None, :], 1)
+            if no_flush:
+                bc_t = tl.sum(tl.where(sel[None, :], bc_h, 0.0), 1)                 # [k]
+                wh_t = s_hist * bc_t * tl.sum(tl.where(sel, e_mu, 0.0), 0)
+                y_t += tl.sum(x_hist * wh_t[None, :], 1)
+            y += tl.where(sel[None, :], y_t[:, None], 0.0)
+    else:
+        if no_flush:
+            w_h = s_hist[:, None] * tl.exp(A * mu)[None, :] * bc_h
+            y += tl.sum(x_hist[:, :, None] * w_h[None, :, :], 1)
+        y += tl.sum(x_win[:, :, None] * w_w[None, :, :], 1)
     if HAS_D:
         Dv = tl.load(D_ptr + h * s_D_h + offs_m * s_D_p, mask=mask_m, other=0.0).to(tl.float32)
         y += Dv[:, None] * x_win
@@ -298,6 +326,8 @@ def mamba2_verify(
     cfg = launch_config("mamba2_verify", keys, MAMBA2_VERIFY_DEFAULT_LAUNCH)
     where = f"launch config [mamba2_verify][{key}]"
     check_dot_precision(cfg["dot_precision"], where)
+    if cfg["reduce"] not in REDUCE_MODES:
+        raise ValueError(f"{where}: reduce must be one of {REDUCE_MODES}, got {cfg['reduce']!r}")
     BLOCK_M, BLOCK_NC = int(cfg["BLOCK_M"]), int(cfg["BLOCK_NC"])
     for name, v in (("BLOCK_M", BLOCK_M), ("BLOCK_NC", BLOCK_NC)):
         if v < 16 or v & (v - 1):
@@ -320,6 +350,7 @@ def mamba2_verify(
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
         DT_SOFTPLUS=bool(dt_softplus), DOT_PRECISION=cfg["dot_precision"],
         BLOCK_M=BLOCK_M, BLOCK_NC=BLOCK_NC, N_CHUNKS=triton.cdiv(N, BLOCK_NC), WH=WH, TP=TP,
+        PER_TOKEN=cfg["reduce"] == "token",
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]),
     )
     return out

@@ -767,3 +767,38 @@ def test_launch_config_validation(tmp_path, monkeypatch):
     cfg = gv.gdn_verify_launch_params(32, 16, 128, 128, 20, 4)
     assert set(cfg) == set(gv.GDN_VERIFY_DEFAULT_LAUNCH) and cfg["dot_precision"] in ("tf32x3", "ieee")
     assert gv.gdn_verify_key(32, 16, 128, 128, 20, 4) == "HV32_HK16_K128_V128_R20_T4"
+
+
+# ----------------------------------------------------------------------------------
+# launch config reduce: token (T two-dimensional reductions instead of [BV, T, K] broadcasts)
+# ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("prec", ["s32-a32", "s16b-a16b"])
+def test_per_token_reduce_matches_reference_and_oracle(device, seed, launch, prec):
+    launch(always=True, BV=16, reduce="token")
+    sd, ad = PRECISIONS[prec]
+    sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, Bh=6, T=3, **small_geom(Hk=2, HV=4, n_slots=7))
+    for s, (w, o) in {1: (3, 7), 2: (6, 5), 3: (0, 4), 5: (4, 0)}.items():
+        sim.seed_history(s, w, o)
+    sim.step([1, -1, 2, 3, 0, 5], out_dtype=F32 if sd == F32 else ad, commit=False)
+    assert sim.flushes == 2
+
+
+@pytest.mark.parametrize("case", ["T3-B6-s32a32", "T4-B4-s32a32"])
+def test_per_token_reduce_speculative_simulation(device, seed, launch, case):
+    launch(always=True, BV=32, reduce="token")
+    T, Bh, prec, steps = SIM_CASES[case]
+    sd, ad = PRECISIONS[prec]
+    sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, Bh=Bh, T=T, **small_geom(n_slots=5))
+    for s in (3, 1, 4):
+        sim.activate(s)
+    for _ in range(24):
+        sim.step([3, 1, 4, 0])
+    assert sim.flushes >= 3 and sim.wrapped
+
+
+def test_unknown_reduce_mode_is_refused(tmp_path, monkeypatch):
+    f = tmp_path / "cfg.yaml"
+    f.write_text("gdn_verify:\n  default:\n    reduce: warp\n")
+    monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
+    with pytest.raises(ValueError, match="reduce must be one of"):
+        gv.gdn_verify_launch_params(2, 1, 32, 32, 6, 2)

@@ -513,3 +513,26 @@ def test_flushing_verify_with_no_accept_does_not_fold_twice(device):
     assert int(h.wp[s]) == 0
     for _ in range(4):
         h.step(accept=1)   # outputs and later flushes are checked against the oracle inside step()
+
+
+@pytest.mark.parametrize("T,hist,geom,prec", [(1, 1, SMALL, (F32, F32)), (4, 6, SMALL, (F32, F32)),
+                                              (3, 4, ODD, (F32, BF16)), (3, 4, ODD, (BF16, BF16))],
+                         ids=["T1-s32", "T4-s32", "T3odd-s32a16b", "T3odd-s16b"])
+def test_per_token_reduce_matches_sequential_recurrence(device, tmp_path, monkeypatch, T, hist, geom, prec):
+    """launch config ``reduce: token`` (T two-dimensional row reductions per chunk instead of one 3-D
+    broadcast): the same stream checks, flushes and wrap-around included."""
+    f = tmp_path / "cfg.yaml"
+    f.write_text("mamba2_verify:\n  default: {reduce: token}\n")
+    monkeypatch.setenv(common.ENV_CONFIG_FILE, str(f))
+    h = SpecHarness(device, geom, T, hist, *prec, n_req=3)
+    for _ in range(24 if T > 1 else 12):
+        h.step()
+    assert h.flushes >= 2, f"{h.tag()} the stream must cross flushes, saw {h.flushes}"
+
+
+def test_unknown_reduce_mode_is_refused(device, tmp_path, monkeypatch):
+    f = tmp_path / "cfg.yaml"
+    f.write_text("mamba2_verify:\n  default: {reduce: warp}\n")
+    monkeypatch.setenv(common.ENV_CONFIG_FILE, str(f))
+    with pytest.raises(ValueError, match="reduce must be one of"):
+        _call(_args(device))

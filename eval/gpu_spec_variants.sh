@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One GPU-host call: the speculative-verify kernel benchmark (eval/bench_spec.py) once per launch-config
+# variant of the verify kernels, so that variants are compared in the same run against SGLang's kernels.
+# Usage (repo root on the GPU host, offline SGLang bundle carried in .sglang-bundle/):
+#   GIT_COMMIT=<sha, a literal from the development machine> OUT=<dir> bash eval/gpu_spec_variants.sh \
+#       [name='<yaml mapping of mamba2_verify / gdn_verify defaults>' ...] [-- <bench_spec flags>]
+# Without variants: the packaged configs, then reduce: token for both verify kernels.
+# Writes $OUT/spec-<name>.{json,md,png,log}.
+set -uo pipefail
+OUT="${OUT:-/tmp/replayssm-spec-variants}"
+mkdir -p "$OUT"
+if [ -f .sglang-bundle/bootstrap.sh ] && ! python3 -c "import sglang" 2>/dev/null; then
+  source .sglang-bundle/bootstrap.sh
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+variants=() flags=()
+while [ $# -gt 0 ]; do
+  if [ "$1" = "--" ]; then shift; flags=("$@"); break; fi
+  variants+=("$1"); shift
+done
+if [ ${#variants[@]} -eq 0 ]; then
+  variants=("packaged=" "token=mamba2_verify: {default: {reduce: token}}
+gdn_verify: {default: {reduce: token}}")
+fi
+[ ${#flags[@]} -eq 0 ] && flags=(--quick --dtypes fp32 --time-budget-s 60)
+rc=0
+for v in "${variants[@]}"; do
+  name="${v%%=*}" body="${v#*=}"
+  cfg=""
+  if [ -n "$body" ]; then
+    # the packaged GPU file first, the variant's keys on top (a variant names only what it changes)
+    cfg="$OUT/variant-$name.yaml"
+    python3 - "$cfg" "$body" <<'PY'
+import sys, yaml
+from sglang_replayssm.kernels import common
+base = yaml.safe_load(open(common.config_file())) or {}
+for fam, sec in (yaml.safe_load(sys.argv[2]) or {}).items():
+    for key, entry in sec.items():
+        base.setdefault(fam, {}).setdefault(key, {}).update(entry)
+yaml.safe_dump(base, open(sys.argv[1], "w"))
+PY
+  fi
+  echo "== variant $name ${cfg:+($cfg)}"
+  SGLANG_REPLAYSSM_KERNEL_CONFIG="$cfg" timeout "${VARIANT_TIMEOUT:-150}" \
+    python3 -m eval.bench_spec --out "$OUT/spec-$name.json" "${flags[@]}" >"$OUT/spec-$name.log" 2>&1
+  r=$?; [ "$r" = 0 ] || rc=$r
+  tail -12 "$OUT/spec-$name.log"
+done
+exit "$rc"
