@@ -389,11 +389,12 @@ def test_validation_errors(device, name, bad, match):
         _call(a)
 
 
-def test_bad_launch_config_is_refused(device, tmp_path, monkeypatch):
+@pytest.mark.parametrize("entry,match", [("dot_precision: tf32", "tf32x3"), ("reduce: warp", "reduce must be one of")])
+def test_bad_launch_config_is_refused(device, tmp_path, monkeypatch, entry, match):
     f = tmp_path / "cfg.yaml"
-    f.write_text("mamba2_verify:\n  default: {dot_precision: tf32}\n")
+    f.write_text("mamba2_verify:\n  default: {" + entry + "}\n")
     monkeypatch.setenv(common.ENV_CONFIG_FILE, str(f))
-    with pytest.raises(ValueError, match="tf32x3"):
+    with pytest.raises(ValueError, match=match):
         _call(_args(device))
 
 
@@ -528,11 +529,3 @@ def test_per_token_reduce_matches_sequential_recurrence(device, tmp_path, monkey
     for _ in range(24 if T > 1 else 12):
         h.step()
     assert h.flushes >= 2, f"{h.tag()} the stream must cross flushes, saw {h.flushes}"
-
-
-def test_unknown_reduce_mode_is_refused(device, tmp_path, monkeypatch):
-    f = tmp_path / "cfg.yaml"
-    f.write_text("mamba2_verify:\n  default: {reduce: warp}\n")
-    monkeypatch.setenv(common.ENV_CONFIG_FILE, str(f))
-    with pytest.raises(ValueError, match="reduce must be one of"):
-        _call(_args(device))
