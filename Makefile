@@ -20,7 +20,7 @@ WHEEL_CACHE := .cache/sglang-wheels
 PIP := $(PY) -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 
-.PHONY: test venv doctor serve bench-kernels bench-spec gpu-test clean sglang-wheels ab e2e-summary
+.PHONY: test venv doctor serve bench-kernels bench-spec gpu-test clean sglang-wheels ab e2e-summary verify-sass
 
 venv: $(STAMP)
 
@@ -76,6 +76,9 @@ ab:
 
 e2e-summary: venv
 	$(PY) -m eval.e2e_summary eval/results/e2e-h200 --out-dir eval/results
+
+verify-sass: venv
+	env -u TRITON_INTERPRET $(PY) -m eval.verify_sass
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -370,11 +370,16 @@ def main(argv=None) -> int:
         name, cfg = parse_variant(spec, base)
         results.append(analyse(name, cfg, geom, L, dt[args.state], dt[args.act], args.batch,
                                Path(args.dump) if args.dump else None))
-    print(f"gdn decode, {args.geometry} {geom} L={L} state {args.state} act {args.act}, sm_90a offline "
-          f"(base config {base})")
-    print(table(results))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    return emit(f"gdn decode, {args.geometry} {geom} L={L} state {args.state} act {args.act}, sm_90a offline "
+                f"(base config {base})", table(results), results, args.json)
+
+
+def emit(header: str, text: str, results, json_path: Optional[str]) -> int:
+    """Print the header and table; write every result as JSON when asked."""
+    print(header)
+    print(text)
+    if json_path:
+        Path(json_path).write_text(json.dumps(results, indent=1, default=str))
     return 0
 
 

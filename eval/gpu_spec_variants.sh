@@ -4,7 +4,7 @@
 # Usage (repo root on the GPU host, offline SGLang bundle carried in .sglang-bundle/):
 #   GIT_COMMIT=<sha, a literal from the development machine> OUT=<dir> bash eval/gpu_spec_variants.sh \
 #       [name='<yaml mapping of mamba2_verify / gdn_verify defaults>' ...] [-- <bench_spec flags>]
-# Without variants: the packaged configs, then reduce: token for both verify kernels.
+# Without variants: the packaged configs, then the candidates of eval/verify_sass.py (listed below).
 # Writes $OUT/spec-<name>.{json,md,png,log}.
 set -uo pipefail
 OUT="${OUT:-/tmp/replayssm-spec-variants}"
@@ -19,8 +19,15 @@ while [ $# -gt 0 ]; do
   variants+=("$1"); shift
 done
 if [ ${#variants[@]} -eq 0 ]; then
-  variants=("packaged=" "token=mamba2_verify: {default: {reduce: token}}
-gdn_verify: {default: {reduce: token}}")
+  # the candidates of the offline sm_90a analysis (eval/results/verify-sass-offline.md): one warp per
+  # program and T two-dimensional reductions cut the issued instructions 2.8x (Mamba2) / 3.5x (GDN)
+  variants=("packaged="
+            "w1-token=mamba2_verify: {default: {reduce: token, num_warps: 1}}
+gdn_verify: {default: {reduce: token, num_warps: 1}}"
+            "w1-bcast=mamba2_verify: {default: {num_warps: 1}}
+gdn_verify: {default: {num_warps: 1}}"
+            "w2-token-wide=mamba2_verify: {default: {reduce: token, num_warps: 2, BLOCK_M: 32}}
+gdn_verify: {default: {reduce: token, num_warps: 2, BV: 32}}")
 fi
 [ ${#flags[@]} -eq 0 ] && flags=(--quick --dtypes fp32 --time-budget-s 60)
 rc=0
