@@ -21,7 +21,6 @@ from __future__ import annotations
 import datetime as _dt
 
 import argparse
-import math
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
