@@ -11,6 +11,7 @@ Must run WITHOUT ``TRITON_INTERPRET``::
 
     python -m eval.verify_sass                                   # packaged H200 config vs one-warp variants
     python -m eval.verify_sass --family mamba2 --variant w2:reduce=token,num_warps=2
+    python -m eval.verify_sass --variant packaged: --variant mamba2/pre:bc=pre,num_warps=1
     python -m eval.verify_sass --json /tmp/verify_sass.json --dump /tmp/verify_sass
 
 ``issue us`` is the static SASS count times the warps of a batch-256 launch divided by the H200's
@@ -36,6 +37,7 @@ GEOMETRIES = {
 }
 FAMILY_KEY = {"mamba2": "mamba2_verify", "gdn": "gdn_verify"}
 KERNEL = {"mamba2": "_mamba2_verify_kernel", "gdn": "_gdn_verify_kernel"}
+PRE_KERNELS = {"mamba2": ("_mamba2_verify_bc_kernel",), "gdn": ()}  # launched before the main kernel by some variants
 DEFAULT_VARIANTS = ("packaged:", "w1-token:reduce=token,num_warps=1", "w1-bcast:num_warps=1")
 
 
@@ -85,7 +87,7 @@ def _call_gdn(geom, T, hist, state_dtype, act_dtype, batch):
 
 def capture(family: str, config: Dict[str, Any], geom: Dict[str, int], T: int, hist: int, state_dtype, act_dtype,
             batch: int = 4) -> Dict[str, Any]:
-    """The verify kernel launch (fn, grid, args, kwargs) the wrapper makes under ``config``."""
+    """The verify launches (kernel name -> fn, grid, args, kwargs) the wrapper makes under ``config``."""
     import yaml
 
     from sglang_replayssm.kernels import gdn_verify as gv
@@ -98,17 +100,20 @@ def capture(family: str, config: Dict[str, Any], geom: Dict[str, int], T: int, h
     prev = os.environ.get(ENV_CONFIG_FILE)
     os.environ[ENV_CONFIG_FILE] = str(tmp)
     calls: Dict[str, Any] = {}
-    saved = getattr(mod, KERNEL[family])
-    setattr(mod, KERNEL[family], _Recorder(saved, calls))
+    names = (KERNEL[family],) + PRE_KERNELS[family]
+    saved = {n: getattr(mod, n) for n in names}
+    for n in names:
+        setattr(mod, n, _Recorder(saved[n], calls))
     try:
         (_call_mamba2 if family == "mamba2" else _call_gdn)(geom, T, hist, state_dtype, act_dtype, batch)
     finally:
-        setattr(mod, KERNEL[family], saved)
+        for n in names:
+            setattr(mod, n, saved[n])
         if prev is None:
             os.environ.pop(ENV_CONFIG_FILE, None)
         else:
             os.environ[ENV_CONFIG_FILE] = prev
-    return calls[KERNEL[family]]
+    return calls
 
 
 def analyse(family: str, name: str, config: Dict[str, Any], T: int = 4, hist: int = 16, state_dtype=None,
@@ -116,37 +121,51 @@ def analyse(family: str, name: str, config: Dict[str, Any], T: int = 4, hist: in
     import torch
 
     geom = GEOMETRIES[family]
-    launch = capture(family, config, geom, T, hist, state_dtype or torch.float32, act_dtype or torch.bfloat16)
+    calls = capture(family, config, geom, T, hist, state_dtype or torch.float32, act_dtype or torch.bfloat16)
+    launch = calls[KERNEL[family]]
     built = compile_offline(launch)
     rep = ptxas_report(built["ptx"])
     text = disassemble(built["cubin"])
     insns, _ = parse_sass(text)
     nw = built["num_warps"]
-    programs = launch["grid"][0] * batch_model * (geom["H"] if family == "mamba2" else geom["HV"])
+    heads = geom["H"] if family == "mamba2" else geom["HV"]
+    programs = launch["grid"][0] * batch_model * heads
     rate = H200_SMS * SCHEDULERS_PER_SM * H200_CLOCK_HZ
+    pre = {}
+    for kname in PRE_KERNELS[family]:
+        if kname in calls:  # grid (batch, groups): scale the recorded batch to batch_model
+            pb = compile_offline(calls[kname])
+            pr = ptxas_report(pb["ptx"])
+            n_pre = len(parse_sass(disassemble(pb["cubin"]))[0])
+            pre_programs = batch_model * calls[kname]["grid"][1]
+            pre[kname] = {"regs": pr["regs"], "spill_st": pr.get("spill_st"), "spill_ld": pr.get("spill_ld"),
+                         "sass_total": n_pre, "num_warps": pb["num_warps"],
+                         "issue_us_bs256": pre_programs * pb["num_warps"] * n_pre / rate * 1e6}
     if dump:
         dump.mkdir(parents=True, exist_ok=True)
         for ext, body in (("ptx", built["ptx"]), ("ttgir", built["ttgir"]), ("sass", text), ("ptxas.log", rep["log"])):
             (dump / f"{family}-{name}.{ext}").write_text(body)
+    main_us = programs * nw * len(insns) / rate * 1e6
     return {"family": family, "variant": name, "config": config, "geometry": geom, "T": T, "history": hist,
             "regs": rep["regs"], "spill_st": rep.get("spill_st"), "spill_ld": rep.get("spill_ld"),
             "stack": rep.get("stack"), "smem": built.get("shared"), "num_warps": nw,
             "warps_per_sm": warps_per_sm(rep["regs"] or 255, nw), "sass_total": len(insns),
-            "ops": opcode_counts(insns), "programs_bs256": programs,
-            "issue_us_bs256": programs * nw * len(insns) / rate * 1e6}
+            "ops": opcode_counts(insns), "programs_bs256": programs, "pre_kernels": pre,
+            "issue_us_bs256": main_us + sum(p["issue_us_bs256"] for p in pre.values())}
 
 
 def table(results: Sequence[Dict[str, Any]]) -> str:
     from eval import report
 
     head = ["family", "variant", "regs", "spill st/ld", "stack", "smem", "warps/SM", "SASS", "FFMA/FMUL/FADD",
-            "SHFL", "LDG/STG", "LDS/STS", "BAR", "issue us bs256"]
+            "SHFL", "LDG/STG", "LDS/STS", "BAR", "pre-kernel us", "issue us bs256"]
     rows = []
     for r in results:
         o = r["ops"].get
         rows.append([r["family"], r["variant"], r["regs"], f'{r["spill_st"]}/{r["spill_ld"]}', r["stack"], r["smem"],
                      r["warps_per_sm"], r["sass_total"], f'{o("FFMA", 0)}/{o("FMUL", 0)}/{o("FADD", 0)}',
                      o("SHFL", 0), f'{o("LDG", 0)}/{o("STG", 0)}', f'{o("LDS", 0)}/{o("STS", 0)}', o("BAR", 0),
+                     f'{sum(p["issue_us_bs256"] for p in r["pre_kernels"].values()):.0f}' if r["pre_kernels"] else "-",
                      f'{r["issue_us_bs256"]:.0f}'])
     return report.text_table(head, rows)
 
@@ -155,10 +174,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m eval.verify_sass", description=__doc__.split("\n\n")[0])
     ap.add_argument("--family", choices=("mamba2", "gdn", "all"), default="all")
     ap.add_argument("--variant", action="append", default=None,
-                    help="name:key=val,... on top of the packaged H200 config (default: packaged, w1-token, w1-bcast)")
+                    help="[family/]name:key=val,... on top of the packaged H200 config "
+                         "(default: packaged, w1-token, w1-bcast)")
     ap.add_argument("--window", type=int, default=4, help="verify window T")
     ap.add_argument("--history", type=int, default=16, help="history block (ring R = history + T)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--md", default=None, help="Markdown report (table, and measured times with --measured)")
+    ap.add_argument("--measured", default=None,
+                    help="an eval.bench_spec result JSON: its batch-256 fp32 times are set beside the issue bound")
     ap.add_argument("--dump", default=None, help="directory for ptx/ttgir/sass/ptxas logs")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
@@ -169,11 +192,60 @@ def main(argv=None) -> int:
     for fam in families:
         base = packaged_config(fam)
         for spec in args.variant or DEFAULT_VARIANTS:
+            only, sep, rest = spec.partition("/")
+            if sep and ":" not in only:  # "mamba2/name:key=val": this family only
+                if only != fam:
+                    continue
+                spec = rest
             name, cfg = parse_variant(spec, base)
             results.append(analyse(fam, name, cfg, args.window, args.history,
                                    dump=Path(args.dump) if args.dump else None))
-    return emit(f"verify kernels, T={args.window}, history {args.history}, state fp32, act bf16, sm_90a offline",
-                table(results), results, args.json)
+    header = f"verify kernels, T={args.window}, history {args.history}, state fp32, act bf16, sm_90a offline"
+    if args.md:
+        Path(args.md).write_text(markdown(header, results, args.measured))
+    import triton
+
+    from eval.bench_common import git_commit
+
+    doc = {"schema": "replayssm-verify-sass/1", "git_commit": git_commit(), "triton": triton.__version__,
+           "command": "python -m eval.verify_sass " + " ".join(sys.argv[1:]),
+           "measured_bs256": measured_bs256(args.measured) if args.measured else None, "variants": results}
+    return emit(header, table(results), doc, args.json)
+
+
+def measured_bs256(path: str) -> Dict[str, Dict[str, float]]:
+    """family -> {ours_us, stock_us, bw_fraction, git_commit} of the batch-256 fp32 cases of a bench_spec JSON."""
+    from eval import report
+
+    doc = report.read_json(Path(path))
+    out = {}
+    for c in doc.get("cases", []):
+        if c.get("batch") == 256 and c.get("state_dtype") == "fp32" and c.get("t_ours_us"):
+            out[c["family"]] = {"ours_us": c["t_ours_us"], "stock_us": c.get("t_stock_us"),
+                                "bw_fraction": c.get("bw_fraction"), "source": f"{path} ({doc.get('git_commit')})"}
+    return out
+
+
+def markdown(header: str, results: Sequence[Dict[str, Any]], measured: Optional[str]) -> str:
+    from eval import report
+
+    lines = ["# Verify kernels, offline sm_90a analysis (no GPU)", "", header + ".", "",
+             "`python -m eval.verify_sass " + " ".join(sys.argv[1:]) + "`", "",
+             "`issue us bs256` = static SASS x warps of a batch-256 launch / the H200's issue rate "
+             f"({H200_SMS} SMs x {SCHEDULERS_PER_SM} schedulers x {H200_CLOCK_HZ / 1e9:.2f} GHz), pre-kernels "
+             "included: a lower bound for comparing variants, not a time.", "", "```", table(results), "```", ""]
+    if measured:
+        meas = measured_bs256(measured)
+        lines += ["## Beside the H200 measurement", ""]
+        for fam, m in meas.items():
+            pk = next((r for r in results if r["family"] == fam and r["variant"] == "packaged"), None)
+            bound = pk["issue_us_bs256"] if pk else None
+            lines.append(f"- {fam}: packaged config measured {report.fmt(m['ours_us'], 0)} us per layer and step "
+                         f"({report.fmt(100 * (m['bw_fraction'] or 0), 1)}% of copy bandwidth; SGLang's verify "
+                         f"{report.fmt(m['stock_us'], 0)} us), issue bound {report.fmt(bound, 0)} us: measured / bound "
+                         f"= {report.fmt(report.ratio(m['ours_us'], bound), 2)}. Source: {m['source']}")
+        lines.append("")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -56,11 +56,63 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = {
     "num_stages": 1,
     "dot_precision": "tf32x3",
     "reduce": "bcast",
+    "bc": "inline",
+    "bc_num_warps": 1,
 }
 # How the per-token dots are reduced (the same math and fp32 order of terms per dot):
 # "bcast" -- one [rows, T, NC] broadcast-and-sum per chunk (3-D temporaries);
 # "token" -- T two-dimensional row reductions per chunk, as the decode kernel does for T = 1.
 REDUCE_MODES = ("bcast", "token")
+# Where the group-shared dots B_k·C_s (history) and B_m·C_s (window) are computed:
+# "inline" -- in every program of the group (heads_per_group x P/BLOCK_M times per row);
+# "pre"    -- once per (row, group) by ``_mamba2_verify_bc_kernel`` into an fp32 scratch
+#             [batch, G, WH + TP, TP] that the main kernel reads.
+BC_MODES = ("inline", "pre")
+
+
+@triton.jit
+def _mamba2_verify_bc_kernel(
+    Br_ptr, B_ptr, C_ptr, slot_ptr, wp_ptr, org_ptr, fl_ptr, bc_ptr,
+    null_slot, N, R, T,
+    s_Br_s, s_Br_g, s_Br_r, s_Br_n,
+    s_B_b, s_B_t, s_B_g, s_B_n,
+    s_C_b, s_C_t, s_C_g, s_C_n,
+    s_bc_b, s_bc_g,
+    BLOCK_NC: tl.constexpr, N_CHUNKS: tl.constexpr, WH: tl.constexpr, TP: tl.constexpr,
+):
+    """bc[row, g, k, s] = B_k · C_s (history k < wp; zero on flush rows, whose history is folded)
+    and bc[row, g, WH + m, s] = B_m · C_s (window m), fp32."""
+    row = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1).to(tl.int64)
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    if (slot < 0) | (slot == null_slot):
+        return
+    wp = tl.minimum(tl.maximum(tl.load(wp_ptr + slot).to(tl.int32), 0), R - T)
+    org = tl.minimum(tl.maximum(tl.load(org_ptr + slot).to(tl.int32), 0), R - 1)
+    no_flush = tl.load(fl_ptr + slot) == 0
+    offs_t = tl.arange(0, TP)
+    mask_t = offs_t < T
+    offs_k = tl.arange(0, WH)
+    valid_k = (offs_k < wp) & no_flush
+    phys_k = ((org + offs_k) % R).to(tl.int64)
+    bc_h = tl.zeros([WH, TP], dtype=tl.float32)
+    bc_w = tl.zeros([TP, TP], dtype=tl.float32)
+    for c in tl.static_range(N_CHUNKS):
+        offs_n = c * BLOCK_NC + tl.arange(0, BLOCK_NC)
+        mask_n = offs_n < N
+        B_h = tl.load(Br_ptr + slot * s_Br_s + g * s_Br_g + phys_k[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
+                      mask=valid_k[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
+        B_w = tl.load(B_ptr + row * s_B_b + g * s_B_g + offs_t[:, None] * s_B_t + offs_n[None, :] * s_B_n,
+                      mask=mask_t[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
+        for t in tl.static_range(TP):
+            sel = (offs_t == t)[None, :]
+            C_t = tl.load(C_ptr + row * s_C_b + g * s_C_g + t * s_C_t + offs_n * s_C_n,
+                          mask=mask_n & (t < T), other=0.0).to(tl.float32)
+            bc_h += tl.where(sel, tl.sum(B_h * C_t[None, :], 1)[:, None], 0.0)
+            bc_w += tl.where(sel, tl.sum(B_w * C_t[None, :], 1)[:, None], 0.0)
+    base = bc_ptr + row * s_bc_b + g * s_bc_g
+    tl.store(base + offs_k[:, None] * TP + offs_t[None, :], bc_h)
+    tl.store(base + (WH + offs_t)[:, None] * TP + offs_t[None, :], bc_w)
 
 
 def verify_geometry_key(H: int, P: int, N: int, G: int, R: int, T: int) -> str:
@@ -71,7 +123,7 @@ def verify_geometry_key(H: int, P: int, N: int, G: int, R: int, T: int) -> str:
 def _mamba2_verify_kernel(
     state_ptr, xr_ptr, Br_ptr, dtr_ptr,
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, dtb_ptr, out_ptr,
-    slot_ptr, wp_ptr, org_ptr, fl_ptr,
+    slot_ptr, wp_ptr, org_ptr, fl_ptr, bc_ptr,
     null_slot, P, N, R, T, heads_per_group,
     s_st_s, s_st_h, s_st_p, s_st_n,
     s_xr_s, s_xr_h, s_xr_r, s_xr_p,
@@ -86,10 +138,11 @@ def _mamba2_verify_kernel(
     s_z_b, s_z_t, s_z_h, s_z_p,
     s_dtb_h,
     s_o_b, s_o_t, s_o_h, s_o_p,
+    s_bc_b, s_bc_g,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_NC: tl.constexpr, N_CHUNKS: tl.constexpr, WH: tl.constexpr, TP: tl.constexpr,
-    PER_TOKEN: tl.constexpr,
+    PER_TOKEN: tl.constexpr, BC_PRE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -153,19 +206,28 @@ def _mamba2_verify_kernel(
         st_ptrs = st_base + offs_m[:, None] * s_st_p + offs_n[None, :] * s_st_n
         st_mask = mask_m[:, None] & mask_n[None, :]
         S = tl.load(st_ptrs, mask=st_mask, other=0.0).to(tl.float32)
-        if not PER_TOKEN:
+        if (not PER_TOKEN) and (not BC_PRE):
             C_w = tl.load(C_row + offs_t[:, None] * s_C_t + offs_n[None, :] * s_C_n,
                           mask=mask_t[:, None] & mask_n[None, :], other=0.0).to(tl.float32)  # [TP, NC]
-        B_w = tl.load(B_row + offs_t[:, None] * s_B_t + offs_n[None, :] * s_B_n,
-                      mask=mask_t[:, None] & mask_n[None, :], other=0.0)  # [TP, NC]
+        b_mask = mask_t[:, None] & mask_n[None, :]
+        if BC_PRE:
+            b_mask = b_mask & write_B
+        B_w = tl.load(B_row + offs_t[:, None] * s_B_t + offs_n[None, :] * s_B_n, mask=b_mask, other=0.0)  # [TP, NC]
+        h_mask = valid_k[:, None] & mask_n[None, :]
+        if BC_PRE:
+            h_mask = h_mask & is_flush
         B_h = tl.load(Br_base + phys_k[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
-                      mask=valid_k[:, None] & mask_n[None, :], other=0.0).to(tl.float32)  # [WH, NC]
+                      mask=h_mask, other=0.0).to(tl.float32)  # [WH, NC]
         if is_flush:
             S = decay_end * S + tl.dot(x_hist, B_h * s_hist[:, None], input_precision=DOT_PRECISION)
             if wp > 0:
                 tl.store(st_ptrs, S.to(state_ptr.dtype.element_ty), mask=st_mask)
-        B_wf = B_w.to(tl.float32)
-        if PER_TOKEN:
+        if BC_PRE:
+            for t in tl.static_range(TP):
+                C_t = tl.load(C_row + t * s_C_t + offs_n * s_C_n, mask=mask_n & (t < T), other=0.0).to(tl.float32)
+                SC += tl.where((offs_t == t)[None, :], tl.sum(S * C_t[None, :], 1)[:, None], 0.0)
+        elif PER_TOKEN:
+            B_wf = B_w.to(tl.float32)
             for t in tl.static_range(TP):
                 sel = offs_t == t
                 C_t = tl.load(C_row + t * s_C_t + offs_n * s_C_n, mask=mask_n & (t < T), other=0.0).to(tl.float32)
@@ -174,6 +236,7 @@ def _mamba2_verify_kernel(
                 if no_flush:
                     bc_h += tl.where(sel[None, :], tl.sum(B_h * C_t[None, :], 1)[:, None], 0.0)
         else:
+            B_wf = B_w.to(tl.float32)
             if no_flush:
                 bc_h += tl.sum(B_h[:, None, :] * C_w[None, :, :], 2)
             SC += tl.sum(S[:, None, :] * C_w[None, :, :], 2)
@@ -181,6 +244,11 @@ def _mamba2_verify_kernel(
         if write_B:
             tl.store(Br_base + phys_t[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
                      B_w.to(Br_ptr.dtype.element_ty), mask=mask_t[:, None] & mask_n[None, :])
+
+    if BC_PRE:
+        bc_base = bc_ptr + row * s_bc_b + g * s_bc_g
+        bc_h = tl.load(bc_base + offs_k[:, None] * TP + offs_t[None, :])
+        bc_w = tl.load(bc_base + (WH + offs_t)[:, None] * TP + offs_t[None, :])
 
     # ---- outputs ----
     causal = (offs_t[:, None] <= offs_t[None, :]) & mask_t[:, None]  # [m, s]: m <= s
@@ -328,6 +396,8 @@ def mamba2_verify(
     check_dot_precision(cfg["dot_precision"], where)
     if cfg["reduce"] not in REDUCE_MODES:
         raise ValueError(f"{where}: reduce must be one of {REDUCE_MODES}, got {cfg['reduce']!r}")
+    if cfg["bc"] not in BC_MODES:
+        raise ValueError(f"{where}: bc must be one of {BC_MODES}, got {cfg['bc']!r}")
     BLOCK_M, BLOCK_NC = int(cfg["BLOCK_M"]), int(cfg["BLOCK_NC"])
     for name, v in (("BLOCK_M", BLOCK_M), ("BLOCK_NC", BLOCK_NC)):
         if v < 16 or v & (v - 1):
@@ -336,21 +406,34 @@ def mamba2_verify(
     WH = max(16, next_pow2(R - T))
     TP = max(2, next_pow2(T))
     dz = z.stride() if z is not None else (0, 0, 0, 0)
+    n_chunks = triton.cdiv(N, BLOCK_NC)
+    bc_pre = cfg["bc"] == "pre"
+    if bc_pre:  # per-call scratch (inside a CUDA graph it comes from the graph's pool)
+        bc = torch.empty((batch, G, WH + TP, TP), dtype=torch.float32, device=dev)
+        _mamba2_verify_bc_kernel[(batch, G)](
+            B_ring, B, C, state_indices, wp, origin, flush, bc,
+            -1 if null_slot is None else int(null_slot), N, R, T,
+            *B_ring.stride(), *B.stride(), *C.stride(), bc.stride(0), bc.stride(1),
+            BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP, num_warps=int(cfg["bc_num_warps"]), num_stages=1,
+        )
+    else:
+        bc = out  # never read
     grid = (triton.cdiv(P, BLOCK_M), batch, H)
     _mamba2_verify_kernel[grid](
         state, x_ring, B_ring, dt_ring,
         x, dt, A, B, C,
         D if D is not None else x, z if z is not None else x, dt_bias if dt_bias is not None else dt,
-        out, state_indices, wp, origin, flush,
+        out, state_indices, wp, origin, flush, bc,
         -1 if null_slot is None else int(null_slot), P, N, R, T, H // G,
         *state.stride(), *x_ring.stride(), *B_ring.stride(), *dt_ring.stride(),
         *x.stride(), dt.stride(0), dt.stride(1), dt.stride(2), s_A_h,
         *B.stride(), *C.stride(),
         s_D_h, s_D_p, *dz, s_dtb_h, *out.stride(),
+        bc.stride(0) if bc_pre else 0, bc.stride(1) if bc_pre else 0,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
         DT_SOFTPLUS=bool(dt_softplus), DOT_PRECISION=cfg["dot_precision"],
-        BLOCK_M=BLOCK_M, BLOCK_NC=BLOCK_NC, N_CHUNKS=triton.cdiv(N, BLOCK_NC), WH=WH, TP=TP,
-        PER_TOKEN=cfg["reduce"] == "token",
+        BLOCK_M=BLOCK_M, BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP,
+        PER_TOKEN=cfg["reduce"] == "token", BC_PRE=bc_pre,
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]),
     )
     return out

@@ -31,11 +31,17 @@ def test_offline_verify_variants(tmp_path):
     out = tmp_path / "verify.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-m", "eval.verify_sass", "--variant", "packaged:",
-                        "--variant", "w1-token:reduce=token,num_warps=1", "--json", str(out)],
+                        "--variant", "w1-token:reduce=token,num_warps=1", "--variant", "mamba2/pre:bc=pre,num_warps=1",
+                        "--json", str(out)],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    res = {(x["family"], x["variant"]): x for x in json.loads(out.read_text())}
-    assert set(res) == {(f, v) for f in ("mamba2", "gdn") for v in ("packaged", "w1-token")}
+    doc = json.loads(out.read_text())
+    assert doc["git_commit"] and doc["command"].startswith("python -m eval.verify_sass")
+    res = {(x["family"], x["variant"]): x for x in doc["variants"]}
+    assert set(res) == {(f, v) for f in ("mamba2", "gdn") for v in ("packaged", "w1-token")} | {("mamba2", "pre")}
+    # the pre variant's B·C pre-kernel is compiled and counted; the others launch none
+    assert set(res[("mamba2", "pre")]["pre_kernels"]) == {"_mamba2_verify_bc_kernel"}
+    assert not res[("mamba2", "packaged")]["pre_kernels"] and not res[("gdn", "w1-token")]["pre_kernels"]
     for (fam, var), x in res.items():
         assert x["spill_st"] == 0 and x["spill_ld"] == 0, (fam, var, x["regs"])
         assert x["sass_total"] > 0 and x["regs"] > 0
