@@ -132,9 +132,14 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = {
     # the window's dots against the state tile and each other: "bcast" (one [BV, T, K] broadcast-and-sum)
     # or "token" (T two-dimensional row reductions, as the decode kernel does for one token)
     "reduce": "bcast",
+    # the key scores k^_j.q^_i, k^_j.k^_i (history j) and the window Gram: "inline" (every program of a
+    # k-head: HV/Hk v-heads x V/BV tiles) or "pre" (once per (row, k-head) by a pre-kernel, fp32 scratch)
+    "scores": "inline",
+    "scores_num_warps": 1,
 }
 _FLUSH_MODES = ("rank1", "dot")
 _REDUCE_MODES = ("bcast", "token")
+_SCORES_MODES = ("inline", "pre")
 
 
 def gdn_verify_key(HV: int, Hk: int, K: int, V: int, R: int, T: int) -> str:
@@ -142,13 +147,70 @@ def gdn_verify_key(HV: int, Hk: int, K: int, V: int, R: int, T: int) -> str:
 
 
 # ----------------------------------------------------------------------------------
-# kernel
+# kernels
 # ----------------------------------------------------------------------------------
+@triton.jit
+def _gdn_verify_scores_kernel(
+    qkv, k_ring, state_indices, wp, origin, flush, sc,
+    scale, null_slot,
+    stride_idx, stride_wp, stride_org, stride_fl,
+    stride_x0, stride_x1,
+    stride_k0, stride_k1, stride_k2,
+    stride_sc0, stride_sc1,
+    HK: tl.constexpr, K: tl.constexpr, R: tl.constexpr, T: tl.constexpr,
+    BK: tl.constexpr, LP: tl.constexpr, TP: tl.constexpr, USE_L2NORM: tl.constexpr, EPS: tl.constexpr,
+):
+    """scores: pre.  Per (row, k-head), fp32 rows of ``sc[row, hk]``: [0, LP) hq[j, i] = k^_j.q^_i and
+    [LP, 2LP) hk[j, i] = k^_j.k^_i of the history (zero on flush rows, whose history is folded),
+    then [2LP, 2LP+TP) kk[j, i] = k^_j.k^_i and [2LP+TP, 2LP+2TP) kq[j, i] = k^_j.q^_i of the window."""
+    i_n = tl.program_id(0).to(tl.int64)
+    i_hk = tl.program_id(1)
+    slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
+    if (slot < 0) | (slot == null_slot):
+        return
+    w = tl.minimum(tl.maximum(tl.load(wp + slot * stride_wp).to(tl.int32), 0), R - T)
+    org = tl.minimum(tl.maximum(tl.load(origin + slot * stride_org).to(tl.int32), 0), R - 1)
+    w_hist = tl.where(tl.load(flush + slot * stride_fl) != 0, 0, w)
+    o_k = tl.arange(0, BK)
+    mask_k = o_k < K
+    o_j = tl.arange(0, LP)
+    o_t = tl.arange(0, TP)
+    mask_tk = (o_t < T)[:, None] & mask_k[None, :]
+    x_row = qkv + i_n * stride_x0
+    q_hat = _normalise_rows(tl.load(x_row + o_t[:, None] * stride_x1 + i_hk * K + o_k[None, :], mask=mask_tk,
+                                    other=0), USE_L2NORM, EPS) * scale
+    k_hat = _normalise_rows(tl.load(x_row + o_t[:, None] * stride_x1 + HK * K + i_hk * K + o_k[None, :],
+                                    mask=mask_tk, other=0), USE_L2NORM, EPS)
+    k_head = k_ring + slot * stride_k0 + i_hk * stride_k1
+    hq = tl.zeros([LP, TP], dtype=tl.float32)
+    hk = tl.zeros([LP, TP], dtype=tl.float32)
+    for j in range(0, w_hist):
+        k_j = _l2norm_vec(tl.load(k_head + ((org + j) % R) * stride_k2 + o_k, mask=mask_k, other=0).to(tl.float32),
+                          USE_L2NORM, EPS)
+        row_j = o_j[:, None] == j
+        hq = tl.where(row_j, tl.sum(q_hat * k_j[None, :], axis=1)[None, :], hq)
+        hk = tl.where(row_j, tl.sum(k_hat * k_j[None, :], axis=1)[None, :], hk)
+    kk = tl.zeros([TP, TP], dtype=tl.float32)
+    kq = tl.zeros([TP, TP], dtype=tl.float32)
+    for i in tl.static_range(TP):
+        sel = o_t == i
+        col = sel[None, :]
+        q_i = tl.sum(tl.where(sel[:, None], q_hat, 0.0), axis=0)
+        k_i = tl.sum(tl.where(sel[:, None], k_hat, 0.0), axis=0)
+        kk = tl.where(col, tl.sum(k_hat * k_i[None, :], axis=1)[:, None], kk)
+        kq = tl.where(col, tl.sum(k_hat * q_i[None, :], axis=1)[:, None], kq)
+    base = sc + i_n * stride_sc0 + i_hk * stride_sc1
+    tl.store(base + o_j[:, None] * TP + o_t[None, :], hq)
+    tl.store(base + (LP + o_j)[:, None] * TP + o_t[None, :], hk)
+    tl.store(base + (2 * LP + o_t)[:, None] * TP + o_t[None, :], kk)
+    tl.store(base + (2 * LP + TP + o_t)[:, None] * TP + o_t[None, :], kq)
+
+
 @triton.jit
 def _gdn_verify_kernel(
     qkv, a, b, A_log, dt_bias,
     state, d_ring, k_ring, g_ring,
-    state_indices, wp, origin, flush, out,
+    state_indices, wp, origin, flush, out, sc,
     scale, null_slot,
     stride_idx, stride_wp, stride_org, stride_fl,
     stride_x0, stride_x1,
@@ -158,10 +220,11 @@ def _gdn_verify_kernel(
     stride_k0, stride_k1, stride_k2,
     stride_g0, stride_g1, stride_g2,
     stride_o0, stride_o1, stride_o2,
+    stride_sc0, stride_sc1,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, TP: tl.constexpr,
     USE_L2NORM: tl.constexpr, ROUND_BETA: tl.constexpr, FLUSH_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, PER_TOKEN: tl.constexpr,
+    SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, PER_TOKEN: tl.constexpr, SCORES_PRE: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_n = tl.program_id(1).to(tl.int64)
@@ -254,7 +317,7 @@ def _gdn_verify_kernel(
             s_st = _cast_rtne(s, s_head.dtype.element_ty)
             tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :], s_st, mask=mask_v[:, None] & mask_k[None, :])
             s = s_st.to(tl.float32)  # the window runs on the stored checkpoint
-    else:
+    elif not SCORES_PRE:
         # ---- verify: stream the cached keys once (no [LP, K] tile held in registers) ----
         for j in range(0, w):
             p_j = (org + j) % R
@@ -263,6 +326,10 @@ def _gdn_verify_kernel(
             row_j = o_j[:, None] == j
             hq = tl.where(row_j, tl.sum(q_hat * k_j[None, :], axis=1)[None, :], hq)
             hk = tl.where(row_j, tl.sum(k_hat * k_j[None, :], axis=1)[None, :], hk)
+    if SCORES_PRE:
+        sc_base = sc + i_n * stride_sc0 + i_hk * stride_sc1
+        hq = tl.load(sc_base + o_j[:, None] * TP + o_t[None, :])
+        hk = tl.load(sc_base + (LP + o_j)[:, None] * TP + o_t[None, :])
     # with a flush the history is folded: S_c x = s x
     eG_x = tl.where(is_flush, 1.0, eG)
     c_x = tl.where(is_flush, 0.0, c)
@@ -286,15 +353,20 @@ def _gdn_verify_kernel(
             sk_i = eG_x * tl.sum(s * k_i[None, :], axis=1) + tl.sum(d_hist * (c_x * hk_i)[None, :], axis=1)
             s_q = tl.where(col, sq_i[:, None], s_q)
             s_k = tl.where(col, sk_i[:, None], s_k)
-            kk = tl.where(col, tl.sum(k_hat * k_i[None, :], axis=1)[:, None], kk)
-            kq = tl.where(col, tl.sum(k_hat * q_i[None, :], axis=1)[:, None], kq)
+            if not SCORES_PRE:
+                kk = tl.where(col, tl.sum(k_hat * k_i[None, :], axis=1)[:, None], kk)
+                kq = tl.where(col, tl.sum(k_hat * q_i[None, :], axis=1)[:, None], kq)
     else:
         s_q = tl.sum(s[:, None, :] * q_hat[None, :, :], axis=2)  # [BV, TP]
         s_k = tl.sum(s[:, None, :] * k_hat[None, :, :], axis=2)
         s_q = eG_x * s_q + tl.sum(d_hist[:, :, None] * (c_x[:, None] * hq)[None, :, :], axis=1)
         s_k = eG_x * s_k + tl.sum(d_hist[:, :, None] * (c_x[:, None] * hk)[None, :, :], axis=1)
-        kk = tl.sum(k_hat[:, None, :] * k_hat[None, :, :], axis=2)  # [TP, TP]
-        kq = tl.sum(k_hat[:, None, :] * q_hat[None, :, :], axis=2)
+        if not SCORES_PRE:
+            kk = tl.sum(k_hat[:, None, :] * k_hat[None, :, :], axis=2)  # [TP, TP]
+            kq = tl.sum(k_hat[:, None, :] * q_hat[None, :, :], axis=2)
+    if SCORES_PRE:
+        kk = tl.load(sc_base + (2 * LP + o_t)[:, None] * TP + o_t[None, :])
+        kq = tl.load(sc_base + (2 * LP + TP + o_t)[:, None] * TP + o_t[None, :])
 
     # ---- window, part 2: UT forward substitution, one token at a time ----
     d_win = tl.zeros([BV, TP], dtype=tl.float32)
@@ -344,7 +416,9 @@ def gdn_verify_launch_params(HV: int, Hk: int, K: int, V: int, R: int, T: int, s
             raise ValueError(f"{where}: flush must be one of {_FLUSH_MODES}, got {cfg['flush']!r}")
         if cfg["reduce"] not in _REDUCE_MODES:
             raise ValueError(f"{where}: reduce must be one of {_REDUCE_MODES}, got {cfg['reduce']!r}")
-        for name in ("BV", "num_warps", "num_stages"):
+        if cfg["scores"] not in _SCORES_MODES:
+            raise ValueError(f"{where}: scores must be one of {_SCORES_MODES}, got {cfg['scores']!r}")
+        for name in ("BV", "num_warps", "num_stages", "scores_num_warps"):
             val = cfg[name]
             if not isinstance(val, int) or val < 1:
                 raise ValueError(f"{where}: {name} must be a positive int, got {val!r}")
@@ -481,12 +555,26 @@ def gdn_verify(
     BV = max(16, min(cfg["BV"], next_pow2(V)))
     LP = max(16, next_pow2(R - T))
     TP = max(2, next_pow2(T))
+    scores_pre = cfg["scores"] == "pre"
+    null = -1 if null_slot is None else int(null_slot)
+    if scores_pre:  # per-call scratch (inside a CUDA graph it comes from the graph's pool)
+        sc = torch.empty((B, Hk, 2 * LP + 2 * TP, TP), dtype=torch.float32, device=dev)
+        _gdn_verify_scores_kernel[(B, Hk)](
+            mixed_qkv, k_ring, state_indices, wp, origin, flush, sc, float(scale), null,
+            state_indices.stride(0), wp.stride(0), origin.stride(0), flush.stride(0),
+            mixed_qkv.stride(0), mixed_qkv.stride(1), k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
+            sc.stride(0), sc.stride(1),
+            HK=Hk, K=K, R=R, T=T, BK=BK, LP=LP, TP=TP, USE_L2NORM=bool(use_qk_l2norm), EPS=L2NORM_EPS,
+            num_warps=cfg["scores_num_warps"], num_stages=1,
+        )
+    else:
+        sc = out  # never read
     grid = (triton.cdiv(V, BV), B, HV)
     _gdn_verify_kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias,
         state, d_ring, k_ring, g_ring,
-        state_indices, wp, origin, flush, out,
-        float(scale), -1 if null_slot is None else int(null_slot),
+        state_indices, wp, origin, flush, out, sc,
+        float(scale), null,
         state_indices.stride(0), wp.stride(0), origin.stride(0), flush.stride(0),
         mixed_qkv.stride(0), mixed_qkv.stride(1),
         a.stride(0), a.stride(1), b.stride(0), b.stride(1),
@@ -495,8 +583,10 @@ def gdn_verify(
         k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
         g_ring.stride(0), g_ring.stride(1), g_ring.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
+        sc.stride(0) if scores_pre else 0, sc.stride(1) if scores_pre else 0,
         HK=Hk, HV=HV, K=K, V=V, R=R, T=T, BK=BK, BV=BV, LP=LP, TP=TP,
-        USE_L2NORM=bool(use_qk_l2norm), ROUND_BETA=bool(round_beta), FLUSH_DOT=cfg["flush"] == "dot", PER_TOKEN=cfg["reduce"] == "token",
+        USE_L2NORM=bool(use_qk_l2norm), ROUND_BETA=bool(round_beta), FLUSH_DOT=cfg["flush"] == "dot",
+        PER_TOKEN=cfg["reduce"] == "token", SCORES_PRE=scores_pre,
         DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )

@@ -772,9 +772,16 @@ def test_launch_config_validation(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------------
 # launch config reduce: token (T two-dimensional reductions instead of [BV, T, K] broadcasts)
 # ----------------------------------------------------------------------------------
+VARIANTS = {"token": dict(reduce="token"), "pre": dict(scores="pre"),
+            "token-pre": dict(reduce="token", scores="pre", scores_num_warps=2)}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("prec", ["s32-a32", "s16b-a16b"])
-def test_per_token_reduce_matches_reference_and_oracle(device, seed, launch, prec):
-    launch(always=True, BV=16, reduce="token")
+def test_launch_variants_match_reference_and_oracle(device, seed, launch, prec, variant):
+    """reduce: token (T two-dimensional reductions instead of [BV, T, K] broadcasts) and scores: pre (the
+    key scores once per (row, k-head) in a pre-kernel): verify and flush rows, padded and null rows."""
+    launch(always=True, BV=16, **VARIANTS[variant])
     sd, ad = PRECISIONS[prec]
     sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, Bh=6, T=3, **small_geom(Hk=2, HV=4, n_slots=7))
     for s, (w, o) in {1: (3, 7), 2: (6, 5), 3: (0, 4), 5: (4, 0)}.items():
@@ -783,9 +790,10 @@ def test_per_token_reduce_matches_reference_and_oracle(device, seed, launch, pre
     assert sim.flushes == 2
 
 
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("case", ["T3-B6-s32a32", "T4-B4-s32a32"])
-def test_per_token_reduce_speculative_simulation(device, seed, launch, case):
-    launch(always=True, BV=32, reduce="token")
+def test_launch_variants_speculative_simulation(device, seed, launch, case, variant):
+    launch(always=True, BV=32, **VARIANTS[variant])
     T, Bh, prec, steps = SIM_CASES[case]
     sd, ad = PRECISIONS[prec]
     sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, Bh=Bh, T=T, **small_geom(n_slots=5))
@@ -796,9 +804,11 @@ def test_per_token_reduce_speculative_simulation(device, seed, launch, case):
     assert sim.flushes >= 3 and sim.wrapped
 
 
-def test_unknown_reduce_mode_is_refused(tmp_path, monkeypatch):
+@pytest.mark.parametrize("entry,match", [("reduce: warp", "reduce must be one of"),
+                                         ("scores: post", "scores must be one of"), ("scores_num_warps: 0", "scores_num_warps")])
+def test_unknown_launch_choice_is_refused(tmp_path, monkeypatch, entry, match):
     f = tmp_path / "cfg.yaml"
-    f.write_text("gdn_verify:\n  default:\n    reduce: warp\n")
+    f.write_text("gdn_verify:\n  default:\n    " + entry + "\n")
     monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
-    with pytest.raises(ValueError, match="reduce must be one of"):
+    with pytest.raises(ValueError, match=match):
         gv.gdn_verify_launch_params(2, 1, 32, 32, 6, 2)
