@@ -61,7 +61,9 @@ Grid ``(cdiv(V, BV), B, HV)``: one program per BV value rows of one (row, v-head
 holding the whole K row (BK = next_pow2(K)).  Each reads its S_ck tile [BV, K] once,
 the history d slice [BV, w] (state dtype) and g [w], the history raw keys [w, K] of its
 k-head (streamed one row at a time: on verify rows into the scores k^_j . q^_i and
-k^_j . k^_i, on flush rows together with d_j into the rank-1 fold), and the window's
+k^_j . k^_i -- or, with ``scores: pre``, read from an fp32 scratch that
+``_gdn_verify_scores_kernel`` fills once per (row, k-head) together with the window Gram --
+on flush rows together with d_j into the rank-1 fold), and the window's
 q, k [T, K], v slice [T, BV], a, b [T].  It writes the out slice [T, BV] and the
 window's d slice [T, BV]; the program with V tile 0 also writes the window's g (one
 writer per (row, v-head)) and, for the first v-head of a k-head group, the window's

@@ -26,8 +26,11 @@ rejection sampler reads the logits of all of them).
 
 Programs: grid (cdiv(P, BLOCK_M), batch, H).  Each reads its S_ck tile once (plus, on
 flush, writes it once), the history x tile [BLOCK_M, WH], Δ [WH], the group's B
-history [WH, N] and the window's x/B/C/dt/z.  B·C dots are done per program (group
-sharing is left to L2).  Rows whose slot is < 0 or == null_slot write nothing.  The
+history [WH, N] and the window's x/B/C/dt/z.  The group-shared B·C dots are done per
+program (``bc: inline``, group sharing left to L2) or once per (row, group) by
+``_mamba2_verify_bc_kernel`` into an fp32 scratch (``bc: pre``); the per-token dots are
+reduced as one 3-D broadcast (``reduce: bcast``) or T 2-D row reductions (``reduce: token``).
+``eval/verify_sass.py`` compares the variants offline; the H200 file picks after a GPU run.  Rows whose slot is < 0 or == null_slot write nothing.  The
 window is ``T`` tokens per row (SGLang's chain verify: ``draft_token_num`` for every
 row); ``wp`` is clamped to [0, R − T] for memory safety only.
 
