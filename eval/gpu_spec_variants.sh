@@ -5,7 +5,10 @@
 #   GIT_COMMIT=<sha, a literal from the development machine> OUT=<dir> bash eval/gpu_spec_variants.sh \
 #       [name='<yaml mapping of mamba2_verify / gdn_verify defaults>' ...] [-- <bench_spec flags>]
 # Without variants: the packaged configs, then the candidates of eval/verify_sass.py (listed below).
-# Writes $OUT/spec-<name>.{json,md,png,log}.
+# Writes $OUT/spec-<name>.{json,md,png,log}, then $OUT/h200-picked.yaml (eval/pick_verify_config.py: the
+# packaged file with each verify family's fastest correct variant) and a copy in .replayssm-picked.yaml at the
+# repo root (git-ignored; the GPU host keeps it for the next call, which can serve with
+# SGLANG_REPLAYSSM_KERNEL_CONFIG=$PWD/.replayssm-picked.yaml).
 set -uo pipefail
 OUT="${OUT:-/tmp/replayssm-spec-variants}"
 mkdir -p "$OUT"
@@ -32,7 +35,7 @@ gdn_verify: {default: {num_warps: 1, scores: pre}}"
             "w2-wide=mamba2_verify: {default: {reduce: token, num_warps: 2, BLOCK_M: 32, bc: pre}}
 gdn_verify: {default: {reduce: token, num_warps: 2, BV: 32, scores: pre}}")
 fi
-[ ${#flags[@]} -eq 0 ] && flags=(--quick --dtypes fp32 --time-budget-s 60)
+[ ${#flags[@]} -eq 0 ] && flags=(--quick --dtypes fp32 --time-budget-s 60)  # --quick times batch 1/32/256
 rc=0
 for v in "${variants[@]}"; do
   name="${v%%=*}" body="${v#*=}"
@@ -56,4 +59,7 @@ PY
   r=$?; [ "$r" = 0 ] || rc=$r
   tail -12 "$OUT/spec-$name.log"
 done
+if python3 -m eval.pick_verify_config "$OUT"/spec-*.json --out "$OUT/h200-picked.yaml"; then
+  cp "$OUT/h200-picked.yaml" .replayssm-picked.yaml
+fi
 exit "$rc"
