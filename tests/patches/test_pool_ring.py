@@ -679,6 +679,8 @@ def test_solver_sizes_max_running_from_memory_in_auto_mode(spec_solver, env, bud
         assert fit > cap and n == cap
     # unused slots are not allocated: the KV budget is what is left after n + 1 slots
     assert out == pytest.approx(_expected(rest, n, s))
+    # what SGLang then serves: its own resolve_max_num_reqs gives n running requests
+    assert KVCacheConfigurator.resolve_max_num_reqs(s.kc, 10 ** 7) == n
     # FlashInfer's workspace grows with verify batches (n requests x 4 tokens) beyond SGLang's 48
     want = pool_seam.WORKSPACE_BASE_BYTES + n * 4 * pool_seam.WORKSPACE_BYTES_PER_VERIFY_TOKEN
     widened = n > 48 and want > 384 << 20
