@@ -18,9 +18,8 @@ Every number is read from the result files; each entry names the file it came fr
 """
 from __future__ import annotations
 
-import datetime as _dt
-
 import argparse
+import datetime as _dt
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 

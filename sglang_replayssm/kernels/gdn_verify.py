@@ -152,6 +152,30 @@ def gdn_verify_key(HV: int, Hk: int, K: int, V: int, R: int, T: int) -> str:
 # kernels
 # ----------------------------------------------------------------------------------
 @triton.jit
+def _history_key_scores(k_head, stride_k2, org, w, R, q_hat, k_hat, o_j, o_k, mask_k,
+                        LP: tl.constexpr, TP: tl.constexpr, USE_L2NORM: tl.constexpr, EPS: tl.constexpr):
+    """hq[j, i] = k^_j . q^_i and hk[j, i] = k^_j . k^_i for the history j < w (zero rows past w),
+    streaming the cached raw keys once (no [LP, K] tile held in registers)."""
+    hq = tl.zeros([LP, TP], dtype=tl.float32)
+    hk = tl.zeros([LP, TP], dtype=tl.float32)
+    for j in range(0, w):
+        k_j = _l2norm_vec(tl.load(k_head + ((org + j) % R) * stride_k2 + o_k, mask=mask_k, other=0).to(tl.float32),
+                          USE_L2NORM, EPS)
+        row_j = o_j[:, None] == j
+        hq = tl.where(row_j, tl.sum(q_hat * k_j[None, :], axis=1)[None, :], hq)
+        hk = tl.where(row_j, tl.sum(k_hat * k_j[None, :], axis=1)[None, :], hk)
+    return hq, hk
+
+
+@triton.jit
+def _gram_column(kk, kq, k_hat, q_i, k_i, col):
+    """Column i (``col``) of the window Gram: kk[j, i] = k^_j . k^_i, kq[j, i] = k^_j . q^_i."""
+    kk = tl.where(col, tl.sum(k_hat * k_i[None, :], axis=1)[:, None], kk)
+    kq = tl.where(col, tl.sum(k_hat * q_i[None, :], axis=1)[:, None], kq)
+    return kk, kq
+
+
+@triton.jit
 def _gdn_verify_scores_kernel(
     qkv, k_ring, state_indices, wp, origin, flush, sc,
     scale, null_slot,
@@ -184,23 +208,15 @@ def _gdn_verify_scores_kernel(
     k_hat = _normalise_rows(tl.load(x_row + o_t[:, None] * stride_x1 + HK * K + i_hk * K + o_k[None, :],
                                     mask=mask_tk, other=0), USE_L2NORM, EPS)
     k_head = k_ring + slot * stride_k0 + i_hk * stride_k1
-    hq = tl.zeros([LP, TP], dtype=tl.float32)
-    hk = tl.zeros([LP, TP], dtype=tl.float32)
-    for j in range(0, w_hist):
-        k_j = _l2norm_vec(tl.load(k_head + ((org + j) % R) * stride_k2 + o_k, mask=mask_k, other=0).to(tl.float32),
-                          USE_L2NORM, EPS)
-        row_j = o_j[:, None] == j
-        hq = tl.where(row_j, tl.sum(q_hat * k_j[None, :], axis=1)[None, :], hq)
-        hk = tl.where(row_j, tl.sum(k_hat * k_j[None, :], axis=1)[None, :], hk)
+    hq, hk = _history_key_scores(k_head, stride_k2, org, w_hist, R, q_hat, k_hat, o_j, o_k, mask_k,
+                                 LP, TP, USE_L2NORM, EPS)
     kk = tl.zeros([TP, TP], dtype=tl.float32)
     kq = tl.zeros([TP, TP], dtype=tl.float32)
     for i in tl.static_range(TP):
         sel = o_t == i
-        col = sel[None, :]
         q_i = tl.sum(tl.where(sel[:, None], q_hat, 0.0), axis=0)
         k_i = tl.sum(tl.where(sel[:, None], k_hat, 0.0), axis=0)
-        kk = tl.where(col, tl.sum(k_hat * k_i[None, :], axis=1)[:, None], kk)
-        kq = tl.where(col, tl.sum(k_hat * q_i[None, :], axis=1)[:, None], kq)
+        kk, kq = _gram_column(kk, kq, k_hat, q_i, k_i, sel[None, :])
     base = sc + i_n * stride_sc0 + i_hk * stride_sc1
     tl.store(base + o_j[:, None] * TP + o_t[None, :], hq)
     tl.store(base + (LP + o_j)[:, None] * TP + o_t[None, :], hk)
@@ -320,14 +336,9 @@ def _gdn_verify_kernel(
             tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :], s_st, mask=mask_v[:, None] & mask_k[None, :])
             s = s_st.to(tl.float32)  # the window runs on the stored checkpoint
     elif not SCORES_PRE:
-        # ---- verify: stream the cached keys once (no [LP, K] tile held in registers) ----
-        for j in range(0, w):
-            p_j = (org + j) % R
-            k_j = _l2norm_vec(tl.load(k_head + p_j * stride_k2 + o_k, mask=mask_k, other=0).to(tl.float32),
-                              USE_L2NORM, EPS)
-            row_j = o_j[:, None] == j
-            hq = tl.where(row_j, tl.sum(q_hat * k_j[None, :], axis=1)[None, :], hq)
-            hk = tl.where(row_j, tl.sum(k_hat * k_j[None, :], axis=1)[None, :], hk)
+        # ---- verify: the history key scores, streamed once ----
+        hq, hk = _history_key_scores(k_head, stride_k2, org, w, R, q_hat, k_hat, o_j, o_k, mask_k,
+                                     LP, TP, USE_L2NORM, EPS)
     if SCORES_PRE:
         sc_base = sc + i_n * stride_sc0 + i_hk * stride_sc1
         hq = tl.load(sc_base + o_j[:, None] * TP + o_t[None, :])
@@ -356,8 +367,7 @@ def _gdn_verify_kernel(
             s_q = tl.where(col, sq_i[:, None], s_q)
             s_k = tl.where(col, sk_i[:, None], s_k)
             if not SCORES_PRE:
-                kk = tl.where(col, tl.sum(k_hat * k_i[None, :], axis=1)[:, None], kk)
-                kq = tl.where(col, tl.sum(k_hat * q_i[None, :], axis=1)[:, None], kq)
+                kk, kq = _gram_column(kk, kq, k_hat, q_i, k_i, col)
     else:
         s_q = tl.sum(s[:, None, :] * q_hat[None, :, :], axis=2)  # [BV, TP]
         s_k = tl.sum(s[:, None, :] * k_hat[None, :, :], axis=2)

@@ -74,6 +74,12 @@ BC_MODES = ("inline", "pre")
 
 
 @triton.jit
+def _add_token_dot(acc, X, c_t, col):
+    """``acc[:, t] += X · c_t`` for the token column ``col`` ([1, TP] mask): one 2-D row reduction."""
+    return acc + tl.where(col, tl.sum(X * c_t[None, :], 1)[:, None], 0.0)
+
+
+@triton.jit
 def _mamba2_verify_bc_kernel(
     Br_ptr, B_ptr, C_ptr, slot_ptr, wp_ptr, org_ptr, fl_ptr, bc_ptr,
     null_slot, N, R, T,
@@ -108,11 +114,11 @@ def _mamba2_verify_bc_kernel(
         B_w = tl.load(B_ptr + row * s_B_b + g * s_B_g + offs_t[:, None] * s_B_t + offs_n[None, :] * s_B_n,
                       mask=mask_t[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
         for t in tl.static_range(TP):
-            sel = (offs_t == t)[None, :]
+            col = (offs_t == t)[None, :]
             C_t = tl.load(C_ptr + row * s_C_b + g * s_C_g + t * s_C_t + offs_n * s_C_n,
                           mask=mask_n & (t < T), other=0.0).to(tl.float32)
-            bc_h += tl.where(sel, tl.sum(B_h * C_t[None, :], 1)[:, None], 0.0)
-            bc_w += tl.where(sel, tl.sum(B_w * C_t[None, :], 1)[:, None], 0.0)
+            bc_h = _add_token_dot(bc_h, B_h, C_t, col)
+            bc_w = _add_token_dot(bc_w, B_w, C_t, col)
     base = bc_ptr + row * s_bc_b + g * s_bc_g
     tl.store(base + offs_k[:, None] * TP + offs_t[None, :], bc_h)
     tl.store(base + (WH + offs_t)[:, None] * TP + offs_t[None, :], bc_w)
@@ -156,8 +162,9 @@ def _mamba2_verify_kernel(
         return
     wp = tl.load(wp_ptr + slot).to(tl.int32)
     org = tl.load(org_ptr + slot).to(tl.int32)
-    is_flush = tl.load(fl_ptr + slot) != 0
-    no_flush = tl.load(fl_ptr + slot) == 0
+    flag = tl.load(fl_ptr + slot)
+    is_flush = flag != 0
+    no_flush = flag == 0
     wp = tl.minimum(tl.maximum(wp, 0), R - T)  # memory safety only (the commit rule keeps wp + T <= R)
     org = tl.minimum(tl.maximum(org, 0), R - 1)
 
@@ -225,19 +232,16 @@ def _mamba2_verify_kernel(
             S = decay_end * S + tl.dot(x_hist, B_h * s_hist[:, None], input_precision=DOT_PRECISION)
             if wp > 0:
                 tl.store(st_ptrs, S.to(state_ptr.dtype.element_ty), mask=st_mask)
-        if BC_PRE:
-            for t in tl.static_range(TP):
-                C_t = tl.load(C_row + t * s_C_t + offs_n * s_C_n, mask=mask_n & (t < T), other=0.0).to(tl.float32)
-                SC += tl.where((offs_t == t)[None, :], tl.sum(S * C_t[None, :], 1)[:, None], 0.0)
-        elif PER_TOKEN:
+        if PER_TOKEN or BC_PRE:
             B_wf = B_w.to(tl.float32)
             for t in tl.static_range(TP):
-                sel = offs_t == t
+                col = (offs_t == t)[None, :]
                 C_t = tl.load(C_row + t * s_C_t + offs_n * s_C_n, mask=mask_n & (t < T), other=0.0).to(tl.float32)
-                SC += tl.where(sel[None, :], tl.sum(S * C_t[None, :], 1)[:, None], 0.0)
-                bc_w += tl.where(sel[None, :], tl.sum(B_wf * C_t[None, :], 1)[:, None], 0.0)
-                if no_flush:
-                    bc_h += tl.where(sel[None, :], tl.sum(B_h * C_t[None, :], 1)[:, None], 0.0)
+                SC = _add_token_dot(SC, S, C_t, col)
+                if not BC_PRE:  # the group-shared dots, unless the pre-kernel made them
+                    bc_w = _add_token_dot(bc_w, B_wf, C_t, col)
+                    if no_flush:
+                        bc_h = _add_token_dot(bc_h, B_h, C_t, col)
         else:
             B_wf = B_w.to(tl.float32)
             if no_flush:

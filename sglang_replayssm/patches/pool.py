@@ -496,11 +496,16 @@ def handle_max_mamba_cache_around(original, self, *args, **kwargs):
     return _charge_draft_kv(self, result) if bags is not None else result
 
 
-def _config_bags(solver_self):
-    """The solver module's runtime-config accessors (0.5.17+), or None (0.5.15 reads ServerArgs)."""
+def _solver_module(solver_self):
+    """The module of SGLang's solver class: where it imports its runtime-config accessors."""
     import sys
 
-    mod = sys.modules.get(type(solver_self).__module__)
+    return sys.modules.get(type(solver_self).__module__)
+
+
+def _config_bags(solver_self):
+    """The solver module's runtime-config accessors (0.5.17+), or None (0.5.15 reads ServerArgs)."""
+    mod = _solver_module(solver_self)
     if all(hasattr(mod, name) for name in ("get_schedule", "get_context", "get_exec")):
         return mod
     return None
@@ -524,7 +529,8 @@ def _auto_max_running(solver_self, bags, params, sglang_default) -> float:
     sched = bags.get_schedule()
     K = int(sched.max_mamba_cache_size)
     ratio = max(1, int(solver_self._calculate_mamba_ratio()))
-    cap = max(_graph_decode_max_bs(bags), int(sglang_default or 0), 1)
+    graph_bs = _graph_decode_max_bs(bags)
+    cap = max(graph_bs, int(sglang_default or 0), 1)
     N = max(1, min(K // ratio, cap))
     give_back = 0.0
     fields = {"max_running_requests": N}
@@ -538,7 +544,7 @@ def _auto_max_running(solver_self, bags, params, sglang_default) -> float:
     logger.info("sglang_replayssm: max running requests %d, solved from memory under the ring verifier "
                 "(SGLang's speculative default: %s; memory fits %d slot(s), %d state slot(s) per request, "
                 "decode CUDA-graph batch %d); %.2f GiB of unused slots returned to the KV pool",
-                N, sglang_default, K, ratio, _graph_decode_max_bs(bags), give_back)
+                N, sglang_default, K, ratio, graph_bs, give_back)
     return give_back
 
 
@@ -602,10 +608,9 @@ def _charge_draft_kv(solver_self, rest_gb: float) -> float:
 def _resolved_sizes(solver_self):
     """(draft tokens, max running requests) as SGLang resolved them for the pool: its runtime
     config bags where the solver's module reads them (0.5.17+), else the server args (0.5.15)."""
-    import sys
     from types import SimpleNamespace
 
-    mod = sys.modules.get(type(solver_self).__module__)
+    mod = _solver_module(solver_self)
     sa = getattr(solver_self, "server_args", None)
     out = {}
     for name, bag in (("speculative_num_draft_tokens", "get_spec"), ("max_running_requests", "get_schedule"),
