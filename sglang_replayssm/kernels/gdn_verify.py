@@ -62,8 +62,8 @@ holding the whole K row (BK = next_pow2(K)).  Each reads its S_ck tile [BV, K] o
 the history d slice [BV, w] (state dtype) and g [w], the history raw keys [w, K] of its
 k-head (streamed one row at a time: on verify rows into the scores k^_j . q^_i and
 k^_j . k^_i -- or, with ``scores: pre``, read from an fp32 scratch that
-``_gdn_verify_scores_kernel`` fills once per (row, k-head) together with the window Gram --
-on flush rows together with d_j into the rank-1 fold), and the window's
+``_gdn_verify_scores_kernel`` fills once per (row, k-head) together with the window Gram
+(batches of at most ``inline_scores_max_batch`` rows stay inline, one launch) -- on flush rows together with d_j into the rank-1 fold), and the window's
 q, k [T, K], v slice [T, BV], a, b [T].  It writes the out slice [T, BV] and the
 window's d slice [T, BV]; the program with V tile 0 also writes the window's g (one
 writer per (row, v-head)) and, for the first v-head of a k-head group, the window's
@@ -98,7 +98,12 @@ random realistic gates, 40-step simulations with random accepts, Qwen3-Next
 geometry) against an fp64 sequential oracle: outputs <= 4e-7 (|o| <~ 1), flushed
 checkpoints <= 2e-6 (|S| <~ 5); the fork's GDN spec tests allow atol 2e-3 (its UT
 kernel re-rounds the checkpoint to the activation dtype).
-Not yet measured on a GPU (the default launch config is untuned).
+Measured on the H200 (eval/results/spec-kernels-h200.md, Qwen3-Next HV32/Hk16/K=V=128, T=4,
+accept 3, fp32 state, amortised over the flush cycle incl. the commit): with the H200 file's
+config (one warp, ``reduce: token``, ``scores: pre``) 553 us per layer at batch 256 against
+SGLang's 972 us (verify + snapshot scatter), 1.74x; 31% of copy bandwidth.  The module
+defaults below (4 warps, broadcast reduction, inline scores) ran at 0.40x: they are kept as
+the portable fallback that every CPU test covers, not as a fast configuration.
 
 Launch parameters: ``common.launch_config("gdn_verify", key, GDN_VERIFY_DEFAULT_LAUNCH)``
 with key ``HV{HV}_HK{Hk}_K{K}_V{V}_R{R}_T{T}``.  The wrapper does no host sync
@@ -121,7 +126,7 @@ from .gdn_replay import _cast_rtne, _gdn_gate, _history_weights, _l2norm_vec, _n
 
 __all__ = ["gdn_verify", "gdn_verify_launch_params", "GDN_VERIFY_DEFAULT_LAUNCH", "gdn_verify_key"]
 
-# Untuned starting point (no GPU timing yet), chosen by register use only: ptxas for sm_90a
+# Portable fallback (timed 0.40x stock on the H200; the H200 file overrides it), chosen by register use: ptxas for sm_90a
 # (offline, Qwen3-Next geometry, rank-1 flush) reports BV 16 x 4 warps at 128 registers for
 # T = 4 and 255 without spills for T = 8; BV 16 x 2 warps 168 (T = 4); BV >= 32 or 1 warp
 # hits 255 registers, and spills at T = 8.
@@ -138,6 +143,8 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = {
     # k-head: HV/Hk v-heads x V/BV tiles) or "pre" (once per (row, k-head) by a pre-kernel, fp32 scratch)
     "scores": "inline",
     "scores_num_warps": 1,
+    # with scores: pre, batches of at most this many rows still compute the scores inline (one launch)
+    "inline_scores_max_batch": 0,
 }
 _FLUSH_MODES = ("rank1", "dot")
 _REDUCE_MODES = ("bcast", "token")
@@ -434,6 +441,9 @@ def gdn_verify_launch_params(HV: int, Hk: int, K: int, V: int, R: int, T: int, s
             val = cfg[name]
             if not isinstance(val, int) or val < 1:
                 raise ValueError(f"{where}: {name} must be a positive int, got {val!r}")
+        m = cfg["inline_scores_max_batch"]
+        if not isinstance(m, int) or m < 0:
+            raise ValueError(f"{where}: inline_scores_max_batch must be an int >= 0, got {m!r}")
         if cfg["BV"] & (cfg["BV"] - 1):
             raise ValueError(f"{where}: BV must be a power of two, got {cfg['BV']}")
         _CFG_CACHE[ck] = cfg
@@ -567,7 +577,7 @@ def gdn_verify(
     BV = max(16, min(cfg["BV"], next_pow2(V)))
     LP = max(16, next_pow2(R - T))
     TP = max(2, next_pow2(T))
-    scores_pre = cfg["scores"] == "pre"
+    scores_pre = cfg["scores"] == "pre" and B > cfg["inline_scores_max_batch"]  # host-side, per graph batch
     null = -1 if null_slot is None else int(null_slot)
     if scores_pre:  # per-call scratch (inside a CUDA graph it comes from the graph's pool)
         sc = torch.empty((B, Hk, 2 * LP + 2 * TP, TP), dtype=torch.float32, device=dev)

@@ -805,10 +805,31 @@ def test_launch_variants_speculative_simulation(device, seed, launch, case, vari
 
 
 @pytest.mark.parametrize("entry,match", [("reduce: warp", "reduce must be one of"),
-                                         ("scores: post", "scores must be one of"), ("scores_num_warps: 0", "scores_num_warps")])
+                                         ("scores: post", "scores must be one of"), ("scores_num_warps: 0", "scores_num_warps"),
+                                         ("inline_scores_max_batch: -1", "inline_scores_max_batch")])
 def test_unknown_launch_choice_is_refused(tmp_path, monkeypatch, entry, match):
     f = tmp_path / "cfg.yaml"
     f.write_text("gdn_verify:\n  default:\n    " + entry + "\n")
     monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
     with pytest.raises(ValueError, match=match):
         gv.gdn_verify_launch_params(2, 1, 32, 32, 6, 2)
+
+
+def test_inline_scores_max_batch_keeps_small_batches_in_one_launch(device, seed, launch, monkeypatch):
+    """scores: pre with inline_scores_max_batch: a batch above the limit launches the scores pre-kernel,
+    a batch within it computes the scores inline (one launch); both match the reference and oracle."""
+    launch(always=True, BV=16, reduce="token", scores="pre", inline_scores_max_batch=4)
+    launches = []
+    orig = gv._gdn_verify_scores_kernel
+    monkeypatch.setattr(gv, "_gdn_verify_scores_kernel", type("K", (), {
+        "__getitem__": lambda self, grid: (launches.append(grid), orig[grid])[1]})())
+    sim = Sim(device, seed, state_dtype=F32, act_dtype=F32, Bh=4, T=3, **small_geom(Hk=2, HV=4, n_slots=7))
+    for s in (1, 2, 3, 5):
+        sim.activate(s)
+    for _ in range(8):  # 5 rows > 4: pre-kernel
+        sim.step([1, -1, 2, 3, 5])
+    assert len(launches) == 8 and all(g[0] == 5 for g in launches)
+    for _ in range(8):  # 4 rows: inline
+        sim.step([1, 2, 0, 5])
+    assert len(launches) == 8, "the scores pre-kernel ran for a batch within inline_scores_max_batch"
+    assert sim.flushes >= 2

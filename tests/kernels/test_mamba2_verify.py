@@ -390,7 +390,8 @@ def test_validation_errors(device, name, bad, match):
 
 
 @pytest.mark.parametrize("entry,match", [("dot_precision: tf32", "tf32x3"), ("reduce: warp", "reduce must be one of"),
-                                         ("bc: post", "bc must be one of")])
+                                         ("bc: post", "bc must be one of"),
+                                         ("inline_bc_max_batch: -1", "inline_bc_max_batch")])
 def test_bad_launch_config_is_refused(device, tmp_path, monkeypatch, entry, match):
     f = tmp_path / "cfg.yaml"
     f.write_text("mamba2_verify:\n  default: {" + entry + "}\n")
@@ -531,4 +532,26 @@ def test_launch_variants_match_sequential_recurrence(device, tmp_path, monkeypat
     h = SpecHarness(device, geom, T, hist, *prec, n_req=3)
     for _ in range(24 if T > 1 else 12):
         h.step()
+    assert h.flushes >= 2, f"{h.tag()} the stream must cross flushes, saw {h.flushes}"
+
+
+def test_inline_bc_max_batch_keeps_small_batches_in_one_launch(device, tmp_path, monkeypatch):
+    """bc: pre with inline_bc_max_batch: a batch above the limit launches the B·C pre-kernel, a batch
+    within it computes the dots inline (one launch); both stay on the sequential recurrence."""
+    from sglang_replayssm.kernels import mamba2_verify as mv
+
+    f = tmp_path / "cfg.yaml"
+    f.write_text("mamba2_verify:\n  default: {reduce: token, bc: pre, inline_bc_max_batch: 4}\n")
+    monkeypatch.setenv(common.ENV_CONFIG_FILE, str(f))
+    launches = []
+    orig = mv._mamba2_verify_bc_kernel
+    monkeypatch.setattr(mv, "_mamba2_verify_bc_kernel", type("K", (), {
+        "__getitem__": lambda self, grid: (launches.append(grid), orig[grid])[1]})())
+    h = SpecHarness(device, ODD, 3, 4, F32, F32, n_req=3)
+    for _ in range(8):  # 3 requests + a negative and a null row = 5 rows > 4: pre-kernel
+        h.step()
+    assert len(launches) == 8 and all(g[0] == 5 for g in launches)
+    for _ in range(8):  # 3 requests + a negative row = 4 rows: inline
+        h.step(pads=("neg",))
+    assert len(launches) == 8, "the B·C pre-kernel ran for a batch within inline_bc_max_batch"
     assert h.flushes >= 2, f"{h.tag()} the stream must cross flushes, saw {h.flushes}"
