@@ -43,6 +43,7 @@ import math
 import os
 import queue
 import random
+import re
 import shlex
 import signal
 import socket
@@ -280,7 +281,26 @@ def server_env(base: Dict[str, str], args, phase: Phase, model: ModelSpec, pytho
         env["SGLANG_SIMULATE_ACC_LEN"] = str(phase.sim_acc_len)
         env["SGLANG_SIMULATE_ACC_METHOD"] = args.sim_acc_method
         env["SGLANG_SIMULATE_ACC_TOKEN_MODE"] = args.sim_acc_token_mode
+    if getattr(args, "test_retract", 0):
+        # SGLang's own retraction test hook: one running request is retracted (and later re-prefilled)
+        # every N forward passes, on every server alike
+        env["SGLANG_TEST_RETRACT"] = "1"
+        env["SGLANG_TEST_RETRACT_INTERVAL"] = str(args.test_retract)
     return env
+
+
+# settings inherited from the caller's environment that change what a server does (recorded per run)
+RECORDED_ENV_PREFIXES = ("SGLANG_REPLAYSSM_", "SGLANG_TEST_", "SGLANG_FLASHINFER_WORKSPACE_SIZE")
+_RETRACTED = re.compile(r"#retracted_reqs: (\d+)")
+
+
+def recorded_env(env: Dict[str, str]) -> Dict[str, str]:
+    return {k: v for k, v in sorted(env.items()) if k.startswith(RECORDED_ENV_PREFIXES)}
+
+
+def count_retractions(log_text: str) -> int:
+    """Requests SGLang's scheduler retracted, summed over its "#retracted_reqs: N" log lines."""
+    return sum(int(m) for m in _RETRACTED.findall(log_text))
 
 
 def env_delta(env: Dict[str, str], base: Dict[str, str]) -> Dict[str, str]:
@@ -964,6 +984,7 @@ class PhaseRun:
             text = self.server.log_path.read_text(errors="replace")
             rec["random_weights_confirmed"] = weights.LOG_MARKER in text
             rec["replayssm_active"] = "sglang_replayssm active" in text
+            rec["retracted_reqs"] = count_retractions(text)
         except OSError:
             pass
         return rec
@@ -1023,6 +1044,7 @@ def compare(a: Dict[str, Any], b: Dict[str, Any], phases: List[Dict[str, Any]], 
         "random_weights_confirmed": bool(a.get("random_weights_confirmed") and b.get("random_weights_confirmed"))
         if args.random_weights else None,
         "replayssm_active": {a["label"]: a.get("replayssm_active"), b["label"]: b.get("replayssm_active")},
+        "retracted_reqs": {a["label"]: a.get("retracted_reqs"), b["label"]: b.get("retracted_reqs")},
     }
     pa, pb = a.get("parity") or {}, b.get("parity") or {}
     if "outputs" in pa and "outputs" in pb:
@@ -1130,6 +1152,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--patched-arg", action="append", help="extra flags for the patched and staged arms' launcher, "
                    "e.g. '--replayssm-buffer-len 16'")
     s.add_argument("--seed", type=int, default=0, help="SGLang --random-seed, bench and parity prompt seed")
+    s.add_argument("--test-retract", type=int, default=0, metavar="N",
+                   help="force retraction on every server: SGLang's SGLANG_TEST_RETRACT=1 with "
+                        "SGLANG_TEST_RETRACT_INTERVAL=N (one running request retracted and later re-prefilled every "
+                        "N forward passes); the servers table counts the retracted requests (0: off)")
     s.add_argument("--host", default="127.0.0.1")
     w = p.add_argument_group("weights")
     w.add_argument("--random-weights", dest="random_weights", action="store_true", default=True,
@@ -1240,6 +1266,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "schema": SCHEMA, "kind": "ab", "git_commit": git_commit(),
         "sglang_version": dist_version("sglang"), "sglang_replayssm_version": entry_points.package_version(),
         "gpu": gpu_info(), "python": sys.version.split()[0], "host": socket.gethostname(),
+        "env_inherited": recorded_env(dict(os.environ)),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)),
         "model": {"name": model0.name, "builtin": model0.builtin, "source": model0.source, "notes": model0.notes, "size": model0.size,
                   "config": model0.config},

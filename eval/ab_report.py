@@ -68,10 +68,12 @@ def server_table(res: Dict[str, Any]) -> str:
                      f.get("max_running_requests"), f.get("token_capacity"),
                      p.get("peak_gpu_mem_own_mib") or p.get("peak_gpu_mem_mib"),
                      after.get("avg_spec_accept_length"), _yn(p.get("random_weights_confirmed")),
-                     _yn(p.get("replayssm_active")), f"{sd.get('how', '—')} {sd.get('seconds', '')}".strip()])
+                     _yn(p.get("replayssm_active")), p.get("retracted_reqs"),
+                     f"{sd.get('how', '—')} {sd.get('seconds', '')}".strip()])
     return report.markdown_table(["server", "launcher", "status", "startup s", "max running reqs", "token capacity",
-                                  "peak GPU MiB (own processes)", "accept len", "random weights", "replayssm log", "shutdown"],
-                                 rows, align=["l", "l", "l"] + ["r"] * 5 + ["l"] * 3)
+                                  "peak GPU MiB (own processes)", "accept len", "random weights", "replayssm log",
+                                  "retracted reqs", "shutdown"],
+                                 rows, align=["l", "l", "l"] + ["r"] * 5 + ["l"] * 2 + ["r", "l"])
 
 
 def _yn(x: Any) -> str:
@@ -140,6 +142,10 @@ def markdown(res: Dict[str, Any]) -> str:
     harness = res.get("flags", {}).get("harness", {}) or {}
     info["servers"] = ("started together (--concurrent-start), measured one at a time while the others idled"
                        if harness.get("concurrent_start") else "started, measured and stopped one after another")
+    if res.get("env_inherited"):
+        info["settings from the caller's environment"] = ", ".join(f"{k}={v}" for k, v in res["env_inherited"].items())
+    if res.get("annotated_after_run"):
+        info["annotated"] = res["annotated_after_run"]
     if res.get("note_shared_baseline"):
         info["note"] = res["note_shared_baseline"]
     sections = [("Run", report.markdown_kv(info)),

@@ -110,7 +110,10 @@ def parity_entries(results) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]
         spec = setup["spec"] not in (None, "none")
         if "mismatches" in par and ka == "stock" and not spec:
             if kb == "staged":
-                ours.append(_parity_entry(par, f, "staged vs stock", setup))
+                e = _parity_entry(par, f, "staged vs stock", setup)
+                # retraction + re-prefill exercised (SGLang's test hook or memory pressure): per server
+                e["retracted_reqs"] = {k: a.get("retracted_reqs") for k, a in (res.get("arms") or {}).items()}
+                ours.append(e)
             elif kb in ("stock", "upstream", "patched"):
                 refs.append(_parity_entry(par, f, f"{kb} vs stock", setup))
         nf = s.get("parity_noise_floor") or {}
@@ -249,8 +252,13 @@ def spec_speed(results) -> List[Dict[str, Any]]:
                          "stock_spec_vs_stock_nonspec": report.ratio(thr(stock), thr(nospec)),
                          "max_running_staged": ours["max_running_requests"],
                          "max_running_stock": stock["max_running_requests"],
-                         "capacity_ratio": cap, "file": ours["file"],
+                         "capacity_ratio": cap, "file": ours["file"], "started": started,
                          "stock_nonspec_file": nospec["file"] if nospec else None, "nonspec_same_run": same_run})
+    latest = {}
+    for r in rows:
+        latest[r["model"]] = max(latest.get(r["model"], ""), str(r["started"]))
+    for r in rows:  # the targets read each model's latest run; earlier ones stay in the table as history
+        r["latest"] = str(r["started"]) == latest[r["model"]]
     return rows
 
 
@@ -275,13 +283,13 @@ def spec_summary(results) -> Dict[str, Any]:
     ours = [r["spec_vs_nonspec"].get(r["arms"].split(" vs ")[0]) for r in runs]
     stock = [r["spec_vs_nonspec"].get(r["arms"].split(" vs ")[1]) for r in runs]
     speed = spec_speed(results)
-    real256 = [r for r in speed if r["size"] == "real" and r["batch"] == 256]
+    real256 = [r for r in speed if r["size"] == "real" and r["batch"] == 256 and r["latest"]]
 
     def worst(key: str) -> Optional[float]:  # the lowest over the real geometries measured
         vals = [r[key] for r in real256 if r[key] is not None]
         return min(vals) if vals else None
 
-    caps = [r["capacity_ratio"] for r in speed if r["size"] == "real" and r["capacity_ratio"] is not None]
+    caps = [r["capacity_ratio"] for r in speed if r["size"] == "real" and r["latest"] and r["capacity_ratio"] is not None]
     summary = {"spec_vs_stock_spec_bs256": worst("spec_vs_stock_spec"),
                "spec_vs_stock_nonspec_bs256": worst("spec_vs_stock_nonspec"),
                "capacity_ratio": min(caps) if caps else None,
@@ -295,10 +303,16 @@ def spec_summary(results) -> Dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
+def _retracted(e: Dict[str, Any]) -> str:
+    r = e.get("retracted_reqs") or {}
+    vals = [v for v in r.values() if v is not None]
+    return " / ".join(f"{k} {v}" for k, v in r.items()) if vals else "—"
+
+
 def _parity_rows(entries: List[Dict[str, Any]]) -> List[List[Any]]:
     return [[e["what"], e["model"], e["cuda_graph"], e["radix_cache"], f"{e['prompts']} x {e['tokens_per_prompt']}",
              e["tokens_compared"], e["token_mismatches"], e["near_ties"], report.fmt(e["max_abs_logprob_diff"], 3),
-             Path(e["file"]).name] for e in entries]
+             _retracted(e), f"{Path(e['file']).parent.name}/{Path(e['file']).name}"] for e in entries]
 
 
 def _source_section(doc: Dict[str, Any]) -> Tuple[str, str]:
@@ -308,7 +322,7 @@ def _source_section(doc: Dict[str, Any]) -> Tuple[str, str]:
 
 
 PARITY_HEAD = ["comparison", "model", "graphs", "radix", "prompts x tokens", "tokens compared", "mismatches",
-               "near-ties", "max |Δlogprob|", "file"]
+               "near-ties", "max |Δlogprob|", "retracted requests", "file"]
 
 
 def write_parity(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
@@ -379,7 +393,8 @@ def write_spec(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
                      report.fmt(p.get("max_abs_logprob_diff"), 3) if isinstance(p, dict) else None,
                      "; ".join(f"{k}: {v['token_mismatches']} mismatches, first at {v['first_divergence']}"
                                for k, v in r["spec_vs_nonspec"].items())])
-    speed = [[r["model"], r["batch"], report.fmt(r["staged_tok_s"], 0), report.fmt(r["stock_spec_tok_s"], 0),
+    speed = [[r["model"], f"{r.get('started', '—')}{'' if r.get('latest', True) else ' (superseded)'}",
+              Path(r["file"]).parent.name, r["batch"], report.fmt(r["staged_tok_s"], 0), report.fmt(r["stock_spec_tok_s"], 0),
               report.fmt(r["stock_nonspec_tok_s"], 0) + ("" if r.get("nonspec_same_run", True) or
                                                           r["stock_nonspec_tok_s"] is None else " (other run)"),
               report.fmt(r["spec_vs_stock_spec"], 3), report.fmt(r["spec_vs_stock_nonspec"], 3),
@@ -389,9 +404,11 @@ def write_spec(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
     paths.append(report.write_markdown(out_dir / "e2e-spec-h200.md", "Speculative decoding (NEXTN) on the H200", [
         _source_section(doc),
         ("Summary", report.markdown_kv({k: v for k, v in s.items() if k != "targets"})),
-        ("Targets (the lowest over the real geometries)", report.markdown_table(["metric", "measured", "target"], tgt)),
-        ("Speed (output tokens/s, simulated acceptance; tiny models are launch-bound and not used for the targets)",
-         report.markdown_table(["model", "batch", "replay spec", "stock spec", "stock non-spec", "vs stock spec",
+        ("Targets (the lowest over the real geometries, each model's latest run)",
+         report.markdown_table(["metric", "measured", "target"], tgt)),
+        ("Speed (output tokens/s, simulated acceptance; tiny models are launch-bound and not used for the targets; "
+         "superseded runs are earlier code or launch configs, kept as history)",
+         report.markdown_table(["model", "run started", "folder", "batch", "replay spec", "stock spec", "stock non-spec", "vs stock spec",
                                 "vs stock non-spec", "capacity ratio (max running)"], speed) if speed else "not run yet"),
         ("Runs", report.markdown_table(["model", "arms", "simulated accept", "accept length",
                                         "mismatches (same simulated acceptance)", "max |Δlogprob|",
@@ -399,7 +416,7 @@ def write_spec(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
     ]))
     series = []
     for model in dict.fromkeys(r["model"] for r in doc["speed"]):
-        pts = [r for r in doc["speed"] if r["model"] == model]
+        pts = [r for r in doc["speed"] if r["model"] == model and r.get("latest", True)]
         for key, style in (("spec_vs_stock_spec", "-"), ("spec_vs_stock_nonspec", "--")):
             series.append({"label": f"{key.replace('_', ' ')}, {model}", "x": [r["batch"] for r in pts],
                            "y": [r[key] for r in pts], "style": style})

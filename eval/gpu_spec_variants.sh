@@ -5,12 +5,14 @@
 #   GIT_COMMIT=<sha, a literal from the development machine> OUT=<dir> bash eval/gpu_spec_variants.sh \
 #       [name='<yaml mapping of mamba2_verify / gdn_verify defaults>' ...] [-- <bench_spec flags>]
 # Without variants: the packaged configs, then the candidates of eval/verify_sass.py (listed below).
-# Writes $OUT/spec-<name>.{json,md,png,log}, then $OUT/h200-picked.yaml (eval/pick_verify_config.py: the
+# Writes spec-<name>.{json,md,png,log} per variant, packed into $OUT/spec-variants.tgz (the device tool
+# brings back at most 8 files), then $OUT/h200-picked.yaml (eval/pick_verify_config.py: the
 # packaged file with each verify family's fastest correct variant) and a copy in .replayssm-picked.yaml at the
 # repo root (git-ignored; the GPU host keeps it for the next call, which can serve with
 # SGLANG_REPLAYSSM_KERNEL_CONFIG=$PWD/.replayssm-picked.yaml).
 set -uo pipefail
 OUT="${OUT:-/tmp/replayssm-spec-variants}"
+W="$(mktemp -d /tmp/spec-variants.XXXXXX)"  # per-variant files; packed into $OUT at the end
 mkdir -p "$OUT"
 if [ -f .sglang-bundle/bootstrap.sh ] && ! python3 -c "import sglang" 2>/dev/null; then
   source .sglang-bundle/bootstrap.sh
@@ -42,7 +44,7 @@ for v in "${variants[@]}"; do
   cfg=""
   if [ -n "$body" ]; then
     # the packaged GPU file first, the variant's keys on top (a variant names only what it changes)
-    cfg="$OUT/variant-$name.yaml"
+    cfg="$W/variant-$name.yaml"
     python3 - "$cfg" "$body" <<'PY'
 import sys, yaml
 from sglang_replayssm.kernels import common
@@ -55,11 +57,12 @@ PY
   fi
   echo "== variant $name ${cfg:+($cfg)}"
   SGLANG_REPLAYSSM_KERNEL_CONFIG="$cfg" timeout "${VARIANT_TIMEOUT:-150}" \
-    python3 -m eval.bench_spec --out "$OUT/spec-$name.json" "${flags[@]}" >"$OUT/spec-$name.log" 2>&1
+    python3 -m eval.bench_spec --out "$W/spec-$name.json" "${flags[@]}" >"$W/spec-$name.log" 2>&1
   r=$?; [ "$r" = 0 ] || rc=$r
-  tail -12 "$OUT/spec-$name.log"
+  tail -12 "$W/spec-$name.log"
 done
-if python3 -m eval.pick_verify_config "$OUT"/spec-*.json --out "$OUT/h200-picked.yaml"; then
+if python3 -m eval.pick_verify_config "$W"/spec-*.json --out "$OUT/h200-picked.yaml"; then
   cp "$OUT/h200-picked.yaml" .replayssm-picked.yaml
 fi
+tar czf "$OUT/spec-variants.tgz" -C "$W" . && echo "packed $(ls "$W" | wc -l) files into $OUT/spec-variants.tgz"
 exit "$rc"

@@ -36,8 +36,8 @@ def activate(cfg: ReplaySSMConfig) -> list:
     if cfg.staged:
         patches += staged_patches()
         logger.warning("sglang_replayssm: --replayssm-staged: applying the staged decode/verify seams, which are "
-                       "run on an H200 with CUDA graphs and the overlap scheduler (tiny models also with graphs "
-                       "off and the radix cache), not yet with retraction")
+                       "run on an H200 with CUDA graphs and the overlap scheduler, NEXTN included (tiny models also "
+                       "with graphs off, the radix cache and forced retraction); a bf16 state is not yet run on a GPU")
     newly = apply(patches)
     verify(patches)
     logger.info("sglang_replayssm active (pid %d): L=%d, ssm_types=%s, spec=%s, staged=%s, %d patch(es) verified",

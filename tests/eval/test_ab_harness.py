@@ -11,6 +11,7 @@ import argparse
 import json
 import math
 import os
+import random
 import shlex
 import subprocess
 import sys
@@ -152,6 +153,28 @@ def test_server_env(tmp_path, monkeypatch):
     ref = ab.server_env(base, args, ab.Phase("ref", "stock", False, None, False, True), m, [])
     assert "SGLANG_SIMULATE_ACC_LEN" not in ref
     assert not any(k.startswith("SGLANG_REPLAYSSM_") for k in ab.env_delta(env, base))
+
+
+def test_test_retract_env_and_retraction_count(tmp_path):
+    """--test-retract N turns on SGLang's retraction test hook on every server (stock and ours alike), and
+    the servers' logs are scanned for the requests actually retracted."""
+    m = _model(tmp_path, "tiny-nemotron-h")
+    args = _args("--test-retract", "5")
+    for phase in ab.plan_phases(args):
+        env = ab.server_env({"PATH": "/bin"}, args, phase, m, [])
+        assert env["SGLANG_TEST_RETRACT"] == "1" and env["SGLANG_TEST_RETRACT_INTERVAL"] == "5", phase.label
+    off = ab.server_env({"PATH": "/bin"}, _args(), ab.plan_phases(_args())[0], m, [])
+    assert "SGLANG_TEST_RETRACT" not in off and "SGLANG_TEST_RETRACT_INTERVAL" not in off
+    n = random.randint(2, 9)
+    log = "\n".join(["[t] Testing retraction. #retracted_reqs: 0, #new_tokens_gained: 0",
+                      f"[t] Testing retraction. #retracted_reqs: {n}, #new_tokens_gained: 40",
+                      "[t] server_args=ServerArgs(retraction_policy='length')",
+                      "[t] KV cache pool is full. Retract requests. #retracted_reqs: 1, #aborted_retracted_reqs: 0"])
+    assert ab.count_retractions(log) == n + 1
+    assert ab.count_retractions("no retraction here") == 0
+    rec = ab.recorded_env({"PATH": "/bin", "SGLANG_TEST_RETRACT": "1", "SGLANG_REPLAYSSM_KERNEL_CONFIG": "/k.yaml",
+                           "SGLANG_SIMULATE_ACC_LEN": "3"})
+    assert rec == {"SGLANG_REPLAYSSM_KERNEL_CONFIG": "/k.yaml", "SGLANG_TEST_RETRACT": "1"}
 
 
 def test_bench_serving_argv(tmp_path):

@@ -123,21 +123,34 @@ def test_summaries_name_the_code_that_produced_them(tmp_path):
 
 
 def test_spec_nonspec_baseline_borrowed_from_the_nearest_run():
-    """The recorded Nemotron-H-8B NEXTN runs (eval/results/e2e-h200/spec-nemotron-h-8b*): the run with
+    """The recorded Nemotron-H-8B NEXTN runs (eval/results/e2e-h200/spec-nemotron-h-8b*): the ac035cc run with
     stock and staged has no stock:nospec arm, so its non-spec baseline is the one of the run nearest in
-    time (run 2), flagged as borrowed; ratios are recomputed from the arms' own throughputs."""
+    time (run 2), flagged as borrowed; ratios are recomputed from the arms' own throughputs.  The later
+    run with the picked verify configs has its own baseline and is the one the targets read."""
     root = Path(__file__).parents[2] / "eval" / "results" / "e2e-h200"
     dirs = sorted(root.glob("spec-nemotron-h-8b*"))
     results = e2e_summary.load_results(dirs)
     rows = [r for r in e2e_summary.spec_speed(results) if r["model"] == "nemotron-h-8b"]
-    assert {r["batch"] for r in rows} == {1, 32, 128, 256}
     runs = e2e_summary.arms_by_run(results)
     nospec = {st: next(a for a in arms.values() if a["kind"] == "stock" and not a["spec"])
               for (m, st), arms in runs.items() if any(a["kind"] == "stock" and not a["spec"] for a in arms.values())}
-    assert len(nospec) == 2
-    for r in rows:
+    assert len(nospec) == 3  # run 1, run 2 and the picked-config run
+    old = [r for r in rows if "spec-nemotron-h-8b/" in r["file"]]
+    new = [r for r in rows if "spec-nemotron-h-8b-picked/" in r["file"]]
+    assert {r["batch"] for r in old} == {r["batch"] for r in new} == {1, 32, 128, 256}
+    assert len(old) + len(new) == len(rows)
+    run2 = next(a for st, a in nospec.items() if "run2" in a["file"])
+    for r in old:
         assert r["nonspec_same_run"] is False and "run2-workspace" in r["stock_nonspec_file"]
-        run2 = next(a for st, a in nospec.items() if "run2" in a["file"])
         assert r["stock_nonspec_tok_s"] == run2["bench"][r["batch"]]["output_throughput"]
+        assert r["latest"] is False
+    for r in new:
+        assert r["nonspec_same_run"] is True and "spec-nemotron-h-8b-picked/" in r["stock_nonspec_file"]
+        assert r["latest"] is True
+    for r in rows:
         assert r["spec_vs_stock_nonspec"] == report.ratio(r["staged_tok_s"], r["stock_nonspec_tok_s"])
         assert r["capacity_ratio"] == report.ratio(r["max_running_staged"], r["max_running_stock"])
+    doc = e2e_summary.spec_summary(results)
+    new256 = next(r for r in new if r["batch"] == 256)
+    assert doc["summary"]["spec_vs_stock_spec_bs256"] == new256["spec_vs_stock_spec"]
+    assert doc["summary"]["spec_vs_stock_nonspec_bs256"] == new256["spec_vs_stock_nonspec"]
