@@ -4,7 +4,8 @@
 # Usage (repo root on the GPU host, offline SGLang bundle carried in .sglang-bundle/):
 #   GIT_COMMIT=<sha, a literal from the development machine> OUT=<dir> bash eval/gpu_spec_variants.sh \
 #       [name='<yaml mapping of mamba2_verify / gdn_verify defaults>' ...] [-- <bench_spec flags>]
-# Without variants: the packaged configs, then the candidates of eval/verify_sass.py (listed below).
+# Without variants: the packaged configs, then the candidates listed below (chosen offline with
+# eval/verify_sass.py; the first round's five variants and their H200 times: eval/results/spec-variants-h200/).
 # Writes spec-<name>.{json,md,png,log} per variant, packed into $OUT/spec-variants.tgz (the device tool
 # brings back at most 8 files), then $OUT/h200-picked.yaml (eval/pick_verify_config.py: the
 # packaged file with each verify family's fastest correct variant) and a copy in .replayssm-picked.yaml at the
@@ -24,18 +25,22 @@ while [ $# -gt 0 ]; do
   variants+=("$1"); shift
 done
 if [ ${#variants[@]} -eq 0 ]; then
-  # the candidates of the offline sm_90a analysis (eval/results/verify-sass-offline.md): one warp per
-  # program, T two-dimensional reductions and the group-shared dots in a pre-kernel (B·C for Mamba2,
-  # the key scores for GDN) cut the modelled issue time about 5x (Mamba2) and 4x (GDN)
+  # Candidates on top of the packaged H200 file (one warp, per-token reductions, group-shared dots in a
+  # pre-kernel: timed 3.46x / 1.74x stock at batch 256, eval/results/spec-variants-h200/).  Those kernels
+  # sit at 255 registers, i.e. 8 resident warps per SM and only 41% / 31% of copy bandwidth; the offline
+  # build (make verify-sass) shows what a register cap or a smaller Mamba2 tile buys in resident warps
+  # (GDN cap168: 168 registers, 12 warps, no spills).  Each family is picked on its own.
   variants=("packaged="
-            "w1-token=mamba2_verify: {default: {reduce: token, num_warps: 1}}
-gdn_verify: {default: {reduce: token, num_warps: 1}}"
-            "w1-pre=mamba2_verify: {default: {reduce: token, num_warps: 1, BLOCK_M: 32, bc: pre}}
-gdn_verify: {default: {reduce: token, num_warps: 1, scores: pre}}"
-            "w1-bcast-pre=mamba2_verify: {default: {num_warps: 1, bc: pre}}
-gdn_verify: {default: {num_warps: 1, scores: pre}}"
-            "w2-wide=mamba2_verify: {default: {reduce: token, num_warps: 2, BLOCK_M: 32, bc: pre}}
-gdn_verify: {default: {reduce: token, num_warps: 2, BV: 32, scores: pre}}")
+            "cap168=mamba2_verify: {default: {maxnreg: 168}}
+gdn_verify: {default: {maxnreg: 168}}"
+            "cap128=mamba2_verify: {default: {maxnreg: 128}}
+gdn_verify: {default: {maxnreg: 128}}"
+            "m16=mamba2_verify: {default: {BLOCK_M: 16}}
+gdn_verify: {default: {maxnreg: 144}}"
+            "m16cap128=mamba2_verify: {default: {BLOCK_M: 16, maxnreg: 128}}
+gdn_verify: {default: {maxnreg: 96}}"
+            "big=mamba2_verify: {default: {BLOCK_M: 64}}
+gdn_verify: {default: {BV: 32}}")
 fi
 [ ${#flags[@]} -eq 0 ] && flags=(--quick --dtypes fp32 --time-budget-s 60)  # --quick times batch 1/32/256
 rc=0

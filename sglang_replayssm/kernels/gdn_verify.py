@@ -120,8 +120,8 @@ import triton.language as tl
 
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES
 from .common import INDEX_DTYPES as _INT_DTYPES
-from .common import (L2NORM_EPS, SOFTPLUS_THRESHOLD, check_dot_precision, config_file, config_keys, launch_config,
-                     next_pow2)
+from .common import (L2NORM_EPS, SOFTPLUS_THRESHOLD, check_dot_precision, config_file, config_keys, interpreting,
+                     launch_config, next_pow2)
 from .gdn_replay import _cast_rtne, _gdn_gate, _history_weights, _l2norm_vec, _normalise_rows
 
 __all__ = ["gdn_verify", "gdn_verify_launch_params", "GDN_VERIFY_DEFAULT_LAUNCH", "gdn_verify_key"]
@@ -145,6 +145,7 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = {
     "scores_num_warps": 1,
     # with scores: pre, batches of at most this many rows still compute the scores inline (one launch)
     "inline_scores_max_batch": 0,
+    "maxnreg": 0,  # register cap of the main kernel (0: none): fewer registers, more resident warps
 }
 _FLUSH_MODES = ("rank1", "dot")
 _REDUCE_MODES = ("bcast", "token")
@@ -441,9 +442,9 @@ def gdn_verify_launch_params(HV: int, Hk: int, K: int, V: int, R: int, T: int, s
             val = cfg[name]
             if not isinstance(val, int) or val < 1:
                 raise ValueError(f"{where}: {name} must be a positive int, got {val!r}")
-        m = cfg["inline_scores_max_batch"]
-        if not isinstance(m, int) or m < 0:
-            raise ValueError(f"{where}: inline_scores_max_batch must be an int >= 0, got {m!r}")
+        for name in ("inline_scores_max_batch", "maxnreg"):
+            if not isinstance(cfg[name], int) or cfg[name] < 0:
+                raise ValueError(f"{where}: {name} must be an int >= 0, got {cfg[name]!r}")
         if cfg["BV"] & (cfg["BV"] - 1):
             raise ValueError(f"{where}: BV must be a power of two, got {cfg['BV']}")
         _CFG_CACHE[ck] = cfg
@@ -611,5 +612,6 @@ def gdn_verify(
         PER_TOKEN=cfg["reduce"] == "token", SCORES_PRE=scores_pre,
         DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **({"maxnreg": cfg["maxnreg"]} if cfg["maxnreg"] and not interpreting() else {}),
     )
     return out

@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
-from .common import check_dot_precision, config_keys, launch_config, next_pow2
+from .common import check_dot_precision, config_keys, interpreting, launch_config, next_pow2
 from .mamba2_replay import _delta_from_raw, _head_param
 
 __all__ = ["mamba2_verify", "MAMBA2_VERIFY_DEFAULT_LAUNCH", "verify_geometry_key"]
@@ -68,6 +68,9 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = {
     # with bc: pre, batches of at most this many rows still compute B·C inline (one launch instead
     # of two; at batch 1 the pre-kernel's extra launch costs more than the dots it shares)
     "inline_bc_max_batch": 0,
+    # register cap of the main kernel (0: none).  One-warp programs at 255 registers leave 8 warps per
+    # SM (eval/verify_sass.py); a cap trades spills for resident warps, i.e. loads in flight
+    "maxnreg": 0,
 }
 # How the per-token dots are reduced (the same math and fp32 order of terms per dot):
 # "bcast" -- one [rows, T, NC] broadcast-and-sum per chunk (3-D temporaries);
@@ -413,8 +416,10 @@ def mamba2_verify(
     if cfg["bc"] not in BC_MODES:
         raise ValueError(f"{where}: bc must be one of {BC_MODES}, got {cfg['bc']!r}")
     inline_max = cfg["inline_bc_max_batch"]
-    if not isinstance(inline_max, int) or inline_max < 0:
-        raise ValueError(f"{where}: inline_bc_max_batch must be an int >= 0, got {inline_max!r}")
+    for name in ("inline_bc_max_batch", "maxnreg"):
+        if not isinstance(cfg[name], int) or cfg[name] < 0:
+            raise ValueError(f"{where}: {name} must be an int >= 0, got {cfg[name]!r}")
+    extra = {"maxnreg": cfg["maxnreg"]} if cfg["maxnreg"] and not interpreting() else {}
     BLOCK_M, BLOCK_NC = int(cfg["BLOCK_M"]), int(cfg["BLOCK_NC"])
     for name, v in (("BLOCK_M", BLOCK_M), ("BLOCK_NC", BLOCK_NC)):
         if v < 16 or v & (v - 1):
@@ -451,6 +456,6 @@ def mamba2_verify(
         DT_SOFTPLUS=bool(dt_softplus), DOT_PRECISION=cfg["dot_precision"],
         BLOCK_M=BLOCK_M, BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP,
         PER_TOKEN=cfg["reduce"] == "token", BC_PRE=bc_pre,
-        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]),
+        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **extra,
     )
     return out

@@ -806,7 +806,8 @@ def test_launch_variants_speculative_simulation(device, seed, launch, case, vari
 
 @pytest.mark.parametrize("entry,match", [("reduce: warp", "reduce must be one of"),
                                          ("scores: post", "scores must be one of"), ("scores_num_warps: 0", "scores_num_warps"),
-                                         ("inline_scores_max_batch: -1", "inline_scores_max_batch")])
+                                         ("inline_scores_max_batch: -1", "inline_scores_max_batch"),
+                                         ("maxnreg: -8", "maxnreg")])
 def test_unknown_launch_choice_is_refused(tmp_path, monkeypatch, entry, match):
     f = tmp_path / "cfg.yaml"
     f.write_text("gdn_verify:\n  default:\n    " + entry + "\n")
@@ -818,7 +819,7 @@ def test_unknown_launch_choice_is_refused(tmp_path, monkeypatch, entry, match):
 def test_inline_scores_max_batch_keeps_small_batches_in_one_launch(device, seed, launch, monkeypatch):
     """scores: pre with inline_scores_max_batch: a batch above the limit launches the scores pre-kernel,
     a batch within it computes the scores inline (one launch); both match the reference and oracle."""
-    launch(always=True, BV=16, reduce="token", scores="pre", inline_scores_max_batch=4)
+    launch(always=True, BV=16, reduce="token", scores="pre", inline_scores_max_batch=4, maxnreg=168)
     launches = []
     orig = gv._gdn_verify_scores_kernel
     monkeypatch.setattr(gv, "_gdn_verify_scores_kernel", type("K", (), {

@@ -391,7 +391,7 @@ def test_validation_errors(device, name, bad, match):
 
 @pytest.mark.parametrize("entry,match", [("dot_precision: tf32", "tf32x3"), ("reduce: warp", "reduce must be one of"),
                                          ("bc: post", "bc must be one of"),
-                                         ("inline_bc_max_batch: -1", "inline_bc_max_batch")])
+                                         ("inline_bc_max_batch: -1", "inline_bc_max_batch"), ("maxnreg: 1.5", "maxnreg")])
 def test_bad_launch_config_is_refused(device, tmp_path, monkeypatch, entry, match):
     f = tmp_path / "cfg.yaml"
     f.write_text("mamba2_verify:\n  default: {" + entry + "}\n")
@@ -541,7 +541,7 @@ def test_inline_bc_max_batch_keeps_small_batches_in_one_launch(device, tmp_path,
     from sglang_replayssm.kernels import mamba2_verify as mv
 
     f = tmp_path / "cfg.yaml"
-    f.write_text("mamba2_verify:\n  default: {reduce: token, bc: pre, inline_bc_max_batch: 4}\n")
+    f.write_text("mamba2_verify:\n  default: {reduce: token, bc: pre, inline_bc_max_batch: 4, maxnreg: 128}\n")
     monkeypatch.setenv(common.ENV_CONFIG_FILE, str(f))
     launches = []
     orig = mv._mamba2_verify_bc_kernel

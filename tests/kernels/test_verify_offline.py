@@ -3,8 +3,10 @@ without TRITON_INTERPRET (Triton's bundled ptxas / nvdisasm, no GPU).
 
 Assertions are relative, so a new Triton or ptxas may move the absolute numbers without
 failing the test: the captured launch is the wrapper's (grid over the real geometry, the
-variant's constexprs), nothing spills, and one warp per program with per-token reductions
-issues fewer instructions at batch 256 than the packaged four-warp broadcast configuration.
+variant's constexprs), nothing spills without a register cap, one warp per program with per-token
+reductions issues fewer instructions at batch 256 than four warps with one broadcast reduction (the
+first packaged configuration), pre-kernels are compiled exactly when a config asks for them, and a
+``maxnreg`` cap reaches the compiled kernel.
 """
 
 from __future__ import annotations
@@ -30,26 +32,35 @@ def _bundled(tool: str) -> bool:
 def test_offline_verify_variants(tmp_path):
     out = tmp_path / "verify.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-m", "eval.verify_sass", "--variant", "packaged:",
-                        "--variant", "w1-token:reduce=token,num_warps=1", "--variant", "mamba2/pre:bc=pre,num_warps=1",
-                        "--json", str(out)],
+    wide = {"mamba2": "num_warps=4,reduce=bcast,bc=inline,BLOCK_M=16", "gdn": "num_warps=4,reduce=bcast,scores=inline"}
+    one = {"mamba2": "num_warps=1,reduce=token,bc=inline,BLOCK_M=16", "gdn": "num_warps=1,reduce=token,scores=inline"}
+    argv = ["--variant", "packaged:", "--variant", "mamba2/cap:maxnreg=168"]
+    for fam in ("mamba2", "gdn"):
+        argv += ["--variant", f"{fam}/b4:{wide[fam]}", "--variant", f"{fam}/t1:{one[fam]}"]
+    r = subprocess.run([sys.executable, "-m", "eval.verify_sass", *argv, "--json", str(out)],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     doc = json.loads(out.read_text())
     assert doc["git_commit"] and doc["command"].startswith("python -m eval.verify_sass")
     res = {(x["family"], x["variant"]): x for x in doc["variants"]}
-    assert set(res) == {(f, v) for f in ("mamba2", "gdn") for v in ("packaged", "w1-token")} | {("mamba2", "pre")}
-    # the pre variant's B·C pre-kernel is compiled and counted; the others launch none
-    assert set(res[("mamba2", "pre")]["pre_kernels"]) == {"_mamba2_verify_bc_kernel"}
-    assert not res[("mamba2", "packaged")]["pre_kernels"] and not res[("gdn", "w1-token")]["pre_kernels"]
+    assert set(res) == {(f, v) for f in ("mamba2", "gdn") for v in ("packaged", "b4", "t1")} | {("mamba2", "cap")}
+    # a pre-kernel is compiled and counted exactly when the config asks for one (the H200 file's packaged choice)
+    pre_name = {"mamba2": ("bc", "_mamba2_verify_bc_kernel"), "gdn": ("scores", "_gdn_verify_scores_kernel")}
     for (fam, var), x in res.items():
-        assert x["spill_st"] == 0 and x["spill_ld"] == 0, (fam, var, x["regs"])
+        key, kname = pre_name[fam]
+        assert set(x["pre_kernels"]) == ({kname} if x["config"][key] == "pre" else set()), (fam, var)
         assert x["sass_total"] > 0 and x["regs"] > 0
+        if var != "cap":
+            assert x["spill_st"] == 0 and x["spill_ld"] == 0, (fam, var, x["regs"])
     for fam in ("mamba2", "gdn"):
-        pk, tk = res[(fam, "packaged")], res[(fam, "w1-token")]
-        assert tk["num_warps"] == 1 and tk["config"]["reduce"] == "token"
-        assert pk["programs_bs256"] == tk["programs_bs256"]  # same grid: the tile sizes did not change
-        assert tk["issue_us_bs256"] < pk["issue_us_bs256"], (fam, pk["issue_us_bs256"], tk["issue_us_bs256"])
+        b4, t1 = res[(fam, "b4")], res[(fam, "t1")]
+        assert b4["num_warps"] == 4 and t1["num_warps"] == 1 and t1["config"]["reduce"] == "token"
+        assert b4["programs_bs256"] == t1["programs_bs256"]  # same grid: the tile sizes did not change
+        assert t1["issue_us_bs256"] < b4["issue_us_bs256"], (fam, b4["issue_us_bs256"], t1["issue_us_bs256"])
+    # maxnreg reaches the compiled kernel: the cap holds (spilling what does not fit)
+    cap, pk = res[("mamba2", "cap")], res[("mamba2", "packaged")]
+    assert cap["config"]["maxnreg"] == 168 and cap["regs"] <= 168
+    assert pk["regs"] <= 168 or cap["regs"] < pk["regs"]
     # the wrapper's grid: tiles x batch x heads (Mamba2: cdiv(P, BLOCK_M) x 256 x 128; GDN: cdiv(V, BV) x 256 x 32)
     for fam, heads, extent in (("mamba2", 128, 64), ("gdn", 32, 128)):
         tiles, rest = divmod(res[(fam, "packaged")]["programs_bs256"], 256 * heads)
