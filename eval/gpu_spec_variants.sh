@@ -26,18 +26,20 @@ while [ $# -gt 0 ]; do
 done
 if [ ${#variants[@]} -eq 0 ]; then
   # Candidates on top of the packaged H200 file (one warp, per-token reductions, group-shared dots in a
-  # pre-kernel: timed 3.46x / 1.74x stock at batch 256, eval/results/spec-variants-h200/).  Those kernels
-  # sit at 255 registers, i.e. 8 resident warps per SM and only 41% / 31% of copy bandwidth; the offline
-  # build (make verify-sass) shows what a register cap or a smaller Mamba2 tile buys in resident warps
-  # (GDN cap168: 168 registers, 12 warps, no spills).  Each family is picked on its own.
+  # pre-kernel: timed 3.46x / 1.74x stock at batch 256, eval/results/spec-variants-h200/), which reach only
+  # 41% / 31% of copy bandwidth.  Mamba2: in the N-chunk loop each chunk's loads wait behind the previous
+  # chunk's conditional stores (SASS: ~10 loads per chunk between store groups), so `nonflush: stream`
+  # reads a non-flush row's whole S_ck tile at once (~38 loads back to back, as the decode kernel that
+  # reaches 87%).  Both families sit at 255 registers (8 warps per SM): register caps (GDN cap168: no
+  # spills, 12 warps) and smaller tiles are the other candidates.  Each family is picked on its own.
   variants=("packaged="
-            "cap168=mamba2_verify: {default: {maxnreg: 168}}
+            "stream=mamba2_verify: {default: {nonflush: stream}}
 gdn_verify: {default: {maxnreg: 168}}"
-            "cap128=mamba2_verify: {default: {maxnreg: 128}}
+            "stream-m16=mamba2_verify: {default: {nonflush: stream, BLOCK_M: 16}}
 gdn_verify: {default: {maxnreg: 128}}"
-            "m16=mamba2_verify: {default: {BLOCK_M: 16}}
+            "cap168=mamba2_verify: {default: {maxnreg: 168}}
 gdn_verify: {default: {maxnreg: 144}}"
-            "m16cap128=mamba2_verify: {default: {BLOCK_M: 16, maxnreg: 128}}
+            "m16=mamba2_verify: {default: {BLOCK_M: 16}}
 gdn_verify: {default: {maxnreg: 96}}"
             "big=mamba2_verify: {default: {BLOCK_M: 64}}
 gdn_verify: {default: {BV: 32}}")

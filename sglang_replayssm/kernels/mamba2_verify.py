@@ -31,6 +31,10 @@ program (``bc: inline``, group sharing left to L2) or once per (row, group) by
 ``_mamba2_verify_bc_kernel`` into an fp32 scratch (``bc: pre``; batches of at most
 ``inline_bc_max_batch`` rows stay inline, one launch); the per-token dots are
 reduced as one 3-D broadcast (``reduce: bcast``) or T 2-D row reductions (``reduce: token``).
+``nonflush: chunked`` reads the S_ck tile N-chunk by N-chunk on every row (each chunk's loads wait
+behind the previous chunk's conditional ring / checkpoint stores); ``nonflush: stream`` lets
+non-flush rows read the whole [BLOCK_M, N] tile at once, all loads in flight together (the decode
+kernel's output-only read), and keeps the chunk loop for flush rows.
 ``eval/verify_sass.py`` compares the variants offline.  On the H200
 (eval/results/spec-variants-h200/, Nemotron-H-8B, T=4, fp32 state, amortised, incl. commit) one
 warp + ``reduce: token`` + ``bc: pre`` ran 794 us per layer at batch 256 against SGLang's 2758 us
@@ -71,6 +75,10 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = {
     # register cap of the main kernel (0: none).  One-warp programs at 255 registers leave 8 warps per
     # SM (eval/verify_sass.py); a cap trades spills for resident warps, i.e. loads in flight
     "maxnreg": 0,
+    # how non-flush rows read their S_ck tile: "chunked" (the N-chunk loop flush rows also take; the chunks'
+    # conditional stores keep the next chunk's loads behind them) or "stream" (the whole [BLOCK_M, N]
+    # tile in one read, all loads in flight together, as the decode kernel's output-only path)
+    "nonflush": "chunked",
 }
 # How the per-token dots are reduced (the same math and fp32 order of terms per dot):
 # "bcast" -- one [rows, T, NC] broadcast-and-sum per chunk (3-D temporaries);
@@ -81,6 +89,7 @@ REDUCE_MODES = ("bcast", "token")
 # "pre"    -- once per (row, group) by ``_mamba2_verify_bc_kernel`` into an fp32 scratch
 #             [batch, G, WH + TP, TP] that the main kernel reads.
 BC_MODES = ("inline", "pre")
+NONFLUSH_MODES = ("chunked", "stream")
 
 
 @triton.jit
@@ -161,7 +170,7 @@ def _mamba2_verify_kernel(
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_NC: tl.constexpr, N_CHUNKS: tl.constexpr, WH: tl.constexpr, TP: tl.constexpr,
-    PER_TOKEN: tl.constexpr, BC_PRE: tl.constexpr,
+    PER_TOKEN: tl.constexpr, BC_PRE: tl.constexpr, STREAM: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -220,47 +229,77 @@ def _mamba2_verify_kernel(
     write_B = (pid_m == 0) & (h % heads_per_group == 0)
     B_row = B_ptr + row * s_B_b + g * s_B_g
     C_row = C_ptr + row * s_C_b + g * s_C_g
-    for c in tl.static_range(N_CHUNKS):
-        offs_n = c * BLOCK_NC + tl.arange(0, BLOCK_NC)
-        mask_n = offs_n < N
-        st_ptrs = st_base + offs_m[:, None] * s_st_p + offs_n[None, :] * s_st_n
-        st_mask = mask_m[:, None] & mask_n[None, :]
-        S = tl.load(st_ptrs, mask=st_mask, other=0.0).to(tl.float32)
-        if (not PER_TOKEN) and (not BC_PRE):
-            C_w = tl.load(C_row + offs_t[:, None] * s_C_t + offs_n[None, :] * s_C_n,
-                          mask=mask_t[:, None] & mask_n[None, :], other=0.0).to(tl.float32)  # [TP, NC]
-        b_mask = mask_t[:, None] & mask_n[None, :]
-        if BC_PRE:
-            b_mask = b_mask & write_B
-        B_w = tl.load(B_row + offs_t[:, None] * s_B_t + offs_n[None, :] * s_B_n, mask=b_mask, other=0.0)  # [TP, NC]
-        h_mask = valid_k[:, None] & mask_n[None, :]
-        if BC_PRE:
-            h_mask = h_mask & is_flush
-        B_h = tl.load(Br_base + phys_k[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
-                      mask=h_mask, other=0.0).to(tl.float32)  # [WH, NC]
-        if is_flush:
-            S = decay_end * S + tl.dot(x_hist, B_h * s_hist[:, None], input_precision=DOT_PRECISION)
-            if wp > 0:
-                tl.store(st_ptrs, S.to(state_ptr.dtype.element_ty), mask=st_mask)
-        if PER_TOKEN or BC_PRE:
-            B_wf = B_w.to(tl.float32)
+    if STREAM:
+        # non-flush rows: one streaming read of the whole [BLOCK_M, N] S_ck tile (all loads issued together,
+        # as the decode kernel does); flush rows take the chunked fold below
+        run_chunks = is_flush
+        if no_flush:
+            offs_nf = tl.arange(0, BLOCK_N)
+            mask_nf = offs_nf < N
+            S = tl.load(st_base + offs_m[:, None] * s_st_p + offs_nf[None, :] * s_st_n,
+                        mask=mask_m[:, None] & mask_nf[None, :], other=0.0).to(tl.float32)
+            bf_mask = mask_t[:, None] & mask_nf[None, :]
+            if BC_PRE:
+                bf_mask = bf_mask & write_B
+            B_wn = tl.load(B_row + offs_t[:, None] * s_B_t + offs_nf[None, :] * s_B_n, mask=bf_mask, other=0.0)
+            if not BC_PRE:
+                B_hn = tl.load(Br_base + phys_k[:, None] * s_Br_r + offs_nf[None, :] * s_Br_n,
+                               mask=valid_k[:, None] & mask_nf[None, :], other=0.0).to(tl.float32)
+                B_wnf = B_wn.to(tl.float32)
             for t in tl.static_range(TP):
                 col = (offs_t == t)[None, :]
-                C_t = tl.load(C_row + t * s_C_t + offs_n * s_C_n, mask=mask_n & (t < T), other=0.0).to(tl.float32)
+                C_t = tl.load(C_row + t * s_C_t + offs_nf * s_C_n, mask=mask_nf & (t < T), other=0.0).to(tl.float32)
                 SC = _add_token_dot(SC, S, C_t, col)
-                if not BC_PRE:  # the group-shared dots, unless the pre-kernel made them
-                    bc_w = _add_token_dot(bc_w, B_wf, C_t, col)
-                    if no_flush:
-                        bc_h = _add_token_dot(bc_h, B_h, C_t, col)
-        else:
-            B_wf = B_w.to(tl.float32)
-            if no_flush:
-                bc_h += tl.sum(B_h[:, None, :] * C_w[None, :, :], 2)
-            SC += tl.sum(S[:, None, :] * C_w[None, :, :], 2)
-            bc_w += tl.sum(B_wf[:, None, :] * C_w[None, :, :], 2)
-        if write_B:
-            tl.store(Br_base + phys_t[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
-                     B_w.to(Br_ptr.dtype.element_ty), mask=mask_t[:, None] & mask_n[None, :])
+                if not BC_PRE:
+                    bc_w = _add_token_dot(bc_w, B_wnf, C_t, col)
+                    bc_h = _add_token_dot(bc_h, B_hn, C_t, col)
+            if write_B:
+                tl.store(Br_base + phys_t[:, None] * s_Br_r + offs_nf[None, :] * s_Br_n,
+                         B_wn.to(Br_ptr.dtype.element_ty), mask=mask_t[:, None] & mask_nf[None, :])
+    else:
+        run_chunks = True  # every row, N chunk by N chunk
+    if run_chunks:
+        for c in tl.static_range(N_CHUNKS):
+            offs_n = c * BLOCK_NC + tl.arange(0, BLOCK_NC)
+            mask_n = offs_n < N
+            st_ptrs = st_base + offs_m[:, None] * s_st_p + offs_n[None, :] * s_st_n
+            st_mask = mask_m[:, None] & mask_n[None, :]
+            S = tl.load(st_ptrs, mask=st_mask, other=0.0).to(tl.float32)
+            if (not PER_TOKEN) and (not BC_PRE):
+                C_w = tl.load(C_row + offs_t[:, None] * s_C_t + offs_n[None, :] * s_C_n,
+                              mask=mask_t[:, None] & mask_n[None, :], other=0.0).to(tl.float32)  # [TP, NC]
+            b_mask = mask_t[:, None] & mask_n[None, :]
+            if BC_PRE:
+                b_mask = b_mask & write_B
+            B_w = tl.load(B_row + offs_t[:, None] * s_B_t + offs_n[None, :] * s_B_n, mask=b_mask, other=0.0)  # [TP, NC]
+            h_mask = valid_k[:, None] & mask_n[None, :]
+            if BC_PRE:
+                h_mask = h_mask & is_flush
+            B_h = tl.load(Br_base + phys_k[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
+                          mask=h_mask, other=0.0).to(tl.float32)  # [WH, NC]
+            if is_flush:
+                S = decay_end * S + tl.dot(x_hist, B_h * s_hist[:, None], input_precision=DOT_PRECISION)
+                if wp > 0:
+                    tl.store(st_ptrs, S.to(state_ptr.dtype.element_ty), mask=st_mask)
+            if PER_TOKEN or BC_PRE:
+                B_wf = B_w.to(tl.float32)
+                for t in tl.static_range(TP):
+                    col = (offs_t == t)[None, :]
+                    C_t = tl.load(C_row + t * s_C_t + offs_n * s_C_n, mask=mask_n & (t < T), other=0.0).to(tl.float32)
+                    SC = _add_token_dot(SC, S, C_t, col)
+                    if not BC_PRE:  # the group-shared dots, unless the pre-kernel made them
+                        bc_w = _add_token_dot(bc_w, B_wf, C_t, col)
+                        if no_flush:
+                            bc_h = _add_token_dot(bc_h, B_h, C_t, col)
+            else:
+                B_wf = B_w.to(tl.float32)
+                if no_flush:
+                    bc_h += tl.sum(B_h[:, None, :] * C_w[None, :, :], 2)
+                SC += tl.sum(S[:, None, :] * C_w[None, :, :], 2)
+                bc_w += tl.sum(B_wf[:, None, :] * C_w[None, :, :], 2)
+            if write_B:
+                tl.store(Br_base + phys_t[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
+                         B_w.to(Br_ptr.dtype.element_ty), mask=mask_t[:, None] & mask_n[None, :])
 
     if BC_PRE:
         bc_base = bc_ptr + row * s_bc_b + g * s_bc_g
@@ -415,6 +454,8 @@ def mamba2_verify(
         raise ValueError(f"{where}: reduce must be one of {REDUCE_MODES}, got {cfg['reduce']!r}")
     if cfg["bc"] not in BC_MODES:
         raise ValueError(f"{where}: bc must be one of {BC_MODES}, got {cfg['bc']!r}")
+    if cfg["nonflush"] not in NONFLUSH_MODES:
+        raise ValueError(f"{where}: nonflush must be one of {NONFLUSH_MODES}, got {cfg['nonflush']!r}")
     inline_max = cfg["inline_bc_max_batch"]
     for name in ("inline_bc_max_batch", "maxnreg"):
         if not isinstance(cfg[name], int) or cfg[name] < 0:
@@ -456,6 +497,7 @@ def mamba2_verify(
         DT_SOFTPLUS=bool(dt_softplus), DOT_PRECISION=cfg["dot_precision"],
         BLOCK_M=BLOCK_M, BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP,
         PER_TOKEN=cfg["reduce"] == "token", BC_PRE=bc_pre,
+        STREAM=cfg["nonflush"] == "stream", BLOCK_N=max(16, next_pow2(N)),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **extra,
     )
     return out

@@ -391,7 +391,8 @@ def test_validation_errors(device, name, bad, match):
 
 @pytest.mark.parametrize("entry,match", [("dot_precision: tf32", "tf32x3"), ("reduce: warp", "reduce must be one of"),
                                          ("bc: post", "bc must be one of"),
-                                         ("inline_bc_max_batch: -1", "inline_bc_max_batch"), ("maxnreg: 1.5", "maxnreg")])
+                                         ("inline_bc_max_batch: -1", "inline_bc_max_batch"), ("maxnreg: 1.5", "maxnreg"),
+                                         ("nonflush: pipelined", "nonflush must be one of")])
 def test_bad_launch_config_is_refused(device, tmp_path, monkeypatch, entry, match):
     f = tmp_path / "cfg.yaml"
     f.write_text("mamba2_verify:\n  default: {" + entry + "}\n")
@@ -518,14 +519,16 @@ def test_flushing_verify_with_no_accept_does_not_fold_twice(device):
         h.step(accept=1)   # outputs and later flushes are checked against the oracle inside step()
 
 
-@pytest.mark.parametrize("variant", ["reduce: token", "reduce: token, bc: pre", "bc: pre, bc_num_warps: 2"])
+@pytest.mark.parametrize("variant", ["reduce: token", "reduce: token, bc: pre", "bc: pre, bc_num_warps: 2",
+                                     "nonflush: stream", "reduce: token, bc: pre, nonflush: stream, BLOCK_M: 16"])
 @pytest.mark.parametrize("T,hist,geom,prec", [(1, 1, SMALL, (F32, F32)), (4, 6, SMALL, (F32, F32)),
                                               (3, 4, ODD, (F32, BF16)), (3, 4, ODD, (BF16, BF16))],
                          ids=["T1-s32", "T4-s32", "T3odd-s32a16b", "T3odd-s16b"])
 def test_launch_variants_match_sequential_recurrence(device, tmp_path, monkeypatch, T, hist, geom, prec, variant):
     """Launch-config variants of the same math -- ``reduce: token`` (T two-dimensional row reductions
-    per chunk instead of one 3-D broadcast) and ``bc: pre`` (the group-shared B·C dots once per
-    (row, group) in a pre-kernel) -- under the same stream checks, flushes and wrap-around included."""
+    per chunk instead of one 3-D broadcast), ``bc: pre`` (the group-shared B·C dots once per
+    (row, group) in a pre-kernel) and ``nonflush: stream`` (non-flush rows read the whole S_ck tile at
+    once) -- under the same stream checks, flushes and wrap-around included."""
     f = tmp_path / "cfg.yaml"
     f.write_text("mamba2_verify:\n  default: {" + variant + "}\n")
     monkeypatch.setenv(common.ENV_CONFIG_FILE, str(f))
