@@ -31,7 +31,9 @@ if [ ${#variants[@]} -eq 0 ]; then
   # chunk's conditional stores (SASS: ~10 loads per chunk between store groups), so `nonflush: stream`
   # reads a non-flush row's whole S_ck tile at once (~38 loads back to back, as the decode kernel that
   # reaches 87%).  Both families sit at 255 registers (8 warps per SM): register caps (GDN cap168: no
-  # spills, 12 warps) and smaller tiles are the other candidates.  Each family is picked on its own.
+  # spills, 12 warps) and smaller tiles are the other candidates; GDN's flush step (945 vs 454 us at batch 256)
+# folds its history with one rank-1 update per token, `flush: dot` folds it in one tl.dot.  Each family is
+# picked on its own.
   variants=("packaged="
             "stream=mamba2_verify: {default: {nonflush: stream}}
 gdn_verify: {default: {maxnreg: 168}}"
@@ -41,8 +43,8 @@ gdn_verify: {default: {maxnreg: 128}}"
 gdn_verify: {default: {maxnreg: 144}}"
             "m16=mamba2_verify: {default: {BLOCK_M: 16}}
 gdn_verify: {default: {maxnreg: 96}}"
-            "big=mamba2_verify: {default: {BLOCK_M: 64}}
-gdn_verify: {default: {BV: 32}}")
+            "big-dotflush=mamba2_verify: {default: {BLOCK_M: 64}}
+gdn_verify: {default: {flush: dot}}")
 fi
 [ ${#flags[@]} -eq 0 ] && flags=(--quick --dtypes fp32 --time-budget-s 60)  # --quick times batch 1/32/256
 rc=0

@@ -773,7 +773,8 @@ def test_launch_config_validation(tmp_path, monkeypatch):
 # launch config reduce: token (T two-dimensional reductions instead of [BV, T, K] broadcasts)
 # ----------------------------------------------------------------------------------
 VARIANTS = {"token": dict(reduce="token"), "pre": dict(scores="pre"),
-            "token-pre": dict(reduce="token", scores="pre", scores_num_warps=2)}
+            "token-pre": dict(reduce="token", scores="pre", scores_num_warps=2),
+            "token-pre-dotflush": dict(reduce="token", scores="pre", flush="dot")}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
