@@ -281,7 +281,7 @@ def server_env(base: Dict[str, str], args, phase: Phase, model: ModelSpec, pytho
         env["SGLANG_SIMULATE_ACC_LEN"] = str(phase.sim_acc_len)
         env["SGLANG_SIMULATE_ACC_METHOD"] = args.sim_acc_method
         env["SGLANG_SIMULATE_ACC_TOKEN_MODE"] = args.sim_acc_token_mode
-    if getattr(args, "test_retract", 0):
+    if args.test_retract:
         # SGLang's own retraction test hook: one running request is retracted (and later re-prefilled)
         # every N forward passes, on every server alike
         env["SGLANG_TEST_RETRACT"] = "1"

@@ -30,6 +30,27 @@ def check_dot_precision(value: str, where: str) -> None:
         raise ValueError(f"{where}: dot_precision must be one of {DOT_PRECISIONS} "
                          f"(plain tf32 drifts ~1e-2 from fp32), got {value!r}")
 
+def check_choices(cfg: Dict[str, Any], choices: Dict[str, Tuple[str, ...]], where: str) -> None:
+    """Refuse a launch-config entry whose value is not one of its mode names."""
+    for name, modes in choices.items():
+        if cfg[name] not in modes:
+            raise ValueError(f"{where}: {name} must be one of {modes}, got {cfg[name]!r}")
+
+
+def check_ints(cfg: Dict[str, Any], names: Tuple[str, ...], where: str, minimum: int) -> None:
+    """Refuse a launch-config entry that is not an int >= ``minimum`` (1: a count; 0: 0 means off)."""
+    for name in names:
+        val = cfg[name]
+        if not isinstance(val, int) or val < minimum:
+            what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+            raise ValueError(f"{where}: {name} must be {what}, got {val!r}")
+
+
+def register_cap(cfg: Dict[str, Any]) -> Dict[str, Any]:
+    """Launch options for a config's ``maxnreg`` (0: none; the CPU interpreter takes no register cap)."""
+    return {"maxnreg": cfg["maxnreg"]} if cfg["maxnreg"] and not interpreting() else {}
+
+
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 ENV_CONFIG_FILE = "SGLANG_REPLAYSSM_KERNEL_CONFIG"
 

@@ -123,7 +123,7 @@ import triton
 import triton.language as tl
 
 from .common import L2NORM_EPS, SOFTPLUS_THRESHOLD, interpreting, launch_config, next_pow2, softplus
-from .common import FLOAT_DTYPES as _FLOAT_DTYPES, check_dot_precision
+from .common import FLOAT_DTYPES as _FLOAT_DTYPES, check_choices, check_dot_precision, check_ints, register_cap
 
 __all__ = ["gdn_replay_decode", "gdn_launch_params", "GDN_DEFAULT_LAUNCH", "GDN_LAUNCH_CHOICES"]
 
@@ -564,19 +564,11 @@ def gdn_launch_params(HV: int, Hk: int, K: int, V: int, L: int, state_dtype=None
     cfg = _CFG_CACHE.get(ck)
     if cfg is None:
         cfg = launch_config("gdn_decode", keys, GDN_DEFAULT_LAUNCH)
-        check_dot_precision(cfg["dot_precision"], "gdn_decode launch config")
-        if cfg["flush"] not in _FLUSH_MODES:
-            raise ValueError(f"gdn_decode launch config: flush must be one of {_FLUSH_MODES}, got {cfg['flush']!r}")
-        if cfg["cast"] not in _CAST_MODES:
-            raise ValueError(f"gdn_decode launch config: cast must be one of {_CAST_MODES}, got {cfg['cast']!r}")
-        if cfg["scores"] not in _SCORE_MODES:
-            raise ValueError(f"gdn_decode launch config: scores must be one of {_SCORE_MODES}, got {cfg['scores']!r}")
-        if not isinstance(cfg["maxnreg"], int) or cfg["maxnreg"] < 0:
-            raise ValueError(f"gdn_decode launch config: maxnreg must be an int >= 0 (0: none), got {cfg['maxnreg']!r}")
-        for name in ("BV", "v_tiles", "num_warps", "num_stages", "scores_num_warps"):
-            val = cfg[name]
-            if not isinstance(val, int) or val < 1:
-                raise ValueError(f"gdn_decode launch config: {name} must be a positive int, got {val!r}")
+        where = "gdn_decode launch config"
+        check_dot_precision(cfg["dot_precision"], where)
+        check_choices(cfg, {"flush": _FLUSH_MODES, "cast": _CAST_MODES, "scores": _SCORE_MODES}, where)
+        check_ints(cfg, ("maxnreg",), where, 0)
+        check_ints(cfg, ("BV", "v_tiles", "num_warps", "num_stages", "scores_num_warps"), where, 1)
         if cfg["BV"] & (cfg["BV"] - 1):
             raise ValueError(f"gdn_decode launch config: BV must be a power of two, got {cfg['BV']}")
         _CFG_CACHE[ck] = cfg
@@ -713,7 +705,6 @@ def gdn_replay_decode(
     null = -1 if null_slot is None else int(null_slot)
     use_l2 = bool(use_qk_l2norm)
     pre = cfg["scores"] == "pre" and L > 1
-    extra = {"maxnreg": cfg["maxnreg"]} if cfg["maxnreg"] and not interpreting() else {}
     if pre:  # per (row, k-head) scores of the cached keys; scratch is per call (graph-safe)
         scores = torch.empty(B * Hk * 3 * LP, dtype=torch.float32, device=dev)
         _gdn_history_scores_kernel[(B, Hk)](
@@ -742,6 +733,6 @@ def gdn_replay_decode(
         USE_L2NORM=use_l2, PRE_SCORES=pre, FLUSH=cfg["flush"],
         DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
         EVEN_V=V % (BV * v_tiles) == 0, CAST_BITS=cfg["cast"] == "bits" or interpreting(),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **extra,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **register_cap(cfg),
     )
     return out

@@ -120,8 +120,8 @@ import triton.language as tl
 
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES
 from .common import INDEX_DTYPES as _INT_DTYPES
-from .common import (L2NORM_EPS, SOFTPLUS_THRESHOLD, check_dot_precision, config_file, config_keys, interpreting,
-                     launch_config, next_pow2)
+from .common import (L2NORM_EPS, SOFTPLUS_THRESHOLD, check_choices, check_dot_precision, check_ints, config_file,
+                     config_keys, launch_config, next_pow2, register_cap)
 from .gdn_replay import _cast_rtne, _gdn_gate, _history_weights, _l2norm_vec, _normalise_rows
 
 __all__ = ["gdn_verify", "gdn_verify_launch_params", "GDN_VERIFY_DEFAULT_LAUNCH", "gdn_verify_key"]
@@ -432,19 +432,9 @@ def gdn_verify_launch_params(HV: int, Hk: int, K: int, V: int, R: int, T: int, s
         cfg = launch_config("gdn_verify", keys, GDN_VERIFY_DEFAULT_LAUNCH)
         where = f"gdn_verify launch config [{key}]"
         check_dot_precision(cfg["dot_precision"], where)
-        if cfg["flush"] not in _FLUSH_MODES:
-            raise ValueError(f"{where}: flush must be one of {_FLUSH_MODES}, got {cfg['flush']!r}")
-        if cfg["reduce"] not in _REDUCE_MODES:
-            raise ValueError(f"{where}: reduce must be one of {_REDUCE_MODES}, got {cfg['reduce']!r}")
-        if cfg["scores"] not in _SCORES_MODES:
-            raise ValueError(f"{where}: scores must be one of {_SCORES_MODES}, got {cfg['scores']!r}")
-        for name in ("BV", "num_warps", "num_stages", "scores_num_warps"):
-            val = cfg[name]
-            if not isinstance(val, int) or val < 1:
-                raise ValueError(f"{where}: {name} must be a positive int, got {val!r}")
-        for name in ("inline_scores_max_batch", "maxnreg"):
-            if not isinstance(cfg[name], int) or cfg[name] < 0:
-                raise ValueError(f"{where}: {name} must be an int >= 0, got {cfg[name]!r}")
+        check_choices(cfg, {"flush": _FLUSH_MODES, "reduce": _REDUCE_MODES, "scores": _SCORES_MODES}, where)
+        check_ints(cfg, ("BV", "num_warps", "num_stages", "scores_num_warps"), where, 1)
+        check_ints(cfg, ("inline_scores_max_batch", "maxnreg"), where, 0)
         if cfg["BV"] & (cfg["BV"] - 1):
             raise ValueError(f"{where}: BV must be a power of two, got {cfg['BV']}")
         _CFG_CACHE[ck] = cfg
@@ -612,6 +602,6 @@ def gdn_verify(
         PER_TOKEN=cfg["reduce"] == "token", SCORES_PRE=scores_pre,
         DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        **({"maxnreg": cfg["maxnreg"]} if cfg["maxnreg"] and not interpreting() else {}),
+        **register_cap(cfg),
     )
     return out

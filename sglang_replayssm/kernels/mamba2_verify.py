@@ -55,7 +55,8 @@ import triton
 import triton.language as tl
 
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
-from .common import check_dot_precision, config_keys, interpreting, launch_config, next_pow2
+from .common import (check_choices, check_dot_precision, check_ints, config_keys, launch_config, next_pow2,
+                     register_cap)
 from .mamba2_replay import _delta_from_raw, _head_param
 
 __all__ = ["mamba2_verify", "MAMBA2_VERIFY_DEFAULT_LAUNCH", "verify_geometry_key"]
@@ -450,17 +451,8 @@ def mamba2_verify(
     cfg = launch_config("mamba2_verify", keys, MAMBA2_VERIFY_DEFAULT_LAUNCH)
     where = f"launch config [mamba2_verify][{key}]"
     check_dot_precision(cfg["dot_precision"], where)
-    if cfg["reduce"] not in REDUCE_MODES:
-        raise ValueError(f"{where}: reduce must be one of {REDUCE_MODES}, got {cfg['reduce']!r}")
-    if cfg["bc"] not in BC_MODES:
-        raise ValueError(f"{where}: bc must be one of {BC_MODES}, got {cfg['bc']!r}")
-    if cfg["nonflush"] not in NONFLUSH_MODES:
-        raise ValueError(f"{where}: nonflush must be one of {NONFLUSH_MODES}, got {cfg['nonflush']!r}")
-    inline_max = cfg["inline_bc_max_batch"]
-    for name in ("inline_bc_max_batch", "maxnreg"):
-        if not isinstance(cfg[name], int) or cfg[name] < 0:
-            raise ValueError(f"{where}: {name} must be an int >= 0, got {cfg[name]!r}")
-    extra = {"maxnreg": cfg["maxnreg"]} if cfg["maxnreg"] and not interpreting() else {}
+    check_choices(cfg, {"reduce": REDUCE_MODES, "bc": BC_MODES, "nonflush": NONFLUSH_MODES}, where)
+    check_ints(cfg, ("inline_bc_max_batch", "maxnreg"), where, 0)
     BLOCK_M, BLOCK_NC = int(cfg["BLOCK_M"]), int(cfg["BLOCK_NC"])
     for name, v in (("BLOCK_M", BLOCK_M), ("BLOCK_NC", BLOCK_NC)):
         if v < 16 or v & (v - 1):
@@ -470,7 +462,7 @@ def mamba2_verify(
     TP = max(2, next_pow2(T))
     dz = z.stride() if z is not None else (0, 0, 0, 0)
     n_chunks = triton.cdiv(N, BLOCK_NC)
-    bc_pre = cfg["bc"] == "pre" and batch > inline_max  # host-side: one CUDA graph per batch size
+    bc_pre = cfg["bc"] == "pre" and batch > cfg["inline_bc_max_batch"]  # host-side: one CUDA graph per batch size
     if bc_pre:  # per-call scratch (inside a CUDA graph it comes from the graph's pool)
         bc = torch.empty((batch, G, WH + TP, TP), dtype=torch.float32, device=dev)
         _mamba2_verify_bc_kernel[(batch, G)](
@@ -498,6 +490,6 @@ def mamba2_verify(
         BLOCK_M=BLOCK_M, BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP,
         PER_TOKEN=cfg["reduce"] == "token", BC_PRE=bc_pre,
         STREAM=cfg["nonflush"] == "stream", BLOCK_N=max(16, next_pow2(N)),
-        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **extra,
+        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg),
     )
     return out
