@@ -816,8 +816,14 @@ def gpu_info() -> Dict[str, Any]:
     return {"name": "none", "driver": None, "memory_mib": None, "count": 0}
 
 
+# Triton's text IRs: a cache hit loads only a kernel's metadata .json and its .cubin (and the launcher .so), so
+# these are debugging dumps, about 4/5 of the cache; leaving them out keeps the carried bundle under the limit.
+TRITON_IR_SUFFIXES = (".llir", ".ptx", ".ttir", ".ttgir", ".source")
+
+
 def save_jitcache(dest: Path) -> Dict[str, Any]:
-    """Tarballs of ``$SGLANG_CACHE_ROOT/{triton}`` and ``{flashinfer,tvm-ffi}`` (bundle README)."""
+    """Tarballs of ``$SGLANG_CACHE_ROOT/{triton}`` (without its text IRs) and ``{flashinfer,tvm-ffi}``
+    (bundle README).  FlashInfer's object files stay: its ninja build recompiles a missing one."""
     root = Path(os.environ.get("SGLANG_CACHE_ROOT", "/tmp/sglang-cache"))
     out: Dict[str, Any] = {"root": str(root)}
     if not root.is_dir():
@@ -831,9 +837,14 @@ def save_jitcache(dest: Path) -> Dict[str, Any]:
         path = dest / fname
         with tarfile.open(path, "w:gz") as tf:
             for p in present:
-                tf.add(str(root / p), arcname=p)
+                tf.add(str(root / p), arcname=p, filter=_jitcache_member)
         out[fname] = round(path.stat().st_size / 2**20, 2)
     return out
+
+
+def _jitcache_member(info: tarfile.TarInfo) -> Optional[tarfile.TarInfo]:
+    top = info.name.split("/", 1)[0]
+    return None if top == "triton" and info.isfile() and info.name.endswith(TRITON_IR_SUFFIXES) else info
 
 
 # ---------------------------------------------------------------------------------

@@ -429,3 +429,29 @@ def test_radix_flags_pass_sglangs_own_checks(tmp_path, sglang_parser):
     assert ns.disable_overlap_schedule and not ns.disable_radix_cache
     assert ns.mamba_radix_cache_strategy == "no_buffer"
     assert hasattr(sa.ServerArgs, "_validate_mamba_no_buffer")
+
+
+def test_save_jitcache_keeps_what_a_cache_hit_loads(tmp_path, monkeypatch):
+    """Triton's cache tarball keeps each kernel's metadata .json, .cubin and launcher .so and drops its text IRs;
+    FlashInfer / tvm-ffi are kept whole (ninja rebuilds a missing object file)."""
+    import tarfile
+
+    root = tmp_path / "cache"
+    names = {"triton/H1/k.json": "{}", "triton/H1/__grp__k.json": "{}", "triton/H1/k.cubin": "bin",
+             "triton/H2/launcher.so": "so", "flashinfer/op/a.cuda.o": "o", "flashinfer/op/a.ptx": "ptx-kept",
+             "tvm-ffi/m/m.so": "so"}
+    names.update({f"triton/H1/k{ext}": "ir" for ext in ab.TRITON_IR_SUFFIXES})
+    for rel, text in names.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    monkeypatch.setenv("SGLANG_CACHE_ROOT", str(root))
+    out = ab.save_jitcache(tmp_path / "out")
+    assert out["root"] == str(root) and "error" not in out
+    got = set()
+    for fname in ("jit-triton.tgz", "jit-other.tgz"):
+        with tarfile.open(tmp_path / "out" / fname) as tf:
+            got |= {m.name for m in tf.getmembers() if m.isfile()}
+    dropped = {f"triton/H1/k{ext}" for ext in ab.TRITON_IR_SUFFIXES}
+    assert got == set(names) - dropped
+    monkeypatch.setenv("SGLANG_CACHE_ROOT", str(tmp_path / "missing"))
+    assert ab.save_jitcache(tmp_path / "out2")["error"] == "no cache root"
