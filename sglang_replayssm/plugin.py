@@ -40,8 +40,11 @@ def activate(cfg: ReplaySSMConfig) -> list:
                        "with graphs off, the radix cache and forced retraction); a bf16 state is not yet run on a GPU")
     newly = apply(patches)
     verify(patches)
-    logger.info("sglang_replayssm active (pid %d): L=%d, ssm_types=%s, spec=%s, staged=%s, %d patch(es) verified",
-                os.getpid(), cfg.buffer_len, ",".join(cfg.ssm_types), cfg.spec, cfg.staged, len(patches))
+    # the launch-config file in force (kernels/common.config_file), named without querying the GPU here
+    kernel_cfg = cfg.kernel_config or "the GPU's packaged file (kernels/configs/<gpu>.yaml)"
+    logger.info("sglang_replayssm active (pid %d): L=%d, ssm_types=%s, spec=%s, staged=%s, kernel config %s, "
+                "%d patch(es) verified", os.getpid(), cfg.buffer_len, ",".join(cfg.ssm_types), cfg.spec, cfg.staged,
+                kernel_cfg, len(patches))
     return newly
 
 

@@ -1,6 +1,7 @@
 """The entry-point plugin, loaded the way SGLang loads it (sglang.srt.plugins.load_plugins)."""
 
 from importlib.metadata import entry_points
+from pathlib import Path
 
 from ._sglang_cpu import clean_env, last_json, run_py
 
@@ -34,6 +35,7 @@ def test_plugin_patches_every_process_when_enabled():
     out = last_json(r.stdout)
     assert out["patched"] == "sglang.srt.server_args.ServerArgs.check_server_args" and out["wrapped"]
     assert "sglang_replayssm patched sglang.srt.server_args.ServerArgs.check_server_args" in r.stderr
+    assert "kernel config the GPU's packaged file (kernels/configs/<gpu>.yaml)" in r.stderr
 
 
 def test_plugin_refuses_bad_config_loudly():
@@ -59,8 +61,11 @@ def test_staged_seams_only_with_the_experimental_setting():
     assert r.returncode == 0, r.stderr[-3000:]
     off = last_json(r.stdout)
     assert off and set(off.values()) <= {"resolved", "skipped"} and "resolved" in off.values()
-    r = run_py(STAGED_PROBE, env=clean_env(SGLANG_REPLAYSSM_ENABLE="1", SGLANG_REPLAYSSM_STAGED="1"))
+    cfg = Path(__file__).resolve().parents[2] / "sglang_replayssm" / "kernels" / "configs" / "h200.yaml"
+    r = run_py(STAGED_PROBE, env=clean_env(SGLANG_REPLAYSSM_ENABLE="1", SGLANG_REPLAYSSM_STAGED="1",
+                                           SGLANG_REPLAYSSM_KERNEL_CONFIG=str(cfg)))
     assert r.returncode == 0, r.stderr[-3000:]
     on = last_json(r.stdout)
     assert {t for t, s in on.items() if s == "patched"} == {t for t, s in off.items() if s == "resolved"}
     assert "applying the staged decode/verify seams" in r.stderr
+    assert f"kernel config {cfg}," in r.stderr  # the launch-config file in force is named in every process
