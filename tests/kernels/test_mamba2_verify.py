@@ -186,7 +186,10 @@ class SpecHarness:
                                            inp["B"][k:k + 1, t], inp["C"][k:k + 1, t], D=self.D_h, z=z,
                                            dt_bias=self.dtb_h)
                 states.append(Sx[0])
-                r_, i_ = mismatch(out[k, t].cpu(), y[0], rt, at)
+                # a bf16/fp16 checkpoint's rounding error scales with the state, so the absolute bound scales
+                # with the output's magnitude (a 0.10 output beside 4.7 ones in a bf16 run: off by 0.023)
+                at_y = at if self.sd == F32 else at * max(1.0, float(y.abs().max()))
+                r_, i_ = mismatch(out[k, t].cpu(), y[0], rt, at_y)
                 assert r_ <= 1, (f"{tag} output of request {i} window token {t} (wp={w} origin={o} flush={f}) "
                                  f"off by {r_:.3g}x at {i_}")
             a = int(torch.randint(1, T + 1, (1,), generator=self.gen)) if accept is None else accept

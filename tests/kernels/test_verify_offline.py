@@ -3,7 +3,7 @@ without TRITON_INTERPRET (Triton's bundled ptxas / nvdisasm, no GPU).
 
 Assertions are relative, so a new Triton or ptxas may move the absolute numbers without
 failing the test: the captured launch is the wrapper's (grid over the real geometry, the
-variant's constexprs), nothing spills without a register cap, one warp per program with per-token
+variant's constexprs), nothing on the chunk loop spills without a register cap, one warp per program with per-token
 reductions issues fewer instructions at batch 256 than four warps with one broadcast reduction (the
 first packaged configuration), pre-kernels are compiled exactly when a config asks for them, and a
 ``maxnreg`` cap reaches the compiled kernel.
@@ -32,8 +32,13 @@ def _bundled(tool: str) -> bool:
 def test_offline_verify_variants(tmp_path):
     out = tmp_path / "verify.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    wide = {"mamba2": "num_warps=4,reduce=bcast,bc=inline,BLOCK_M=16", "gdn": "num_warps=4,reduce=bcast,scores=inline"}
-    one = {"mamba2": "num_warps=1,reduce=token,bc=inline,BLOCK_M=16", "gdn": "num_warps=1,reduce=token,scores=inline"}
+    # b4 / t1 compare the reduction layouts on the chunk loop without a register cap (the streamed tile of the
+    # packaged Mamba2 config holds [BLOCK_M, N] at once and spills at 255 registers: timed faster on the H200 all
+    # the same; the packaged GDN config is capped at 168)
+    wide = {"mamba2": "num_warps=4,reduce=bcast,bc=inline,BLOCK_M=16,nonflush=chunked,maxnreg=0",
+            "gdn": "num_warps=4,reduce=bcast,scores=inline,maxnreg=0"}
+    one = {"mamba2": "num_warps=1,reduce=token,bc=inline,BLOCK_M=16,nonflush=chunked,maxnreg=0",
+           "gdn": "num_warps=1,reduce=token,scores=inline,maxnreg=0"}
     argv = ["--variant", "packaged:", "--variant", "mamba2/cap:maxnreg=168"]
     for fam in ("mamba2", "gdn"):
         argv += ["--variant", f"{fam}/b4:{wide[fam]}", "--variant", f"{fam}/t1:{one[fam]}"]
@@ -50,7 +55,7 @@ def test_offline_verify_variants(tmp_path):
         key, kname = pre_name[fam]
         assert set(x["pre_kernels"]) == ({kname} if x["config"][key] == "pre" else set()), (fam, var)
         assert x["sass_total"] > 0 and x["regs"] > 0
-        if var != "cap":
+        if not x["config"].get("maxnreg") and x["config"].get("nonflush") != "stream":
             assert x["spill_st"] == 0 and x["spill_ld"] == 0, (fam, var, x["regs"])
     for fam in ("mamba2", "gdn"):
         b4, t1 = res[(fam, "b4")], res[(fam, "t1")]
