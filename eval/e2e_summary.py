@@ -27,6 +27,8 @@ from eval import ab_report, models, report
 
 DECODE_TARGETS = {"nemotron_h_speedup_bs256": 1.4, "nemotron_h_speedup_bs1": 0.98,
                   "gdn_speedup_bs256": 1.25, "gdn_vs_upstream_bs256": 1.05}
+SPEED_KEYS = ("spec_vs_stock_spec", "spec_vs_stock_nonspec", "capacity_ratio")  # spec_speed row keys the targets read
+SHORT = {"spec_vs_stock_spec": "vs spec", "spec_vs_stock_nonspec": "vs non-spec", "capacity_ratio": "capacity"}
 SPEC_TARGETS = {"spec_vs_stock_spec_bs256": 1.9, "spec_vs_stock_nonspec_bs256": 1.5, "capacity_ratio": 3.0,
                 "greedy_mismatches": 0}
 PARITY_MAX_DLOGPROB = 0.05  # the decode issue's bound at fp32 state
@@ -216,11 +218,18 @@ def spec_speed(results) -> List[Dict[str, Any]]:
     """Per run and batch: replay spec vs stock spec, vs stock non-spec, and the capacity ratio (max
     running requests, same memory settings).  The non-spec baseline is the run's own ``stock:nospec``
     arm; a run without one borrows the nearest-in-time one of another run of the same model and
-    flags (``stock_nonspec_file`` names it, ``nonspec_same_run`` says which)."""
+    flags (``stock_nonspec_file`` names it, ``nonspec_same_run`` says which).  A run of the replay arm
+    against ``stock:nospec`` alone gives the non-spec ratio only.
+
+    Each target reads each model's latest run that measured it (``latest_for`` lists the targets a
+    row is current for): the non-spec ratio prefers runs with their own baseline over borrowed ones,
+    so a later stock-vs-staged run does not displace a same-run non-spec measurement with a borrowed
+    one.  Earlier rows stay in the table as history (``latest`` False when current for nothing)."""
     runs = arms_by_run(results)
 
-    def find(arms, kind, spec):
-        return next((a for a in arms.values() if a["kind"] == kind and a["spec"] == spec), None)
+    def find(arms, kind, spec):  # an arm that was skipped or failed (nothing measured) is no baseline
+        return next((a for a in arms.values() if a["kind"] == kind and a["spec"] == spec
+                     and any((b or {}).get("output_throughput") for b in a["bench"].values())), None)
 
     def ts(started) -> float:
         try:
@@ -236,12 +245,12 @@ def spec_speed(results) -> List[Dict[str, Any]]:
     rows = []
     for (model, started), arms in runs.items():
         ours, stock, nospec = find(arms, "staged", True), find(arms, "stock", True), find(arms, "stock", False)
-        if ours is None or stock is None:
+        if ours is None or (stock is None and nospec is None):
             continue
         same_run = nospec is not None
         nospec = nospec or borrowed_nospec(model, started)
         setup = ours["setup"]
-        cap = report.ratio(ours["max_running_requests"], stock["max_running_requests"])
+        cap = report.ratio(ours["max_running_requests"], stock["max_running_requests"]) if stock else None
         for bs in sorted(ours["bench"]):
             thr = lambda arm: (arm["bench"].get(bs) or {}).get("output_throughput") if arm else None
             rows.append({"model": model, "family": setup["family"], "size": setup["size"], "batch": bs,
@@ -251,14 +260,23 @@ def spec_speed(results) -> List[Dict[str, Any]]:
                          "spec_vs_stock_nonspec": report.ratio(thr(ours), thr(nospec)),
                          "stock_spec_vs_stock_nonspec": report.ratio(thr(stock), thr(nospec)),
                          "max_running_staged": ours["max_running_requests"],
-                         "max_running_stock": stock["max_running_requests"],
+                         "max_running_stock": stock["max_running_requests"] if stock else None,
                          "capacity_ratio": cap, "file": ours["file"], "started": started,
                          "stock_nonspec_file": nospec["file"] if nospec else None, "nonspec_same_run": same_run})
-    latest = {}
     for r in rows:
-        latest[r["model"]] = max(latest.get(r["model"], ""), str(r["started"]))
-    for r in rows:  # the targets read each model's latest run; earlier ones stay in the table as history
-        r["latest"] = str(r["started"]) == latest[r["model"]]
+        r["latest_for"] = []
+    for key in SPEED_KEYS:
+        for model in {r["model"] for r in rows}:
+            cands = [r for r in rows if r["model"] == model and r[key] is not None]
+            if key == "spec_vs_stock_nonspec" and any(r["nonspec_same_run"] for r in cands):
+                cands = [r for r in cands if r["nonspec_same_run"]]
+            if cands:
+                last = max(str(r["started"]) for r in cands)
+                for r in cands:
+                    if str(r["started"]) == last:
+                        r["latest_for"].append(key)
+    for r in rows:
+        r["latest"] = bool(r["latest_for"])
     return rows
 
 
@@ -283,18 +301,20 @@ def spec_summary(results) -> Dict[str, Any]:
     ours = [r["spec_vs_nonspec"].get(r["arms"].split(" vs ")[0]) for r in runs]
     stock = [r["spec_vs_nonspec"].get(r["arms"].split(" vs ")[1]) for r in runs]
     speed = spec_speed(results)
-    real256 = [r for r in speed if r["size"] == "real" and r["batch"] == 256 and r["latest"]]
+    real256 = [r for r in speed if r["size"] == "real" and r["batch"] == 256]
 
-    def worst(key: str) -> Optional[float]:  # the lowest over the real geometries measured
-        vals = [r[key] for r in real256 if r[key] is not None]
+    def worst(key: str) -> Optional[float]:  # the lowest over the real geometries, each model's latest run for key
+        vals = [r[key] for r in real256 if key in r["latest_for"]]
         return min(vals) if vals else None
 
-    caps = [r["capacity_ratio"] for r in speed if r["size"] == "real" and r["latest"] and r["capacity_ratio"] is not None]
+    caps = [r["capacity_ratio"] for r in speed if r["size"] == "real" and "capacity_ratio" in r["latest_for"]]
+    by_model = {k: {r["model"]: r[k] for r in real256 if k in r["latest_for"]} for k in SPEED_KEYS}
     summary = {"spec_vs_stock_spec_bs256": worst("spec_vs_stock_spec"),
                "spec_vs_stock_nonspec_bs256": worst("spec_vs_stock_nonspec"),
                "capacity_ratio": min(caps) if caps else None,
                "greedy_mismatches": sum(e["token_mismatches"] for e in ours if e) if any(ours) else None,
                "stock_greedy_mismatches": sum(e["token_mismatches"] for e in stock if e) if any(stock) else None,
+               "bs256_by_model": by_model,
                "targets": SPEC_TARGETS}
     if not real256:
         summary["not_measured"] = "bs256 speed and capacity need a speculative A/B on a real geometry (not run yet)"
@@ -398,26 +418,34 @@ def write_spec(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
               report.fmt(r["stock_nonspec_tok_s"], 0) + ("" if r.get("nonspec_same_run", True) or
                                                           r["stock_nonspec_tok_s"] is None else " (other run)"),
               report.fmt(r["spec_vs_stock_spec"], 3), report.fmt(r["spec_vs_stock_nonspec"], 3),
-              f"{report.fmt(r['capacity_ratio'], 2)} ({r.get('max_running_staged')} / {r.get('max_running_stock')})"]
+              f"{report.fmt(r['capacity_ratio'], 2)} ({r.get('max_running_staged')} / {r.get('max_running_stock')})"
+              if r["capacity_ratio"] is not None else "—",
+              ", ".join(SHORT[k] for k in r.get("latest_for", [])) or "—"]
              for r in doc["speed"]]
     tgt = [[k, report.fmt(s.get(k), 3), t] for k, t in SPEC_TARGETS.items()]
     paths.append(report.write_markdown(out_dir / "e2e-spec-h200.md", "Speculative decoding (NEXTN) on the H200", [
         _source_section(doc),
-        ("Summary", report.markdown_kv({k: v for k, v in s.items() if k != "targets"})),
-        ("Targets (the lowest over the real geometries, each model's latest run)",
+        ("Summary", report.markdown_kv({k: v for k, v in s.items() if k not in ("targets", "bs256_by_model")})),
+        ("Batch 256 by model (the run each ratio is read from: `targets read` below)",
+         report.markdown_table(["model"] + list(SPEED_KEYS),
+                               [[m] + [report.fmt(s["bs256_by_model"][k].get(m), 3) for k in SPEED_KEYS]
+                                for m in dict.fromkeys(m for v in s["bs256_by_model"].values() for m in v)])),
+        ("Targets (the lowest over the real geometries, each model's latest run that measured the ratio)",
          report.markdown_table(["metric", "measured", "target"], tgt)),
         ("Speed (output tokens/s, simulated acceptance; tiny models are launch-bound and not used for the targets; "
-         "superseded runs are earlier code or launch configs, kept as history)",
+         "each target reads each model's latest run that measured it, preferring a same-run non-spec baseline "
+         "(`targets read`); superseded runs are earlier code or launch configs, kept as history)",
          report.markdown_table(["model", "run started", "folder", "batch", "replay spec", "stock spec", "stock non-spec", "vs stock spec",
-                                "vs stock non-spec", "capacity ratio (max running)"], speed) if speed else "not run yet"),
+                                "vs stock non-spec", "capacity ratio (max running)", "targets read"], speed)
+         if speed else "not run yet"),
         ("Runs", report.markdown_table(["model", "arms", "simulated accept", "accept length",
                                         "mismatches (same simulated acceptance)", "max |Δlogprob|",
                                         "spec vs non-spec greedy"], rows)),
     ]))
     series = []
     for model in dict.fromkeys(r["model"] for r in doc["speed"]):
-        pts = [r for r in doc["speed"] if r["model"] == model and r.get("latest", True)]
         for key, style in (("spec_vs_stock_spec", "-"), ("spec_vs_stock_nonspec", "--")):
+            pts = [r for r in doc["speed"] if r["model"] == model and key in r.get("latest_for", [key])]
             series.append({"label": f"{key.replace('_', ' ')}, {model}", "x": [r["batch"] for r in pts],
                            "y": [r[key] for r in pts], "style": style})
     if series and report.plot_panels(out_dir / "e2e-spec-h200.png", [

@@ -2,9 +2,11 @@
 
 ``eval/gpu_spec_variants.sh`` runs the benchmark once per variant; this reads those result
 JSONs and, per family (``mamba2`` -> ``mamba2_verify``, ``gdn`` -> ``gdn_verify``), picks the
-variant with the lowest geometric mean of our amortised time over the batch-256 cases (and the
-batch-1 cases, so that a variant that wins at 256 by losing badly at 1 is not picked), among
-the runs whose correctness check passed for that family.  It writes a YAML with the layout of
+variant with the lowest geometric mean of our amortised time over the batch 1, 32 and 256 cases
+(``--quick`` times exactly these), among the runs whose correctness check passed for that family.
+Batch 1 keeps a variant that wins at 256 by losing badly at 1 from being picked; batch 32 keeps a
+few microseconds at batch 1 from outvoting a large loss at serving batches (round 2 on the H200:
+GDN's dot flush won the batch-1/256 geomean by 2.7 us at batch 1 while losing 67 us at 256).  It writes a YAML with the layout of
 ``sglang_replayssm/kernels/configs/<gpu>.yaml``: the base file, with the picked variant's launch
 parameters as the family's ``default`` entry.  A later GPU call can serve with it at once
 (``SGLANG_REPLAYSSM_KERNEL_CONFIG=<file>``) and the file is what to commit after review::
@@ -23,7 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from eval import report
 
 FAMILY_KEY = {"mamba2": "mamba2_verify", "gdn": "gdn_verify"}
-PICK_BATCHES = (1, 256)
+PICK_BATCHES = (1, 32, 256)
 
 
 def score(doc: Dict[str, Any], family: str, state_dtype: str = "fp32") -> Optional[float]:
@@ -83,7 +85,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     names = [n[:-len(".json")] if n.endswith(".json") else n for n in names]
     picked = pick([report.read_json(p) for p in paths], names)
     if not picked:
-        print("pick_verify_config: no run passed its correctness check with batch 1 and 256 timed", file=sys.stderr)
+        batches = "/".join(map(str, PICK_BATCHES))
+        print(f"pick_verify_config: no run passed its correctness check with batch {batches} timed", file=sys.stderr)
         return 1
     write_yaml(picked, Path(args.base), Path(args.out))
     for f, p in picked.items():

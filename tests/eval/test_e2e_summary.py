@@ -125,32 +125,51 @@ def test_summaries_name_the_code_that_produced_them(tmp_path):
 def test_spec_nonspec_baseline_borrowed_from_the_nearest_run():
     """The recorded Nemotron-H-8B NEXTN runs (eval/results/e2e-h200/spec-nemotron-h-8b*): the ac035cc run with
     stock and staged has no stock:nospec arm, so its non-spec baseline is the one of the run nearest in
-    time (run 2), flagged as borrowed; ratios are recomputed from the arms' own throughputs.  The later
-    run with the picked verify configs has its own baseline and is the one the targets read."""
+    time (run 2), flagged as borrowed; ratios are recomputed from the arms' own throughputs.  The `stream`
+    run's stock:nospec arm was skipped (deadline): a skipped arm is no baseline, so it borrows the one of
+    `stream-nospec` (staged against stock:nospec only, minutes later).  Each target reads the latest run
+    that measured it, the non-spec ratio only from a run with its own baseline."""
     root = Path(__file__).parents[2] / "eval" / "results" / "e2e-h200"
     dirs = sorted(root.glob("spec-nemotron-h-8b*"))
     results = e2e_summary.load_results(dirs)
     rows = [r for r in e2e_summary.spec_speed(results) if r["model"] == "nemotron-h-8b"]
     runs = e2e_summary.arms_by_run(results)
-    nospec = {st: next(a for a in arms.values() if a["kind"] == "stock" and not a["spec"])
-              for (m, st), arms in runs.items() if any(a["kind"] == "stock" and not a["spec"] for a in arms.values())}
-    assert len(nospec) == 3  # run 1, run 2 and the picked-config run
-    old = [r for r in rows if "spec-nemotron-h-8b/" in r["file"]]
-    new = [r for r in rows if "spec-nemotron-h-8b-picked/" in r["file"]]
-    assert {r["batch"] for r in old} == {r["batch"] for r in new} == {1, 32, 128, 256}
-    assert len(old) + len(new) == len(rows)
-    run2 = next(a for st, a in nospec.items() if "run2" in a["file"])
-    for r in old:
+    measured = lambda a: any((b or {}).get("output_throughput") for b in a["bench"].values())  # noqa: E731
+    nospec = {st: next(a for a in arms.values() if a["kind"] == "stock" and not a["spec"] and measured(a))
+              for (m, st), arms in runs.items()
+              if any(a["kind"] == "stock" and not a["spec"] and measured(a) for a in arms.values())}
+    assert len(nospec) == 4  # run 1, run 2, the picked-config run and stream-nospec
+    skipped = [a for arms in runs.values() for a in arms.values() if a["kind"] == "stock" and not a["spec"]
+               and not measured(a)]
+    assert len(skipped) == 1 and "spec-nemotron-h-8b-stream/" in skipped[0]["file"]
+    by = {name: [r for r in rows if f"/{name}/" in r["file"]]
+          for name in ("spec-nemotron-h-8b", "spec-nemotron-h-8b-picked", "spec-nemotron-h-8b-stream",
+                       "spec-nemotron-h-8b-stream-nospec")}
+    assert sum(map(len, by.values())) == len(rows)
+    assert {r["batch"] for r in by["spec-nemotron-h-8b"]} == {1, 32, 128, 256}
+    run2 = next(a for a in nospec.values() if "run2" in a["file"])
+    for r in by["spec-nemotron-h-8b"]:
         assert r["nonspec_same_run"] is False and "run2-workspace" in r["stock_nonspec_file"]
         assert r["stock_nonspec_tok_s"] == run2["bench"][r["batch"]]["output_throughput"]
-        assert r["latest"] is False
-    for r in new:
+        assert r["latest"] is False and r["latest_for"] == []
+    for r in by["spec-nemotron-h-8b-picked"]:  # its own baseline, superseded by the later runs
         assert r["nonspec_same_run"] is True and "spec-nemotron-h-8b-picked/" in r["stock_nonspec_file"]
-        assert r["latest"] is True
+        assert r["latest_for"] == []
+    for r in by["spec-nemotron-h-8b-stream"]:
+        assert r["nonspec_same_run"] is False
+        assert r["stock_nonspec_file"] is None or "stream-nospec/" in r["stock_nonspec_file"]
+        assert r["latest_for"] == ["spec_vs_stock_spec", "capacity_ratio"]
+    for r in by["spec-nemotron-h-8b-stream-nospec"]:  # no stock spec arm: the non-spec ratio only
+        assert r["stock_spec_tok_s"] is None and r["spec_vs_stock_spec"] is None and r["capacity_ratio"] is None
+        assert r["nonspec_same_run"] is True and r["latest_for"] == ["spec_vs_stock_nonspec"]
     for r in rows:
         assert r["spec_vs_stock_nonspec"] == report.ratio(r["staged_tok_s"], r["stock_nonspec_tok_s"])
         assert r["capacity_ratio"] == report.ratio(r["max_running_staged"], r["max_running_stock"])
     doc = e2e_summary.spec_summary(results)
-    new256 = next(r for r in new if r["batch"] == 256)
-    assert doc["summary"]["spec_vs_stock_spec_bs256"] == new256["spec_vs_stock_spec"]
-    assert doc["summary"]["spec_vs_stock_nonspec_bs256"] == new256["spec_vs_stock_nonspec"]
+    at256 = {name: next(r for r in rs if r["batch"] == 256) for name, rs in by.items()}
+    assert doc["summary"]["spec_vs_stock_spec_bs256"] == at256["spec-nemotron-h-8b-stream"]["spec_vs_stock_spec"]
+    assert doc["summary"]["spec_vs_stock_nonspec_bs256"] == \
+        at256["spec-nemotron-h-8b-stream-nospec"]["spec_vs_stock_nonspec"]
+    assert doc["summary"]["capacity_ratio"] == at256["spec-nemotron-h-8b-stream"]["capacity_ratio"]
+    assert doc["summary"]["bs256_by_model"]["spec_vs_stock_nonspec"] == {
+        "nemotron-h-8b": at256["spec-nemotron-h-8b-stream-nospec"]["spec_vs_stock_nonspec"]}
