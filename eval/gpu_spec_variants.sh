@@ -5,7 +5,7 @@
 #   GIT_COMMIT=<sha, a literal from the development machine> OUT=<dir> bash eval/gpu_spec_variants.sh \
 #       [name='<yaml mapping of mamba2_verify / gdn_verify defaults>' ...] [-- <bench_spec flags>]
 # Without variants: the packaged configs, then the candidates listed below (chosen offline with
-# eval/verify_sass.py; the first round's five variants and their H200 times: eval/results/spec-variants-h200/).
+# eval/verify_sass.py; rounds 1 and 2 and their H200 times: eval/results/spec-variants-h200/).
 # Writes spec-<name>.{json,md,png,log} per variant, packed into $OUT/spec-variants.tgz (the device tool
 # brings back at most 8 files), then $OUT/h200-picked.yaml (eval/pick_verify_config.py: the
 # packaged file with each verify family's fastest correct variant) and a copy in .replayssm-picked.yaml at the
@@ -25,26 +25,20 @@ while [ $# -gt 0 ]; do
   variants+=("$1"); shift
 done
 if [ ${#variants[@]} -eq 0 ]; then
-  # Candidates on top of the packaged H200 file (one warp, per-token reductions, group-shared dots in a
-  # pre-kernel: timed 3.46x / 1.74x stock at batch 256, eval/results/spec-variants-h200/), which reach only
-  # 41% / 31% of copy bandwidth.  Mamba2: in the N-chunk loop each chunk's loads wait behind the previous
-  # chunk's conditional stores (SASS: ~10 loads per chunk between store groups), so `nonflush: stream`
-  # reads a non-flush row's whole S_ck tile at once (~38 loads back to back, as the decode kernel that
-  # reaches 87%).  Both families sit at 255 registers (8 warps per SM): register caps (GDN cap168: no
-  # spills, 12 warps) and smaller tiles are the other candidates; GDN's flush step (945 vs 454 us at batch 256)
-# folds its history with one rank-1 update per token, `flush: dot` folds it in one tl.dot.  Each family is
-# picked on its own.
+  # Round 3 candidates on top of the packaged H200 file (round 2, eval/results/spec-variants-h200/README.md:
+  # Mamba2 `nonflush: stream` 4.08x stock at batch 256, 48% of copy bandwidth; GDN capped at 168 registers
+  # 2.11x, 38%).  Offline sm_90a builds (eval/verify_sass.py, 2026-11-30): the streamed Mamba2 tile spills at
+  # 255 registers (60/68 spill stores/loads); 2 warps per program hold it in 198 without spills (10 warps per
+  # SM), 4 warps in 157.  GDN's flush step costs twice a verify step; its dot flush (528 vs 557 us at 255
+  # registers in round 2) spills badly at 168 (392/388) but only 16/16 at 224, none at 255; a cap of 184 keeps
+  # the rank-1 flush spill-free with 11 warps per SM (a larger flush chunk, Mamba2 BLOCK_NC 64, spills 148/156:
+  # not a candidate).  Each family is picked on its own.
   variants=("packaged="
-            "stream=mamba2_verify: {default: {nonflush: stream}}
-gdn_verify: {default: {maxnreg: 168}}"
-            "stream-m16=mamba2_verify: {default: {nonflush: stream, BLOCK_M: 16}}
-gdn_verify: {default: {maxnreg: 128}}"
-            "cap168=mamba2_verify: {default: {maxnreg: 168}}
-gdn_verify: {default: {maxnreg: 144}}"
-            "m16=mamba2_verify: {default: {BLOCK_M: 16}}
-gdn_verify: {default: {maxnreg: 96}}"
-            "big-dotflush=mamba2_verify: {default: {BLOCK_M: 64}}
-gdn_verify: {default: {flush: dot}}")
+            "w2-dot224=mamba2_verify: {default: {num_warps: 2}}
+gdn_verify: {default: {flush: dot, maxnreg: 224}}"
+            "w4-dot255=mamba2_verify: {default: {num_warps: 4}}
+gdn_verify: {default: {flush: dot, maxnreg: 0}}"
+            "cap184=gdn_verify: {default: {maxnreg: 184}}")  # Mamba2 as packaged: its run-to-run noise
 fi
 [ ${#flags[@]} -eq 0 ] && flags=(--quick --dtypes fp32 --time-budget-s 60)  # --quick times batch 1/32/256
 rc=0
