@@ -319,6 +319,17 @@ def http_json(url: str, payload: Optional[dict] = None, timeout: float = 30.0) -
         return json.loads(r.read().decode() or "null")
 
 
+def http_post(url: str, payload: dict, timeout: float = 30.0) -> Tuple[int, str]:
+    """POST a JSON body; (status, reply text) -- SGLang's /start_profile answers in plain text."""
+    req = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
 def http_text(url: str, timeout: float = 10.0) -> Tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
@@ -847,6 +858,54 @@ def _jitcache_member(info: tarfile.TarInfo) -> Optional[tarfile.TarInfo]:
     return None if top == "triton" and info.isfile() and info.name.endswith(TRITON_IR_SUFFIXES) else info
 
 
+def run_profile(url: str, driver, bench_argv: List[str], tdir: Path, *, batch: int, steps: int, delay_s: float,
+                deadline: float, bench_timeout: float) -> Dict[str, Any]:
+    """One bench_serving run (``bench_argv``, at concurrency ``batch``) with SGLang's torch profiler on for
+    ``steps`` forward steps, started ``delay_s`` into the run (GPU kernels only, no stacks), then the trace
+    reduced by eval/profile_trace.py.  The run's throughput is not a speed result (the profiler perturbs it)."""
+    from eval import profile_trace
+
+    tdir.mkdir(parents=True, exist_ok=True)
+    out: Dict[str, Any] = {"batch": batch, "steps": steps, "delay_s": delay_s}
+    req = {"output_dir": str(tdir.resolve()), "num_steps": steps, "activities": ["GPU"],
+           "with_stack": False, "record_shapes": False, "profile_by_stage": False}
+    posted: Dict[str, Any] = {}
+
+    def start() -> None:
+        time.sleep(delay_s)
+        try:
+            code, text = http_post(url + "/start_profile", req, timeout=max(10.0, deadline - time.time()))
+            if code != 200:
+                posted["error"] = f"/start_profile answered {code}: {text[:200]}"
+        except Exception as e:  # noqa: BLE001 - recorded below
+            posted["error"] = f"{type(e).__name__}: {e}"
+
+    t = threading.Thread(target=start, daemon=True)
+    t.start()
+    res = driver.run(bench_argv, timeout=min(bench_timeout, max(10.0, deadline - time.time())))
+    t.join(timeout=max(1.0, min(120.0, deadline - time.time())))
+    out.update(bench_ok=res.get("ok"), start_profile=posted.get("error") or "ok")
+    trace = None
+    until = min(time.time() + 60.0, deadline)
+    while True:  # SGLang writes the trace after the last traced step
+        trace = profile_trace.find_trace(tdir)
+        if trace is not None or time.time() >= until or "error" in posted:
+            break
+        time.sleep(1.0)
+    if trace is None:
+        out["error"] = posted.get("error") or f"no trace under {tdir}"
+        return out
+    for attempt in range(5):  # the exporter may still be writing it
+        try:
+            out.update(profile_trace.summarize_file(trace, steps), trace=str(trace))
+            out.pop("error", None)
+            break
+        except (OSError, ValueError, EOFError) as e:
+            out["error"] = f"unreadable trace {trace.name}: {type(e).__name__}: {e}"
+            time.sleep(2.0)
+    return out
+
+
 # ---------------------------------------------------------------------------------
 # the run
 # ---------------------------------------------------------------------------------
@@ -981,6 +1040,26 @@ class PhaseRun:
                 f"({'ok' if entry['ok'] else entry.get('error')})")
             rec["bench"].append(entry)
             progress.step(f"{phase.label} b{b}")
+        if args.profile_batch:
+            if time.time() > deadline - args.reserve_s:
+                rec["profile"] = {"batch": args.profile_batch, "skipped": "deadline"}
+            else:
+                rec["profile"] = self._profile(driver, deadline)
+
+    def _profile(self, driver: "BenchDriver", deadline: float) -> Dict[str, Any]:
+        args, label, b = self.args, self.phase.label, self.args.profile_batch
+        argv = bench_serving_argv(self.server.url, self.model, b, args,
+                                  str(self.logdir / f"bench-{label}-profile-b{b}.jsonl"))
+        out = run_profile(self.server.url, driver, argv, self.logdir / f"profile-{label}", batch=b,
+                          steps=args.profile_steps, delay_s=args.profile_delay_s, deadline=deadline,
+                          bench_timeout=args.bench_timeout)
+        if out.get("trace"):
+            out["trace"] = str(Path(out["trace"]).relative_to(self.logdir))
+            log(f"{label}: profile at batch {b}: {out['kernel_us_per_step']:.0f} us of kernels per step over "
+                f"{out['span_us_per_step']:.0f} us (busy {100 * (out['busy_fraction'] or 0):.0f}%)")
+        else:
+            log(f"{label}: profile at batch {b}: {out.get('error')}")
+        return out
 
     def finish(self) -> Dict[str, Any]:
         from eval import weights
@@ -1182,6 +1261,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--sim-acc-token-mode", default="real-draft-token")
     sp.add_argument("--no-spec-parity", dest="spec_parity", action="store_false", default=True,
                     help="skip the extra parity servers of a spec run")
+    pr = p.add_argument_group("profile (eval/profile_trace.py)")
+    pr.add_argument("--profile-batch", type=int, default=0, metavar="B",
+                    help="after the speed runs, one more bench_serving run at concurrency B on each server while "
+                         "SGLang's /start_profile traces --profile-steps forward steps (GPU kernels only); the "
+                         "result gets each arm's kernel time per step by group and the trace (0: off)")
+    pr.add_argument("--profile-steps", type=int, default=20, help="forward steps in the traced window")
+    pr.add_argument("--profile-delay-s", type=float, default=3.0,
+                    help="seconds into the profiled run before tracing starts (the batch fills first)")
     pa = p.add_argument_group("parity")
     pa.add_argument("--parity-prompts", type=int, default=8)
     pa.add_argument("--parity-tokens", type=int, default=1024)

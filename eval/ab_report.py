@@ -121,6 +121,37 @@ def _parity_lines(par: Dict[str, Any], a: Optional[str], b: Optional[str]) -> st
     return "\n".join(out)
 
 
+def profile_section(res: Dict[str, Any]) -> Optional[str]:
+    """Per arm with a ``profile`` record: kernel time per step by group, side by side (None when no arm has
+    one).  The traced run is an extra bench_serving run at the profile batch, not a speed result."""
+    from eval import profile_trace
+
+    arms = res.get("arms", {})
+    prof = {label: arms[label].get("profile") for label in _labels(res) if arms[label].get("profile")}
+    if not prof:
+        return None
+    out = []
+    done = {k: p for k, p in prof.items() if p.get("by_group")}
+    for label, p in prof.items():
+        if label not in done:
+            out.append(f"- {label}: no profile ({p.get('skipped') or p.get('error') or 'no trace'})")
+    if len(done) == 2:
+        (la, pa), (lb, pb) = done.items()
+        rows = [[g, report.fmt(x, 1), report.fmt(y, 1), report.fmt(d, 1)]
+                for g, x, y, d in profile_trace.compare_groups(pa, pb)]
+        out.insert(0, report.markdown_table(["kernel group", f"{la} µs/step", f"{lb} µs/step", f"{lb} − {la}"], rows))
+    else:
+        for label, p in done.items():
+            rows = [[g, report.fmt(us, 1)] for g, us in p["by_group"].items()]
+            out.append(f"\n{label}:\n\n" + report.markdown_table(["kernel group", "µs/step"], rows))
+    for label, p in done.items():
+        out.append(f"\n- {label}: batch {p.get('batch')}, {p.get('steps')} steps from {p.get('delay_s')} s into the "
+                   f"run; GPU busy {report.fmt(100 * (p.get('busy_fraction') or 0), 1)}% of the traced span; "
+                   f"trace `{p.get('trace')}`; largest kernels: "
+                   + "; ".join(f"{t['name'][:60]} {report.fmt(t['us_per_step'], 1)} µs" for t in p.get("top", [])[:5]))
+    return "\n".join(out)
+
+
 def markdown(res: Dict[str, Any]) -> str:
     s = res.get("summary", {})
     m = res.get("model", {})
@@ -152,6 +183,9 @@ def markdown(res: Dict[str, Any]) -> str:
                 ("Speed (sglang.bench_serving)", speed_table(res)),
                 ("Servers", server_table(res)),
                 ("Parity (greedy, same prompts)", parity_section(res))]
+    prof = profile_section(res)
+    if prof:
+        sections.append(("GPU kernel time per forward step (torch profiler, eval/profile_trace.py)", prof))
     cmds = []
     for label, p in {**res.get("arms", {}), **res.get("extra_servers", {})}.items():
         env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in (p.get("env") or {}).items())

@@ -1,8 +1,9 @@
 """A stand-in for ``python -m sglang.launch_server`` on a CPU (tests of eval/ab.py only).
 
 Speaks the parts of SGLang's HTTP API the harness and ``sglang.bench_serving`` use:
-``/health``, ``/v1/models``, ``/model_info``, ``/server_info``, ``/metrics``, ``/flush_cache``
-and ``/generate`` (token-id input, greedy, optional top-k logprobs, SSE streaming).  Tokens
+``/health``, ``/v1/models``, ``/model_info``, ``/server_info``, ``/metrics``, ``/flush_cache``,
+``/start_profile`` (writes a small synthetic GPU trace) and ``/generate`` (token-id input, greedy,
+optional top-k logprobs, SSE streaming).  Tokens
 are a deterministic function of the context, so two instances agree exactly;
 ``--fake-flip-at P`` swaps the top-2 tokens of prompt 0 at generated position P (a
 near-tie when ``--fake-gap`` is small), to exercise the parity report.
@@ -74,6 +75,36 @@ class State:
     requests = 0
 
 
+# GPU kernels of one traced forward step: (name, category, microseconds); the stand-in for the replay arm swaps
+# the SSM update for a replay kernel of a third of its time
+STEP_KERNELS = (("nvjet_tst_128x64_gemm", "kernel", 200.0), ("_selective_scan_update_kernel", "kernel", 90.0),
+                ("_causal_conv1d_update_kernel", "kernel", 12.0), ("BatchDecodeWithPagedKVCacheKernel", "kernel", 30.0),
+                ("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", 3.0))
+
+
+def write_trace(req: dict, replay: bool) -> str:
+    """A Chrome trace of req["num_steps"] steps of STEP_KERNELS under req["output_dir"], named as SGLang
+    names it; 20 us of idle GPU between steps."""
+    import gzip
+
+    steps = int(req.get("num_steps") or 1)
+    events, ts = [], 1000.0
+    for _ in range(steps):
+        for name, cat, dur in STEP_KERNELS:
+            if replay and name.startswith("_selective"):
+                name, dur = "_mamba2_replay_kernel", dur / 3
+            events.append({"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": 7})
+            ts += dur
+        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "ts": ts, "dur": 5.0, "pid": 1, "tid": 1})
+        ts += 20.0
+    os.makedirs(req["output_dir"], exist_ok=True)
+    path = os.path.join(req["output_dir"], f"{time.time():.3f}-TP-0.trace.json.gz")
+    with gzip.open(path + ".tmp", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    os.replace(path + ".tmp", path)
+    return path
+
+
 def make_handler(state: State):
     class H(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -118,6 +149,9 @@ def make_handler(state: State):
             path = self.path.split("?")[0]
             if path == "/flush_cache":
                 return self._send(200, b"")
+            if path == "/start_profile":
+                write_trace(body, replay=bool(os.environ.get("SGLANG_REPLAYSSM_ENABLE")))
+                return self._send(200, b"Start profiling.\n", "text/plain")
             if path != "/generate":
                 return self._send(404, {"error": path})
             state.requests += 1
