@@ -11,7 +11,13 @@
 # packaged file with each verify family's fastest correct variant) and a copy in .replayssm-picked.yaml at the
 # repo root (git-ignored; the GPU host keeps it for the next call, which can serve with
 # SGLANG_REPLAYSSM_KERNEL_CONFIG=$PWD/.replayssm-picked.yaml).
+#
+# BENCH=kernels times the standard-decode kernels instead (eval/bench_kernels.py against SGLang's decode kernels;
+# files kernels-<name>.*, packed into $OUT/kernels-variants.tgz; no pick: read the tables), with its own default
+# candidates below.
 set -uo pipefail
+BENCH="${BENCH:-spec}"
+case "$BENCH" in spec|kernels) ;; *) echo "BENCH must be spec or kernels, got '$BENCH'" >&2; exit 2;; esac
 OUT="${OUT:-/tmp/replayssm-spec-variants}"
 W="$(mktemp -d /tmp/spec-variants.XXXXXX)"  # per-variant files; packed into $OUT at the end
 mkdir -p "$OUT"
@@ -24,7 +30,18 @@ while [ $# -gt 0 ]; do
   if [ "$1" = "--" ]; then shift; flags=("$@"); break; fi
   variants+=("$1"); shift
 done
-if [ ${#variants[@]} -eq 0 ]; then
+if [ ${#variants[@]} -eq 0 ] && [ "$BENCH" = kernels ]; then
+  # Decode candidates (eval/results/kernels-h200.json at batch 1: Mamba2 0.76x and GDN 0.74x stock, each with a
+  # pre-kernel launch before the decode kernel; at batch 256 GDN 1.37x).  Offline (eval/gdn_sass.py): the fold
+  # flush takes GDN's flush path from 1970 to 1538 SASS per warp; cvt rounds the 16-bit stores in fewer
+  # instructions (bf16 outputs); the batch-1 inline switches skip the pre-kernels.
+  variants=("packaged="
+            "inline1=mamba2_output_only: {default: {inline_bc_max_batch: 1}}
+gdn_decode: {default: {inline_scores_max_batch: 1}}"
+            "fold-cvt=gdn_decode: {default: {flush: rank1_fold, cast: cvt}}"
+            "inline8-fold=mamba2_output_only: {default: {inline_bc_max_batch: 8}}
+gdn_decode: {default: {inline_scores_max_batch: 8, flush: rank1_fold}}")
+elif [ ${#variants[@]} -eq 0 ]; then
   # Round 3 candidates on top of the packaged H200 file (round 2, eval/results/spec-variants-h200/README.md:
   # Mamba2 `nonflush: stream` 4.08x stock at batch 256, 48% of copy bandwidth; GDN capped at 168 registers
   # 2.11x, 38%).  Offline sm_90a builds (eval/verify_sass.py, 2026-11-30): the streamed Mamba2 tile spills at
@@ -60,12 +77,12 @@ PY
   fi
   echo "== variant $name ${cfg:+($cfg)}"
   SGLANG_REPLAYSSM_KERNEL_CONFIG="$cfg" timeout "${VARIANT_TIMEOUT:-150}" \
-    python3 -m eval.bench_spec --out "$W/spec-$name.json" "${flags[@]}" >"$W/spec-$name.log" 2>&1
+    python3 -m "eval.bench_$BENCH" --out "$W/$BENCH-$name.json" "${flags[@]}" >"$W/$BENCH-$name.log" 2>&1
   r=$?; [ "$r" = 0 ] || rc=$r
-  tail -12 "$W/spec-$name.log"
+  tail -12 "$W/$BENCH-$name.log"
 done
-if python3 -m eval.pick_verify_config "$W"/spec-*.json --out "$OUT/h200-picked.yaml"; then
+if [ "$BENCH" = spec ] && python3 -m eval.pick_verify_config "$W"/spec-*.json --out "$OUT/h200-picked.yaml"; then
   cp "$OUT/h200-picked.yaml" .replayssm-picked.yaml
 fi
-tar czf "$OUT/spec-variants.tgz" -C "$W" . && echo "packed $(ls "$W" | wc -l) files into $OUT/spec-variants.tgz"
+tar czf "$OUT/$BENCH-variants.tgz" -C "$W" . && echo "packed $(ls "$W" | wc -l) files into $OUT/$BENCH-variants.tgz"
 exit "$rc"

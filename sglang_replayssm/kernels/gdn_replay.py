@@ -41,7 +41,8 @@ Launches and tiles
 ``scores=pre`` (default): a small pre-kernel, grid (batch, Hk), computes per (row,
 k-head) (k^_j . q^, k^_j . k^, 1/|k_j|) for j < w into a per-call fp32 scratch
 [batch, Hk, 3, LP] (LP = max(16, next_pow2(L-1))); the decode kernel then never
-holds the [LP, K] key tile (``scores=inline`` computes the same per program).
+holds the [LP, K] key tile (``scores=inline`` computes the same per program; with ``scores=pre``,
+batches of at most ``inline_scores_max_batch`` rows do too, in one launch).
 Decode grid ``(cdiv(V, BV * v_tiles), batch, HV)``: each program owns ``v_tiles``
 tiles of BV value rows x the whole K row of one (row, v-head).
 
@@ -135,6 +136,9 @@ GDN_DEFAULT_LAUNCH: Dict[str, Any] = {
     "maxnreg": 0,  # register cap (0: none)
     "scores": "pre",  # "pre": key scores per (row, k-head) in a small pre-kernel; "inline": per program
     "scores_num_warps": 1,
+    # batches of at most this many rows keep the scores inline with "pre" (one launch instead of two: at
+    # batch 1 the pre-kernel's launch costs more than the scores it shares)
+    "inline_scores_max_batch": 0,
     # flush rebuild: "rank1" (fp32 CUDA-core FMAs), "rank1_fold" (the same FMAs in one fused pass, fewer
     # instructions: see _flush_state_fold) or "dot" (tensor cores, dot_precision)
     "flush": "rank1",
@@ -567,7 +571,7 @@ def gdn_launch_params(HV: int, Hk: int, K: int, V: int, L: int, state_dtype=None
         where = "gdn_decode launch config"
         check_dot_precision(cfg["dot_precision"], where)
         check_choices(cfg, {"flush": _FLUSH_MODES, "cast": _CAST_MODES, "scores": _SCORE_MODES}, where)
-        check_ints(cfg, ("maxnreg",), where, 0)
+        check_ints(cfg, ("maxnreg", "inline_scores_max_batch"), where, 0)
         check_ints(cfg, ("BV", "v_tiles", "num_warps", "num_stages", "scores_num_warps"), where, 1)
         if cfg["BV"] & (cfg["BV"] - 1):
             raise ValueError(f"gdn_decode launch config: BV must be a power of two, got {cfg['BV']}")
@@ -704,7 +708,7 @@ def gdn_replay_decode(
     grid = (triton.cdiv(n_tiles, v_tiles), B, HV)
     null = -1 if null_slot is None else int(null_slot)
     use_l2 = bool(use_qk_l2norm)
-    pre = cfg["scores"] == "pre" and L > 1
+    pre = cfg["scores"] == "pre" and L > 1 and B > cfg["inline_scores_max_batch"]  # host-side, per graph batch
     if pre:  # per (row, k-head) scores of the cached keys; scratch is per call (graph-safe)
         scores = torch.empty(B * Hk * 3 * LP, dtype=torch.float32, device=dev)
         _gdn_history_scores_kernel[(B, Hk)](

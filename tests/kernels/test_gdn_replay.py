@@ -323,6 +323,7 @@ VARIANTS = {
     "vtiles3-partial-fold": dict(scores="pre", flush="rank1_fold", BV=16, v_tiles=3),
     "vtiles3-partial-rank1": dict(scores="pre", flush="rank1", BV=16, v_tiles=3),
     "pre-fold-cvt": dict(scores="pre", flush="rank1_fold", cast="cvt"),  # cvt: GPU only (interpreter: bits)
+    "pre-inline-small": dict(scores="pre", flush="rank1", inline_scores_max_batch=2),  # the test's 2 rows: inline
 }
 
 
@@ -832,3 +833,31 @@ def test_launch_config_state_dtype_key_wins(tmp_path, monkeypatch):
     assert (bf["BV"], bf["num_warps"]) == (64, 2)
     assert (fp["BV"], fp["num_warps"]) == (32, 2) and plain == fp
     assert gr.gdn_launch_params(2, 1, 32, 32, 8, torch.bfloat16)["BV"] == 16
+
+
+@pytest.mark.parametrize("limit,want_pre", [(0, True), (1, True), (2, False), (8, False)])
+def test_inline_scores_max_batch_skips_the_pre_kernel(device, seed, tmp_path, monkeypatch, limit, want_pre):
+    """With ``scores: pre``, a batch of at most ``inline_scores_max_batch`` rows launches only the decode
+    kernel (the scores inline), a larger one the score pre-kernel too; both stay on the oracle."""
+    import sglang_replayssm.kernels.gdn_replay as mod
+
+    f = tmp_path / "cfg.yaml"
+    f.write_text(f"gdn_decode:\n  default: {{BV: 32, scores: pre, inline_scores_max_batch: {limit}}}\n")
+    monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
+    launches = []
+    real = mod._gdn_history_scores_kernel
+
+    class Counting:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(mod, "_gdn_history_scores_kernel", Counting())
+    L = 4
+    sim = Sim(device, seed, state_dtype=F32, act_dtype=BF16, **small_geom(L))
+    rows = [2, 5]
+    for s in rows:
+        sim.activate(s)
+    for _ in range(L + 1):
+        sim.step(rows)  # checked against the oracle inside
+    assert bool(launches) is want_pre, (limit, launches)
