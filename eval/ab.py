@@ -1041,16 +1041,18 @@ class PhaseRun:
             rec["bench"].append(entry)
             progress.step(f"{phase.label} b{b}")
         if args.profile_batch:
-            if time.time() > deadline - args.reserve_s:
-                rec["profile"] = {"batch": args.profile_batch, "skipped": "deadline"}
-            else:
-                rec["profile"] = self._profile(driver, deadline)
+            rec["profiles"] = []
+            for b in parse_batches(args.profile_batch):
+                if time.time() > deadline - args.reserve_s:
+                    rec["profiles"].append({"batch": b, "skipped": "deadline"})
+                else:
+                    rec["profiles"].append(self._profile(driver, deadline, b))
 
-    def _profile(self, driver: "BenchDriver", deadline: float) -> Dict[str, Any]:
-        args, label, b = self.args, self.phase.label, self.args.profile_batch
+    def _profile(self, driver: "BenchDriver", deadline: float, b: int) -> Dict[str, Any]:
+        args, label = self.args, self.phase.label
         argv = bench_serving_argv(self.server.url, self.model, b, args,
                                   str(self.logdir / f"bench-{label}-profile-b{b}.jsonl"))
-        out = run_profile(self.server.url, driver, argv, self.logdir / f"profile-{label}", batch=b,
+        out = run_profile(self.server.url, driver, argv, self.logdir / f"profile-{label}-b{b}", batch=b,
                           steps=args.profile_steps, delay_s=args.profile_delay_s, deadline=deadline,
                           bench_timeout=args.bench_timeout)
         if out.get("trace"):
@@ -1262,10 +1264,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-spec-parity", dest="spec_parity", action="store_false", default=True,
                     help="skip the extra parity servers of a spec run")
     pr = p.add_argument_group("profile (eval/profile_trace.py)")
-    pr.add_argument("--profile-batch", type=int, default=0, metavar="B",
-                    help="after the speed runs, one more bench_serving run at concurrency B on each server while "
-                         "SGLang's /start_profile traces --profile-steps forward steps (GPU kernels only); the "
-                         "result gets each arm's kernel time per step by group and the trace (0: off)")
+    pr.add_argument("--profile-batch", default="", metavar="B[,B...]",
+                    help="after the speed runs, one more bench_serving run per listed concurrency on each server "
+                         "while SGLang's /start_profile traces --profile-steps forward steps (GPU kernels only); "
+                         "the result gets each arm's kernel time per step by group and the traces (default: off)")
     pr.add_argument("--profile-steps", type=int, default=20, help="forward steps in the traced window")
     pr.add_argument("--profile-delay-s", type=float, default=3.0,
                     help="seconds into the profiled run before tracing starts (the batch fills first)")
@@ -1317,6 +1319,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         phases = plan_phases(args)
         parse_batches(args.batch)
+        if args.profile_batch:
+            try:
+                parse_batches(args.profile_batch)
+            except ValueError as e:
+                raise ValueError(str(e).replace("--batch", "--profile-batch")) from None
+            if args.profile_steps < 1 or args.profile_delay_s < 0:
+                raise ValueError("--profile-steps takes a positive integer and --profile-delay-s a non-negative "
+                                 f"number, got {args.profile_steps} and {args.profile_delay_s}")
     except ValueError as e:
         print(f"python -m eval.ab: error: {e}", file=sys.stderr)
         return 2

@@ -122,33 +122,41 @@ def _parity_lines(par: Dict[str, Any], a: Optional[str], b: Optional[str]) -> st
 
 
 def profile_section(res: Dict[str, Any]) -> Optional[str]:
-    """Per arm with a ``profile`` record: kernel time per step by group, side by side (None when no arm has
-    one).  The traced run is an extra bench_serving run at the profile batch, not a speed result."""
+    """Per profiled batch, the arms' kernel time per step by group side by side (None when no arm has a
+    ``profiles`` record).  Each traced run is an extra bench_serving run at that batch, not a speed result."""
     from eval import profile_trace
 
     arms = res.get("arms", {})
-    prof = {label: arms[label].get("profile") for label in _labels(res) if arms[label].get("profile")}
-    if not prof:
+    by_batch: Dict[Any, Dict[str, Dict[str, Any]]] = {}
+    for label in _labels(res):
+        for p in arms[label].get("profiles") or []:
+            by_batch.setdefault(p.get("batch"), {})[label] = p
+    if not by_batch:
         return None
     out = []
-    done = {k: p for k, p in prof.items() if p.get("by_group")}
-    for label, p in prof.items():
-        if label not in done:
-            out.append(f"- {label}: no profile ({p.get('skipped') or p.get('error') or 'no trace'})")
-    if len(done) == 2:
-        (la, pa), (lb, pb) = done.items()
-        rows = [[g, report.fmt(x, 1), report.fmt(y, 1), report.fmt(d, 1)]
-                for g, x, y, d in profile_trace.compare_groups(pa, pb)]
-        out.insert(0, report.markdown_table(["kernel group", f"{la} µs/step", f"{lb} µs/step", f"{lb} − {la}"], rows))
-    else:
+    for batch, prof in by_batch.items():
+        out.append(f"### batch {batch}\n")
+        done = {k: p for k, p in prof.items() if p.get("by_group")}
+        for label, p in prof.items():
+            if label not in done:
+                out.append(f"- {label}: no profile ({p.get('skipped') or p.get('error') or 'no trace'})")
+        if len(done) == 2:
+            (la, pa), (lb, pb) = done.items()
+            rows = [[g, report.fmt(x, 1), report.fmt(y, 1), report.fmt(d, 1)]
+                    for g, x, y, d in profile_trace.compare_groups(pa, pb)]
+            out.append(report.markdown_table(["kernel group", f"{la} µs/step", f"{lb} µs/step", f"{lb} − {la}"],
+                                             rows))
+        else:
+            for label, p in done.items():
+                rows = [[g, report.fmt(us, 1)] for g, us in p["by_group"].items()]
+                out.append(f"\n{label}:\n\n" + report.markdown_table(["kernel group", "µs/step"], rows))
         for label, p in done.items():
-            rows = [[g, report.fmt(us, 1)] for g, us in p["by_group"].items()]
-            out.append(f"\n{label}:\n\n" + report.markdown_table(["kernel group", "µs/step"], rows))
-    for label, p in done.items():
-        out.append(f"\n- {label}: batch {p.get('batch')}, {p.get('steps')} steps from {p.get('delay_s')} s into the "
-                   f"run; GPU busy {report.fmt(100 * (p.get('busy_fraction') or 0), 1)}% of the traced span; "
-                   f"trace `{p.get('trace')}`; largest kernels: "
-                   + "; ".join(f"{t['name'][:60]} {report.fmt(t['us_per_step'], 1)} µs" for t in p.get("top", [])[:5]))
+            out.append(f"\n- {label}: {p.get('steps')} steps from {p.get('delay_s')} s into the run; GPU busy "
+                       f"{report.fmt(100 * (p.get('busy_fraction') or 0), 1)}% of the traced span; trace "
+                       f"`{p.get('trace')}`; largest kernels: "
+                       + "; ".join(f"{t['name'][:60]} {report.fmt(t['us_per_step'], 1)} µs"
+                                   for t in p.get("top", [])[:5]))
+        out.append("")
     return "\n".join(out)
 
 

@@ -131,11 +131,21 @@ def test_report_sets_the_arms_profiles_side_by_side(tmp_path):
     assert ab_report.profile_section(res) is None  # no arm profiled: no section
     ta = _trace(tmp_path / "a.trace.json.gz", 3, [("_selective_scan_update_kernel", "kernel", 90.0)], 5.0)
     tb = _trace(tmp_path / "b.trace.json.gz", 3, [("_mamba2_verify_kernel", "kernel", 40.0)], 5.0)
-    res["arms"][a]["profile"] = dict(profile_trace.summarize_file(ta, 3), batch=256, delay_s=3.0, trace="a")
-    res["arms"][b]["profile"] = {"batch": 256, "skipped": "deadline"}
+    res["arms"][a]["profiles"] = [dict(profile_trace.summarize_file(ta, 3), batch=256, delay_s=3.0, trace="a"),
+                                  {"batch": 1, "skipped": "deadline"}]
+    res["arms"][b]["profiles"] = [{"batch": 256, "skipped": "deadline"}]
     text = ab_report.markdown(res)
     assert "GPU kernel time per forward step" in text and f"- {b}: no profile (deadline)" in text
-    res["arms"][b]["profile"] = dict(profile_trace.summarize_file(tb, 3), batch=256, delay_s=3.0, trace="b")
+    assert "### batch 256" in text and "### batch 1\n" in text and f"- {a}: no profile (deadline)" in text
+    res["arms"][b]["profiles"] = [dict(profile_trace.summarize_file(tb, 3), batch=256, delay_s=3.0, trace="b")]
     text = ab_report.markdown(res)
     assert f"| ssm stock | 90.0 | 0.0 | -90.0 |" in text and f"| ssm replay (ours) | 0.0 | 40.0 | 40.0 |" in text
     assert f"{b} − {a}" in text and "_mamba2_verify_kernel 40.0 µs" in text
+
+
+@pytest.mark.parametrize("flags,msg", [(["--profile-batch", "1,x"], "--profile-batch takes comma-separated"),
+                                       (["--profile-batch", "0"], "--profile-batch takes positive"),
+                                       (["--profile-batch", "8", "--profile-steps", "0"], "--profile-steps takes")])
+def test_bad_profile_flags_are_refused_before_anything_starts(capsys, flags, msg):
+    assert ab.main(["--dry-run", *flags]) == 2
+    assert msg in capsys.readouterr().err
