@@ -323,7 +323,6 @@ VARIANTS = {
     "vtiles3-partial-fold": dict(scores="pre", flush="rank1_fold", BV=16, v_tiles=3),
     "vtiles3-partial-rank1": dict(scores="pre", flush="rank1", BV=16, v_tiles=3),
     "pre-fold-cvt": dict(scores="pre", flush="rank1_fold", cast="cvt"),  # cvt: GPU only (interpreter: bits)
-    "pre-inline-small": dict(scores="pre", flush="rank1", inline_scores_max_batch=2),  # the test's 2 rows: inline
 }
 
 
@@ -332,7 +331,11 @@ def test_launch_variants(device, seed, interp_launch, variant):
     params = dict(BV=32, num_warps=4 if "dot" in variant else 1)
     params.update(VARIANTS[variant])
     interp_launch(always=True, **params)
-    L = 4
+    _two_rows_past_a_flush(device, seed)
+
+
+def _two_rows_past_a_flush(device, seed, L=4):
+    """Two live rows (slots 2 and 5) for L + 1 steps, each step checked against the oracle by Sim.step."""
     sim = Sim(device, seed, state_dtype=F32, act_dtype=BF16, **small_geom(L))
     rows = [2, 5]
     for s in rows:
@@ -853,11 +856,5 @@ def test_inline_scores_max_batch_skips_the_pre_kernel(device, seed, tmp_path, mo
             return real[grid]
 
     monkeypatch.setattr(mod, "_gdn_history_scores_kernel", Counting())
-    L = 4
-    sim = Sim(device, seed, state_dtype=F32, act_dtype=BF16, **small_geom(L))
-    rows = [2, 5]
-    for s in rows:
-        sim.activate(s)
-    for _ in range(L + 1):
-        sim.step(rows)  # checked against the oracle inside
+    _two_rows_past_a_flush(device, seed)
     assert bool(launches) is want_pre, (limit, launches)
