@@ -9,6 +9,7 @@
 #   make ab             GPU host: A/B of stock SGLang vs the patched launcher on real servers -> eval/results/
 #   make e2e-summary    parity/decode/spec summaries from the A/B results under eval/results/e2e-h200/
 #   make gpu-test       GPU host: the test suite on CUDA
+#   make carry-size     will the tree + CARRY (default .sglang-bundle) fit the device tool's 64 MiB?
 
 PYTHON ?= python3
 VENV := .venv
@@ -20,7 +21,7 @@ WHEEL_CACHE := .cache/sglang-wheels
 PIP := $(PY) -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 
-.PHONY: test venv doctor serve bench-kernels bench-spec gpu-test clean sglang-wheels ab e2e-summary verify-sass
+.PHONY: test venv doctor serve bench-kernels bench-spec gpu-test clean sglang-wheels ab e2e-summary verify-sass carry-size
 
 venv: $(STAMP)
 
@@ -79,6 +80,10 @@ e2e-summary: venv
 
 verify-sass: venv
 	env -u TRITON_INTERPRET $(PY) -m eval.verify_sass
+
+CARRY ?= .sglang-bundle
+carry-size:
+	$(PYTHON) -m eval.carry_size $(CARRY)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
