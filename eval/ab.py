@@ -130,13 +130,13 @@ def arm_launch(args, kind: str) -> Tuple[str, List[str]]:
     return args.patched_module, extra + (["--replayssm-staged", "true"] if kind == "staged" else [])
 
 
-def parse_batches(text: str) -> List[int]:
+def parse_batches(text: str, flag: str = "--batch") -> List[int]:
     try:
         b = [int(x) for x in str(text).split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"--batch takes comma-separated integers, got {text!r}") from None
+        raise ValueError(f"{flag} takes comma-separated integers, got {text!r}") from None
     if not b or any(x < 1 for x in b):
-        raise ValueError(f"--batch takes positive integers, got {text!r}")
+        raise ValueError(f"{flag} takes positive integers, got {text!r}")
     return sorted(set(b))
 
 
@@ -885,7 +885,6 @@ def run_profile(url: str, driver, bench_argv: List[str], tdir: Path, *, batch: i
     res = driver.run(bench_argv, timeout=min(bench_timeout, max(10.0, deadline - time.time())))
     t.join(timeout=max(1.0, min(120.0, deadline - time.time())))
     out.update(bench_ok=res.get("ok"), start_profile=posted.get("error") or "ok")
-    trace = None
     until = min(time.time() + 60.0, deadline)
     while True:  # SGLang writes the trace after the last traced step
         trace = profile_trace.find_trace(tdir)
@@ -895,7 +894,7 @@ def run_profile(url: str, driver, bench_argv: List[str], tdir: Path, *, batch: i
     if trace is None:
         out["error"] = posted.get("error") or f"no trace under {tdir}"
         return out
-    for attempt in range(5):  # the exporter may still be writing it
+    for _ in range(5):  # the exporter may still be writing it
         try:
             out.update(profile_trace.summarize_file(trace, steps), trace=str(trace))
             out.pop("error", None)
@@ -903,6 +902,8 @@ def run_profile(url: str, driver, bench_argv: List[str], tdir: Path, *, batch: i
         except (OSError, ValueError, EOFError) as e:
             out["error"] = f"unreadable trace {trace.name}: {type(e).__name__}: {e}"
             time.sleep(2.0)
+    if out.get("kernels") == 0:
+        out["error"] = f"no GPU kernel events in {trace.name}"
     return out
 
 
@@ -1057,6 +1058,7 @@ class PhaseRun:
                           bench_timeout=args.bench_timeout)
         if out.get("trace"):
             out["trace"] = str(Path(out["trace"]).relative_to(self.logdir))
+        if "error" not in out:
             log(f"{label}: profile at batch {b}: {out['kernel_us_per_step']:.0f} us of kernels per step over "
                 f"{out['span_us_per_step']:.0f} us (busy {100 * (out['busy_fraction'] or 0):.0f}%)")
         else:
@@ -1320,10 +1322,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         phases = plan_phases(args)
         parse_batches(args.batch)
         if args.profile_batch:
-            try:
-                parse_batches(args.profile_batch)
-            except ValueError as e:
-                raise ValueError(str(e).replace("--batch", "--profile-batch")) from None
+            parse_batches(args.profile_batch, "--profile-batch")
             if args.profile_steps < 1 or args.profile_delay_s < 0:
                 raise ValueError("--profile-steps takes a positive integer and --profile-delay-s a non-negative "
                                  f"number, got {args.profile_steps} and {args.profile_delay_s}")

@@ -101,7 +101,9 @@ kernel re-rounds the checkpoint to the activation dtype).
 Measured on the H200 (eval/results/spec-kernels-h200.md, Qwen3-Next HV32/Hk16/K=V=128, T=4,
 accept 3, fp32 state, amortised over the flush cycle incl. the commit): with the H200 file's
 config (one warp, ``reduce: token``, ``scores: pre``) 553 us per layer at batch 256 against
-SGLang's 972 us (verify + snapshot scatter), 1.74x; 31% of copy bandwidth.  The module
+SGLang's 972 us (verify + snapshot scatter), 1.74x; 31% of copy bandwidth; capped at 168
+registers (``maxnreg``, 12 warps per SM instead of 8) 459 us, 2.11x, 38%
+(eval/results/spec-variants-h200/round2/).  The module
 defaults below (4 warps, broadcast reduction, inline scores) ran at 0.40x: they are kept as
 the portable fallback that every CPU test covers, not as a fast configuration.
 

@@ -149,3 +149,12 @@ def test_report_sets_the_arms_profiles_side_by_side(tmp_path):
 def test_bad_profile_flags_are_refused_before_anything_starts(capsys, flags, msg):
     assert ab.main(["--dry-run", *flags]) == 2
     assert msg in capsys.readouterr().err
+
+
+def test_a_trace_without_gpu_kernels_is_an_error_not_a_summary(tmp_path):
+    tdir = tmp_path / "prof"
+    tdir.mkdir()
+    _trace(tdir / "x-TP-0.trace.json.gz", 3, [], 5.0)  # host events only (e.g. CUPTI saw nothing)
+    out = ab.run_profile(f"http://127.0.0.1:{ab.free_port()}", _Driver(), [], tdir, batch=1, steps=3,
+                         delay_s=0.0, deadline=time.time() + 5, bench_timeout=5)
+    assert out["kernels"] == 0 and out["error"] == "no GPU kernel events in x-TP-0.trace.json.gz"
