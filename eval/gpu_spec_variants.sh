@@ -34,13 +34,13 @@ if [ ${#variants[@]} -eq 0 ] && [ "$BENCH" = kernels ]; then
   # Decode candidates (eval/results/kernels-h200.json at batch 1: Mamba2 0.76x and GDN 0.74x stock, each with a
   # pre-kernel launch before the decode kernel; at batch 256 GDN 1.37x).  Offline (eval/gdn_sass.py): the fold
   # flush takes GDN's flush path from 1970 to 1538 SASS per warp; cvt rounds the 16-bit stores in fewer
-  # instructions (bf16 outputs); the batch-1 inline switches skip the pre-kernels.
+  # instructions (bf16 outputs); the batch-1 inline switches skip the pre-kernels; a cap of 144 registers keeps
+  # GDN decode spill-free with 14 warps per SM instead of 12 (eval/gdn_sass.py, 2026-11-30; 128 spills 40/40).
   variants=("packaged="
             "inline1=mamba2_output_only: {default: {inline_bc_max_batch: 1}}
 gdn_decode: {default: {inline_scores_max_batch: 1}}"
             "fold-cvt=gdn_decode: {default: {flush: rank1_fold, cast: cvt}}"
-            "inline8-fold=mamba2_output_only: {default: {inline_bc_max_batch: 8}}
-gdn_decode: {default: {inline_scores_max_batch: 8, flush: rank1_fold}}")
+            "cap144=gdn_decode: {default: {maxnreg: 144}}")
 elif [ ${#variants[@]} -eq 0 ]; then
   # Round 3 candidates on top of the packaged H200 file (round 2, eval/results/spec-variants-h200/README.md:
   # Mamba2 `nonflush: stream` 4.08x stock at batch 256, 48% of copy bandwidth; GDN capped at 168 registers
