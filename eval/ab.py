@@ -1059,8 +1059,11 @@ class PhaseRun:
         if out.get("trace"):
             out["trace"] = str(Path(out["trace"]).relative_to(self.logdir))
         if "error" not in out:
+            d, sp = out.get("decode_steps"), out.get("step_split") or {}
             log(f"{label}: profile at batch {b}: {out['kernel_us_per_step']:.0f} us of kernels per step over "
-                f"{out['span_us_per_step']:.0f} us (busy {100 * (out['busy_fraction'] or 0):.0f}%)")
+                f"{out['span_us_per_step']:.0f} us (busy {100 * (out['busy_fraction'] or 0):.0f}%)"
+                + (f"; {sp['decode']} whole decode steps of {sp['steps']}: {d['kernel_us_per_step']:.0f} us of "
+                   f"kernels over a {d['span_us_per_step']:.0f} us step" if d else ""))
         else:
             log(f"{label}: profile at batch {b}: {out.get('error')}")
         return out

@@ -142,16 +142,28 @@ def profile_section(res: Dict[str, Any]) -> Optional[str]:
                 out.append(f"- {label}: no profile ({p.get('skipped') or p.get('error') or 'no trace'})")
         if len(done) == 2:
             (la, pa), (lb, pb) = done.items()
+            heads = ["kernel group", f"{la} µs/step", f"{lb} µs/step", f"{lb} − {la}"]
+            if pa.get("decode_steps") and pb.get("decode_steps"):
+                na, nb = pa["step_split"], pb["step_split"]
+                rows = [[g, report.fmt(x, 1), report.fmt(y, 1), report.fmt(d, 1)]
+                        for g, x, y, d in profile_trace.compare_groups(pa["decode_steps"], pb["decode_steps"],
+                                                                       profile_trace.DECODE_WALL)]
+                out.append(f"Decode steps only ({la}: {na['decode']} of {na['steps']} whole steps, "
+                           f"{lb}: {nb['decode']} of {nb['steps']}; the others ran a prefill):\n")
+                out.append(report.markdown_table(heads, rows))
+                out.append("\nWhole traced window (prefill steps included, divided by the steps asked for):\n")
             rows = [[g, report.fmt(x, 1), report.fmt(y, 1), report.fmt(d, 1)]
                     for g, x, y, d in profile_trace.compare_groups(pa, pb)]
-            out.append(report.markdown_table(["kernel group", f"{la} µs/step", f"{lb} µs/step", f"{lb} − {la}"],
-                                             rows))
+            out.append(report.markdown_table(heads, rows))
         else:
             for label, p in done.items():
                 rows = [[g, report.fmt(us, 1)] for g, us in p["by_group"].items()]
                 out.append(f"\n{label}:\n\n" + report.markdown_table(["kernel group", "µs/step"], rows))
         for label, p in done.items():
-            out.append(f"\n- {label}: {p.get('steps')} steps from {p.get('delay_s')} s into the run; GPU busy "
+            sp = p.get("step_split") or {}
+            split = (f" ({sp['decode']} whole decode and {sp['prefill']} prefill steps)" if sp.get("steps")
+                     else " (no whole steps found)" if sp else "")
+            out.append(f"\n- {label}: {p.get('steps')} steps{split} from {p.get('delay_s')} s into the run; GPU busy "
                        f"{report.fmt(100 * (p.get('busy_fraction') or 0), 1)}% of the traced span; trace "
                        f"`{p.get('trace')}`; largest kernels: "
                        + "; ".join(f"{t['name'][:60]} {report.fmt(t['us_per_step'], 1)} µs"

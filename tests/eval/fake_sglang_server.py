@@ -75,11 +75,15 @@ class State:
     requests = 0
 
 
-# GPU kernels of one traced forward step: (name, category, microseconds); the stand-in for the replay arm swaps
-# the SSM update for a replay kernel of a third of its time
+# GPU kernels of one traced forward step: (name, category, microseconds), ending with the greedy sampler's argmax
+# as SGLang's steps do; the stand-in for the replay arm swaps the SSM update for a replay kernel of a third of its
+# time.  Step PREFILL_STEP (of a window of more than that many) also runs PREFILL_KERNEL, a chunked-scan prefill.
 STEP_KERNELS = (("nvjet_tst_128x64_gemm", "kernel", 200.0), ("_selective_scan_update_kernel", "kernel", 90.0),
                 ("_causal_conv1d_update_kernel", "kernel", 12.0), ("BatchDecodeWithPagedKVCacheKernel", "kernel", 30.0),
-                ("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", 3.0))
+                ("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", 3.0),
+                ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>",
+                 "kernel", 4.0))
+PREFILL_KERNEL, PREFILL_STEP = ("_chunk_scan_fwd_kernel", "kernel", 400.0), 2
 
 
 def write_trace(req: dict, replay: bool) -> str:
@@ -89,8 +93,8 @@ def write_trace(req: dict, replay: bool) -> str:
 
     steps = int(req.get("num_steps") or 1)
     events, ts = [], 1000.0
-    for _ in range(steps):
-        for name, cat, dur in STEP_KERNELS:
+    for i in range(steps):
+        for name, cat, dur in ((PREFILL_KERNEL,) if i == PREFILL_STEP else ()) + STEP_KERNELS:
             if replay and name.startswith("_selective"):
                 name, dur = "_mamba2_replay_kernel", dur / 3
             events.append({"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": 7})
