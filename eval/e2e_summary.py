@@ -25,6 +25,8 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from eval import ab_report, models, report
 
+DECODE_STEP_KEYS = ("nemotron_h_decode_step_speedup_bs256", "nemotron_h_decode_step_speedup_bs1",
+                    "gdn_decode_step_speedup_bs256", "upstream_decode_step_speedup_bs256")
 DECODE_TARGETS = {"nemotron_h_speedup_bs256": 1.4, "nemotron_h_speedup_bs1": 0.98,
                   "gdn_speedup_bs256": 1.25, "gdn_vs_upstream_bs256": 1.05}
 SPEED_KEYS = ("spec_vs_stock_spec", "spec_vs_stock_nonspec", "capacity_ratio")  # spec_speed row keys the targets read
@@ -82,10 +84,21 @@ def _geometry(res: Dict[str, Any]) -> Tuple[Optional[str], Optional[str], Option
     return name, size, family
 
 
+def _ssm_state(h: Dict[str, Any]) -> str:
+    """The SSM state dtype the run's servers were given (``--mamba-ssm-dtype`` in --server-arg), else "default"
+    (the model config's; fp32 for the built-in geometries)."""
+    words = " ".join(h.get("server_arg") or []).split()
+    for i, w in enumerate(words):
+        if w.startswith("--mamba-ssm-dtype"):
+            v = w.split("=", 1)[1] if "=" in w else (words[i + 1] if i + 1 < len(words) else "")
+            return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(v, v or "default")
+    return "default"
+
+
 def _setup(res: Dict[str, Any]) -> Dict[str, Any]:
     h = _harness(res)
     name, size, family = _geometry(res)
-    return {"model": name, "size": size, "family": family, "cuda_graph": h.get("cuda_graph"),
+    return {"model": name, "size": size, "family": family, "ssm_state": _ssm_state(h), "cuda_graph": h.get("cuda_graph"),
             "radix_cache": h.get("radix_cache", "off"), "spec": h.get("spec"), "sim_acc_len": h.get("sim_acc_len"),
             "git_commit": res.get("git_commit"), "sglang_version": res.get("sglang_version"),
             "gpu": (res.get("gpu") or {}).get("name")}
@@ -135,20 +148,44 @@ def _agg(entries: List[Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def parity_summary(results) -> Dict[str, Any]:
+    """Totals over every staged-vs-stock run; the target (no mismatch, max |Δlogprob| within bound) is judged on
+    the fp32-state runs (the issue's bound is for an fp32 state), the others are summarised by state dtype."""
     ours, refs = parity_entries(results)
+    fp32 = [e for e in ours if e["ssm_state"] in ("default", "fp32")]
     summary = _agg(ours)
     summary["by_family"] = {fam: _agg([e for e in ours if e["family"] == fam])
                             for fam in sorted({e["family"] for e in ours})}
+    summary["by_state"] = {st: _agg([e for e in ours if e["ssm_state"] == st])
+                           for st in sorted({e["ssm_state"] for e in ours})}
     summary["references"] = {w: _agg([e for e in refs if e["what"] == w]) for w in sorted({e["what"] for e in refs})}
     summary["target_max_abs_logprob_diff"] = PARITY_MAX_DLOGPROB
-    summary["target_met"] = bool(ours) and summary["token_mismatches"] == 0 and \
-        (summary["max_abs_logprob_diff"] or 0) <= PARITY_MAX_DLOGPROB
+    summary["fp32_state"] = _agg(fp32)
+    summary["target_met"] = bool(fp32) and summary["fp32_state"]["token_mismatches"] == 0 and \
+        (summary["fp32_state"]["max_abs_logprob_diff"] or 0) <= PARITY_MAX_DLOGPROB
     return {"schema": "replayssm-e2e-parity/1", **provenance(results, (e["file"] for e in ours + refs)),
             "summary": summary, "runs": ours, "references": refs}
 
 
 def _bs_row(res: Dict[str, Any], label: str) -> Dict[int, Dict[str, Any]]:
     return ab_report.bench_rows((res.get("arms") or {}).get(label))
+
+
+def _ts(started: Any) -> float:
+    """A run's ``started`` (UTC, as eval.ab writes it) as a timestamp; 0 when unreadable (sorts first)."""
+    try:
+        return _dt.datetime.strptime(str(started), "%Y-%m-%dT%H:%M:%SZ").timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _decode_steps(res: Dict[str, Any], label: str) -> Dict[int, float]:
+    """batch -> the arm's profiled decode-step wall time (µs), where the run profiled it."""
+    out = {}
+    for p in ((res.get("arms") or {}).get(label) or {}).get("profiles") or []:
+        d = p.get("decode_steps") or {}
+        if d.get("span_us_per_step"):
+            out[int(p["batch"])] = d["span_us_per_step"]
+    return out
 
 
 def decode_speed(results) -> Dict[str, Any]:
@@ -162,6 +199,7 @@ def decode_speed(results) -> Dict[str, Any]:
         if ka != "stock":
             continue
         a, b = _bs_row(res, s["a"]), _bs_row(res, s["b"])
+        pa, pb = _decode_steps(res, s["a"]), _decode_steps(res, s["b"])
         for bs in sorted(set(a) & set(b)):
             rows.append({"model": setup["model"], "family": setup["family"], "arm": kb, "batch": bs,
                          "run_started": res.get("started"),
@@ -169,28 +207,55 @@ def decode_speed(results) -> Dict[str, Any]:
                          "throughput_ratio": report.ratio(b[bs].get("output_throughput"),
                                                           a[bs].get("output_throughput")),
                          "tpot_speedup": report.ratio(a[bs].get("median_tpot_ms"), b[bs].get("median_tpot_ms")),
+                         # the profiled decode steps' wall time, stock over arm (eval/profile_trace.py)
+                         "decode_step_speedup": report.ratio(pa.get(bs), pb.get(bs)) if bs in pa and bs in pb else None,
                          "file": str(f)})
         if kb == "stock":
             noise.append({"model": setup["model"], "geomean": s.get("throughput_ratio_geomean"),
                           "min": s.get("throughput_ratio_min"), "max": s.get("throughput_ratio_max"), "file": str(f)})
 
-    def pick(family: str, arm: str, bs: int, key: str = "throughput_ratio") -> Optional[float]:
-        return next((r[key] for r in rows if r["family"] == family and r["arm"] == arm and r["batch"] == bs), None)
+    rows.sort(key=lambda r: (_ts(r["run_started"]), r["model"], r["arm"], r["batch"]))
+    sources: Dict[str, str] = {}
 
-    def vs_upstream(bs: int) -> Optional[float]:
-        ours = next((r for r in rows if r["family"] == "gdn" and r["arm"] == "staged" and r["batch"] == bs), None)
-        # the upstream arm of the same harness run (same stock baseline)
-        up = next((r for r in rows if r["family"] == "gdn" and r["arm"] == "upstream" and r["batch"] == bs
-                   and ours is not None and (r["model"], r["run_started"]) == (ours["model"], ours["run_started"])),
-                  None)
-        return report.ratio(ours["arm_tok_s"], up["arm_tok_s"]) if ours and up else None
+    def latest(family: str, arm: str, bs: int, key: str) -> Optional[Dict[str, Any]]:
+        """The latest run (by start time) of the family's arm at this batch that measured ``key``."""
+        return next((r for r in reversed(rows) if r["family"] == family and r["arm"] == arm and r["batch"] == bs
+                     and r.get(key) is not None), None)
 
-    summary = {"nemotron_h_speedup_bs256": pick("mamba2", "staged", 256),
-               "nemotron_h_speedup_bs1": pick("mamba2", "staged", 1),
-               "gdn_speedup_bs256": pick("gdn", "staged", 256),
-               "gdn_vs_upstream_bs256": vs_upstream(256),
-               "upstream_speedup_bs256": pick("gdn", "upstream", 256),
+    def pick(name: str, family: str, arm: str, bs: int, key: str = "throughput_ratio") -> Optional[float]:
+        r = latest(family, arm, bs, key)
+        if r is not None:
+            sources[name] = r["file"]
+        return r[key] if r else None
+
+    def vs_upstream(name: str, bs: int) -> Optional[float]:
+        # the latest run with both our arm and the upstream arm at this batch (same stock baseline)
+        for ours in reversed(rows):
+            if (ours["family"], ours["arm"], ours["batch"]) != ("gdn", "staged", bs):
+                continue
+            up = next((r for r in rows if (r["family"], r["arm"], r["batch"]) == ("gdn", "upstream", bs)
+                       and (r["model"], r["run_started"]) == (ours["model"], ours["run_started"])), None)
+            if up is not None:
+                sources[name] = ours["file"]
+                return report.ratio(ours["arm_tok_s"], up["arm_tok_s"])
+        return None
+
+    summary = {"nemotron_h_speedup_bs256": pick("nemotron_h_speedup_bs256", "mamba2", "staged", 256),
+               "nemotron_h_speedup_bs1": pick("nemotron_h_speedup_bs1", "mamba2", "staged", 1),
+               "gdn_speedup_bs256": pick("gdn_speedup_bs256", "gdn", "staged", 256),
+               "gdn_vs_upstream_bs256": vs_upstream("gdn_vs_upstream_bs256", 256),
+               "upstream_speedup_bs256": pick("upstream_speedup_bs256", "gdn", "upstream", 256),
+               # not targets: the profiled decode steps alone (prefill steps and the run's ramp left out)
+               "nemotron_h_decode_step_speedup_bs256": pick("nemotron_h_decode_step_speedup_bs256", "mamba2",
+                                                            "staged", 256, "decode_step_speedup"),
+               "nemotron_h_decode_step_speedup_bs1": pick("nemotron_h_decode_step_speedup_bs1", "mamba2", "staged",
+                                                          1, "decode_step_speedup"),
+               "gdn_decode_step_speedup_bs256": pick("gdn_decode_step_speedup_bs256", "gdn", "staged", 256,
+                                                     "decode_step_speedup"),
+               "upstream_decode_step_speedup_bs256": pick("upstream_decode_step_speedup_bs256", "gdn", "upstream",
+                                                          256, "decode_step_speedup"),
                "noise_floor_stock_vs_stock": noise}
+    summary["sources"] = sources
     summary["targets"] = DECODE_TARGETS
     summary["met"] = {k: (summary[k] is not None and summary[k] >= t) for k, t in DECODE_TARGETS.items()}
     return {"schema": "replayssm-e2e-decode/1", **provenance(results, (r["file"] for r in rows)),
@@ -231,14 +296,8 @@ def spec_speed(results) -> List[Dict[str, Any]]:
         return next((a for a in arms.values() if a["kind"] == kind and a["spec"] == spec
                      and any((b or {}).get("output_throughput") for b in a["bench"].values())), None)
 
-    def ts(started) -> float:
-        try:
-            return _dt.datetime.strptime(str(started), "%Y-%m-%dT%H:%M:%SZ").timestamp()
-        except ValueError:
-            return 0.0
-
     def borrowed_nospec(model, started):
-        cands = [(abs(ts(st) - ts(started)), find(arms, "stock", False))
+        cands = [(abs(_ts(st) - _ts(started)), find(arms, "stock", False))
                  for (m, st), arms in runs.items() if m == model and find(arms, "stock", False) is not None]
         return min(cands, key=lambda c: c[0])[1] if cands else None
 
@@ -297,7 +356,11 @@ def spec_summary(results) -> Dict[str, Any]:
                      "parity_same_simulated_acceptance": _parity_entry(par, f, f"{kb} vs {ka}", setup)
                      if "mismatches" in par else par,
                      "spec_vs_nonspec": {k: _parity_entry(v, f, f"{k} speculative vs stock non-speculative", setup)
-                                         for k, v in svn.items() if "mismatches" in v}})
+                                         for k, v in svn.items() if "mismatches" in v},
+                     # servers that never came up (their log is in the run's folder)
+                     "server_errors": {k: str(a.get("error") or "").split(";")[0]
+                                       for k, a in {**(res.get("arms") or {}), **(res.get("extra_servers") or {})}.items()
+                                       if a.get("status") == "error"}})
     ours = [r["spec_vs_nonspec"].get(r["arms"].split(" vs ")[0]) for r in runs]
     stock = [r["spec_vs_nonspec"].get(r["arms"].split(" vs ")[1]) for r in runs]
     speed = spec_speed(results)
@@ -329,7 +392,8 @@ def _retracted(e: Dict[str, Any]) -> str:
 
 
 def _parity_rows(entries: List[Dict[str, Any]]) -> List[List[Any]]:
-    return [[e["what"], e["model"], e["cuda_graph"], e["radix_cache"], f"{e['prompts']} x {e['tokens_per_prompt']}",
+    return [[e["what"], e["model"], e.get("ssm_state", "default"), e["cuda_graph"], e["radix_cache"],
+             f"{e['prompts']} x {e['tokens_per_prompt']}",
              e["tokens_compared"], e["token_mismatches"], e["near_ties"], report.fmt(e["max_abs_logprob_diff"], 3),
              _retracted(e), f"{Path(e['file']).parent.name}/{Path(e['file']).name}"] for e in entries]
 
@@ -340,7 +404,7 @@ def _source_section(doc: Dict[str, Any]) -> Tuple[str, str]:
                                           "run files": str(len(doc.get("sources", [])))}))
 
 
-PARITY_HEAD = ["comparison", "model", "graphs", "radix", "prompts x tokens", "tokens compared", "mismatches",
+PARITY_HEAD = ["comparison", "model", "state", "graphs", "radix", "prompts x tokens", "tokens compared", "mismatches",
                "near-ties", "max |Δlogprob|", "retracted requests", "file"]
 
 
@@ -351,8 +415,13 @@ def write_parity(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
                      f"max |Δlogprob| {report.fmt(v['max_abs_logprob_diff'], 3)}" for w, v in s["references"].items())
     paths.append(report.write_markdown(out_dir / "parity-decode-h200.md", "Decode parity on the H200", [
         _source_section(doc),
-        ("Summary", report.markdown_kv({k: s[k] for k in ("runs", "tokens_compared", "token_mismatches", "near_ties",
-                                                           "max_abs_logprob_diff", "target_met")})),
+        ("Summary", report.markdown_kv({**{k: s[k] for k in ("runs", "tokens_compared", "token_mismatches",
+                                                              "near_ties", "max_abs_logprob_diff")},
+                                         **{f"{st} state": f"{v['runs']} runs, {v['token_mismatches']} mismatches over "
+                                                           f"{v['tokens_compared']} tokens, max |Δlogprob| "
+                                                           f"{report.fmt(v['max_abs_logprob_diff'], 3)}"
+                                            for st, v in s.get("by_state", {}).items()},
+                                         "target_met (fp32 state)": s["target_met"]})),
         ("Replay server vs stock", report.markdown_table(PARITY_HEAD, _parity_rows(doc["runs"]))),
         ("References: SGLang against itself", refs + "\n\n" + report.markdown_table(PARITY_HEAD,
                                                                                   _parity_rows(doc["references"]))),
@@ -374,19 +443,30 @@ def write_parity(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
 def write_decode(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
     s = doc["summary"]
     paths = [report.write_json(out_dir / "e2e-decode-h200.json", doc)]
-    rows = [[k, report.fmt(s[k], 3), t, "yes" if s["met"][k] else "no"] for k, t in DECODE_TARGETS.items()]
-    brows = [[r["model"], r["arm"], r["batch"], report.fmt(r["stock_tok_s"], 0), report.fmt(r["arm_tok_s"], 0),
-              report.fmt(r["throughput_ratio"], 3), report.fmt(r["tpot_speedup"], 3)] for r in doc["by_batch"]]
+    src = s.get("sources", {})
+    rows = [[k, report.fmt(s[k], 3), t, "yes" if s["met"][k] else "no",
+             Path(src[k]).parent.name if k in src else "—"] for k, t in DECODE_TARGETS.items()]
+    steps = [[k, report.fmt(s.get(k), 3), Path(src[k]).parent.name if k in src else "—"]
+             for k in DECODE_STEP_KEYS if s.get(k) is not None]
+    brows = [[r["model"], r["arm"], r["batch"], r.get("run_started") or "—", report.fmt(r["stock_tok_s"], 0),
+              report.fmt(r["arm_tok_s"], 0), report.fmt(r["throughput_ratio"], 3), report.fmt(r["tpot_speedup"], 3),
+              report.fmt(r.get("decode_step_speedup"), 3)] for r in doc["by_batch"]]
     noise = "\n".join(f"- {n['model']}: stock vs stock geomean {report.fmt(n['geomean'], 3)} "
                       f"(min {report.fmt(n['min'], 3)}, max {report.fmt(n['max'], 3)})"
                       for n in s["noise_floor_stock_vs_stock"]) or "- none"
     paths.append(report.write_markdown(out_dir / "e2e-decode-h200.md", "End-to-end decode speed on the H200", [
         _source_section(doc),
-        ("Targets", report.markdown_table(["metric", "measured", "target", "met"], rows)),
+        ("Targets (each from the latest run that measured it)",
+         report.markdown_table(["metric", "measured", "target", "met", "run"], rows)),
+        ("Profiled decode steps (not targets)",
+         "Stock's decode-step wall time over the arm's, from the torch-profiler window of `eval.ab --profile-batch` "
+         "(eval/profile_trace.py: whole forward steps without a prefill kernel). The throughput ratio also holds "
+         "the run's prefill steps and its ramp up and down, which cost both servers alike.\n\n"
+         + (report.markdown_table(["metric", "measured", "run"], steps) if steps else "- none profiled")),
         ("Noise floor", noise),
         ("By batch (sglang.bench_serving output tokens/s; TPOT p50)",
-         report.markdown_table(["model", "arm", "batch", "stock tok/s", "arm tok/s", "throughput ratio",
-                                "TPOT speedup"], brows)),
+         report.markdown_table(["model", "arm", "batch", "run started", "stock tok/s", "arm tok/s",
+                                "throughput ratio", "TPOT speedup", "profiled decode-step speedup"], brows)),
     ]))
     series = []
     for key in dict.fromkeys((r["model"], r["arm"]) for r in doc["by_batch"]):
@@ -410,8 +490,10 @@ def write_spec(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
         rows.append([r["model"], r["arms"], r["sim_acc_len"], acc,
                      p.get("token_mismatches") if isinstance(p, dict) else None,
                      report.fmt(p.get("max_abs_logprob_diff"), 3) if isinstance(p, dict) else None,
-                     "; ".join(f"{k}: {v['token_mismatches']} mismatches, first at {v['first_divergence']}"
-                               for k, v in r["spec_vs_nonspec"].items())])
+                     "; ".join([f"{k}: {v['token_mismatches']} mismatches, first at {v['first_divergence']}"
+                                for k, v in r["spec_vs_nonspec"].items()]
+                               + ([f"servers failed to start: {', '.join(r['server_errors'])} "
+                                   f"({Path(r['file']).parent.name})"] if r.get("server_errors") else []))])
     speed = [[r["model"], f"{r.get('started', '—')}{'' if r.get('latest', True) else ' (superseded)'}",
               Path(r["file"]).parent.name, r["batch"], report.fmt(r["staged_tok_s"], 0), report.fmt(r["stock_spec_tok_s"], 0),
               report.fmt(r["stock_nonspec_tok_s"], 0) + ("" if r.get("nonspec_same_run", True) or

@@ -173,3 +173,42 @@ def test_spec_nonspec_baseline_borrowed_from_the_nearest_run():
     assert doc["summary"]["capacity_ratio"] == at256["spec-nemotron-h-8b-stream"]["capacity_ratio"]
     assert doc["summary"]["bs256_by_model"]["spec_vs_stock_nonspec"] == {
         "nemotron-h-8b": at256["spec-nemotron-h-8b-stream-nospec"]["spec_vs_stock_nonspec"]}
+
+
+def test_decode_targets_read_the_latest_run_and_its_profiled_decode_steps(tmp_path):
+    res = json.loads((DATA / "ab_result_sample.json").read_text())
+    a, b = res["summary"]["a"], res["summary"]["b"]
+    runs = tmp_path / "runs"
+    report.write_json(runs / "old" / "ab-nemotron-h-8b-stock-vs-staged.json", res)
+    new = _variant(res, scale=1.25)
+    new["started"] = "2099-01-01T00:00:00Z"  # later than the recorded run
+    new["arms"][a]["profiles"] = [{"batch": 256, "decode_steps": {"span_us_per_step": 27000.0}}]
+    new["arms"][b]["profiles"] = [{"batch": 256, "decode_steps": {"span_us_per_step": 18000.0}},
+                                  {"batch": 1, "skipped": "deadline"}]
+    new["arms"][b]["bench"] = [e for e in new["arms"][b]["bench"] if e["batch"] != 1]  # bs1 only in the old run
+    report.write_json(runs / "new" / "ab-nemotron-h-8b-stock-vs-staged.json", new)
+    dec = e2e_summary.decode_speed(e2e_summary.load_results([runs]))["summary"]
+    assert abs(dec["nemotron_h_speedup_bs256"] - 1.25 * _tok_s(res, b, 256) / _tok_s(res, a, 256)) < 1e-9
+    assert Path(dec["sources"]["nemotron_h_speedup_bs256"]).parent.name == "new"
+    assert abs(dec["nemotron_h_speedup_bs1"] - _tok_s(res, b, 1) / _tok_s(res, a, 1)) < 1e-9
+    assert Path(dec["sources"]["nemotron_h_speedup_bs1"]).parent.name == "old"
+    assert abs(dec["nemotron_h_decode_step_speedup_bs256"] - 1.5) < 1e-9
+    assert dec["nemotron_h_decode_step_speedup_bs1"] is None
+
+
+def test_parity_target_is_judged_on_fp32_state_runs(tmp_path):
+    res = json.loads((DATA / "ab_result_sample.json").read_text())
+    s = res["summary"]["parity"]
+    runs = tmp_path / "runs"
+    report.write_json(runs / "f" / "ab-nemotron-h-8b-stock-vs-staged.json", res)
+    bf = copy.deepcopy(res)
+    bf["flags"]["harness"]["server_arg"] = ["--mamba-ssm-dtype bfloat16"]
+    bf["summary"]["parity"].update(mismatches=s["mismatches"] + 3, max_abs_dlogprob=9.0)
+    report.write_json(runs / "b" / "ab-nemotron-h-8b-stock-vs-staged.json", bf)
+    par = e2e_summary.parity_summary(e2e_summary.load_results([runs]))["summary"]
+    assert par["max_abs_logprob_diff"] == 9.0 and par["fp32_state"]["max_abs_logprob_diff"] == s["max_abs_dlogprob"]
+    assert set(par["by_state"]) == {"bf16", "default"} and par["by_state"]["bf16"]["runs"] == 1
+    assert par["target_met"] is (s["mismatches"] == 0 and s["max_abs_dlogprob"] <= 0.05)
+    for args, want in ((["--mamba-ssm-dtype=float16"], "fp16"), (["--x 1", "--mamba-ssm-dtype float32"], "fp32"),
+                       ([], "default"), (["--mamba-ssm-dtype"], "default")):
+        assert e2e_summary._ssm_state({"server_arg": args}) == want
