@@ -118,9 +118,9 @@ SETTINGS: Tuple[Setting, ...] = (
             "launcher's default when --max-running-requests is not given) or sglang (SGLang's own: 48 under "
             "speculative decoding unless --max-running-requests; the default for plugin-only use)", "MODE"),
     Setting("staged", _parse_bool, "EXPERIMENTAL: also apply the staged seams (ring pool, Mamba2/GDN decode and "
-            "verify, spec commit, slot lifecycle). Run on an H200 with CUDA graphs and the overlap scheduler; "
-            "tiny models also with CUDA graphs off and the radix cache (no_buffer); retraction not yet run on a GPU "
-            "(default off)", "BOOL"),
+            "verify, spec commit, slot lifecycle). Run on an H200 with CUDA graphs and the overlap scheduler, NEXTN on "
+            "both real geometries; tiny models also with CUDA graphs off, the radix cache (no_buffer), forced "
+            "retraction and a bf16 state (default off)", "BOOL"),
     Setting("log_level", _choice(LOG_LEVELS), "log level of the sglang_replayssm logger (default info)", "LEVEL"),
     Setting("kernel_config", _parse_path, "YAML file of tuned kernel launch configs "
             "(default: the packaged file for the detected GPU)", "PATH"),

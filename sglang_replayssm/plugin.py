@@ -37,7 +37,7 @@ def activate(cfg: ReplaySSMConfig) -> list:
         patches += staged_patches()
         logger.warning("sglang_replayssm: --replayssm-staged: applying the staged decode/verify seams, which are "
                        "run on an H200 with CUDA graphs and the overlap scheduler, NEXTN included (tiny models also "
-                       "with graphs off, the radix cache and forced retraction); a bf16 state is not yet run on a GPU")
+                       "with graphs off, the radix cache, forced retraction and a bf16 state)")
     newly = apply(patches)
     verify(patches)
     # the launch-config file in force (kernels/common.config_file), named without querying the GPU here
