@@ -26,32 +26,26 @@ class ReplayDecodeError(RuntimeError):
 
 
 # --------------------------------------------------------------------------------------
-# device ops (fixed shapes, no host sync)
+# device ops (fixed shapes, no host sync; one launch each: kernels/decode_cursor.py)
 # --------------------------------------------------------------------------------------
 
 
 def gather_cursors(write_pos, slots):
     """Per-row cursors ``write_pos[slot]``; rows with a negative slot read slot 0."""
-    import torch
+    from ..kernels.decode_cursor import gather_cursors as gather
 
-    return torch.index_select(write_pos, 0, slots.clamp(min=0).long())
+    return gather(write_pos, slots)
 
 
 def advance_cursors(write_pos, slots, wp_rows, buffer_len: int) -> None:
     """After a decode step: ``write_pos[slot] = 0 if w == L-1 else w + 1`` for live rows.
 
     ``w`` is ``wp_rows`` clamped to [0, L-1] (as the kernels clamp it).  Rows with
-    slot <= NULL_SLOT (padding -1, dummy 0) store ``wp_rows`` back, i.e. the unchanged
-    ``write_pos[0]`` they gathered.  In place, fixed shapes, no host sync.
+    slot <= NULL_SLOT (padding -1, dummy 0) store nothing.  In place, fixed shapes, no host sync.
     """
-    import torch
+    from ..kernels.decode_cursor import advance_cursors as advance
 
-    L = int(buffer_len)
-    safe = slots.clamp(min=0).long()
-    w = wp_rows.clamp(0, L - 1)
-    nxt = torch.where(w == L - 1, torch.zeros_like(w), w + 1)
-    nxt = torch.where(slots > NULL_SLOT, nxt, wp_rows)
-    write_pos.index_put_((safe,), nxt.to(write_pos.dtype))
+    advance(write_pos, slots, wp_rows, int(buffer_len), null_slot=NULL_SLOT)
 
 
 # --------------------------------------------------------------------------------------

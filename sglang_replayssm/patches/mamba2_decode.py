@@ -81,9 +81,8 @@ Hook design
    ``max(mamba_map)``, the same rule as SGLang's ``_track_pools`` :733)
    :func:`advance_cursors` stores ``write_pos[slot] = 0 if w == L-1 else w+1`` (``w`` =
    ``wp_rows`` clamped to [0, L-1] exactly as the kernel clamps it) for live rows
-   (slot > 0); padded (-1) and dummy (0) rows write back their own unchanged value of
-   ``write_pos[0]`` (the same value for every such row, so duplicates are harmless).
-   Both are fixed-shape device ops on fixed addresses (``write_pos`` belongs to the
+   (slot > 0); padded (-1) and dummy (0) rows store nothing.
+   Both are one fixed-shape kernel launch each (``kernels/decode_cursor.py``) on fixed addresses (``write_pos`` belongs to the
    pool; the slot tensor is SGLang's static ``state_indices_list`` buffer under graphs):
    no host sync, no data-dependent shape, and one captured graph serves every cursor
    phase.  Why not in ``init_forward_metadata*``: those run outside the graph (and, for
