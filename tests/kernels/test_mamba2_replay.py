@@ -565,6 +565,36 @@ def test_inline_bc_small_batch_single_launch(device, config_file, monkeypatch, p
     assert len(launches) == 6, "the pre-kernel ran for a batch within inline_bc_max_batch"
 
 
+@pytest.mark.parametrize("inline,prec", [(0, (F32, F32)), (8, (F32, F32)), (8, (BF16, BF16))],
+                         ids=["pre-s32a32", "inline-s32a32", "inline-s16b_a16b"])
+def test_state_first_matches_the_oracle(device, config_file, monkeypatch, inline, prec):
+    """state_first: non-flush rows load the checkpoint tile (and, inline, the B window) before the
+    window chain; same results through flushes, desynchronised rows and padding (output-only route)."""
+    from sglang_replayssm.kernels import mamba2_replay as mr
+
+    config_file(f"mamba2_output_only:\n  default: {{state_first: 1, inline_bc_max_batch: {inline}}}\n")
+    flags = []
+    orig = mr._mamba2_replay_kernel
+
+    class Rec:
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                flags.append((kw["STATE_FIRST"], kw["INLINE_BC"]))
+                return orig[grid](*a, **kw)
+            return launch
+
+    monkeypatch.setattr(mr, "_mamba2_replay_kernel", Rec())
+    h = Harness(device, ODD, 4, *prec, n_req=3)
+    h.step([0], "output_only", pads=())
+    h.step([1, 0], "output_only")
+    for _ in range(6):  # L = 4: every row flushes on its own phase
+        h.step([2, 0, 1], "output_only")
+    h.step([1], "output_only", pads=("null", "neg"), pad_wpos=3, out_fill=42.0)
+    assert flags and all(f == (True, bool(inline)) for f in flags), flags
+    h.step([0, 2], "state_and_output")  # the other route ignores it
+    assert flags[-1][0] is False
+
+
 def test_bad_launch_config_raises(device, config_file):
     h = Harness(device, SMALL, 4, F32, F32, n_req=1)
     config_file("mamba2_output_only:\n  default: {BLOCK_M: 8}\n")
