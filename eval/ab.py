@@ -101,24 +101,37 @@ class Phase:
     bench: bool
     parity: bool
     role: str = "arm"           # "arm" | "spec-parity" | "reference"
+    kernel_config: Optional[str] = None  # this arm's kernel launch-config YAML (patched/staged ``@FILE``)
 
 
-def parse_arms(text: str) -> List[Tuple[str, str, bool]]:
-    """``"stock,stock,patched"`` -> [("stock", "stock", False), ("stock-2", "stock", False),
-    ("patched", "patched", False)].  A ``:nospec`` suffix (``stock:nospec``) runs that arm without
+def parse_arms(text: str) -> List[Tuple[str, str, bool, Optional[str]]]:
+    """``"stock,stock,patched"`` -> [("stock", "stock", False, None), ("stock-2", "stock", False, None),
+    ("patched", "patched", False, None)].  A ``:nospec`` suffix (``stock:nospec``) runs that arm without
     the speculative flags of a ``--spec`` run (label ``stock-nospec``): the non-speculative
-    baseline measured in the same run."""
+    baseline measured in the same run.  A patched or staged arm may end in ``@FILE``: that server runs
+    with FILE as its kernel launch-config YAML (``SGLANG_REPLAYSSM_KERNEL_CONFIG``; label
+    ``staged-<file stem>``), so launch variants are compared inside the server in one run."""
     items = [a.strip() for a in text.split(",") if a.strip()]
     if not items:
         raise ValueError("--arms is empty")
     out, seen = [], {}
     for item in items:
-        kind, _, mod = item.partition(":")
-        if kind not in ARM_KINDS or mod not in ("", "nospec"):
-            raise ValueError(f"unknown arm {item!r}; accepted: {', '.join(ARM_KINDS)}, each optionally with :nospec")
+        head, at, cfg = item.partition("@")
+        kind, _, mod = head.partition(":")
+        if kind not in ARM_KINDS or mod not in ("", "nospec") or (at and not cfg):
+            raise ValueError(f"unknown arm {item!r}; accepted: {', '.join(ARM_KINDS)}, each optionally with "
+                             ":nospec, and patched or staged with @<kernel launch-config YAML>")
+        if cfg and kind in STOCK_KINDS:
+            raise ValueError(f"arm {item!r}: a kernel launch-config file (@FILE) applies to patched and staged "
+                             "arms only (stock servers do not run the replay kernels)")
+        if cfg and not Path(cfg).is_file():
+            raise ValueError(f"arm {item!r}: kernel launch-config file {cfg!r} not found")
         base = f"{kind}-nospec" if mod else kind
+        if cfg:
+            base += "-" + (re.sub(r"[^A-Za-z0-9]+", "-", Path(cfg).stem).strip("-") or "config")
         seen[base] = seen.get(base, 0) + 1
-        out.append((base if seen[base] == 1 else f"{base}-{seen[base]}", kind, bool(mod)))
+        out.append((base if seen[base] == 1 else f"{base}-{seen[base]}", kind, bool(mod),
+                    str(Path(cfg).resolve()) if cfg else None))
     return out
 
 
@@ -147,8 +160,8 @@ def plan_phases(args) -> List[Phase]:
     # so simulated runs are comparable token for token (multi-token accepts, rollback, flushes)
     repeatable = sim is None or (float(sim).is_integer() and args.sim_acc_method == "match-expected")
     phases = [Phase(label, kind, spec and not nospec, None if nospec else sim, bench=not args.no_bench,
-                    parity=(not args.no_parity) and repeatable and not (spec and nospec))
-              for label, kind, nospec in parse_arms(args.arms)]
+                    parity=(not args.no_parity) and repeatable and not (spec and nospec), kernel_config=cfg)
+              for label, kind, nospec, cfg in parse_arms(args.arms)]
     if spec and not args.no_parity and args.spec_parity:
         if sim is not None:
             for kind in dict.fromkeys(p.kind for p in phases if p.spec):
@@ -267,6 +280,8 @@ def server_env(base: Dict[str, str], args, phase: Phase, model: ModelSpec, pytho
     if phase.kind in STOCK_KINDS:  # plain SGLang: the replayssm plugin must stay inert
         for k in [k for k in env if k.startswith("SGLANG_REPLAYSSM_")]:
             env.pop(k)
+    if phase.kernel_config:  # this arm's launch configs, over any inherited file
+        env["SGLANG_REPLAYSSM_KERNEL_CONFIG"] = phase.kernel_config
     env["PYTHONPATH"] = os.pathsep.join([*pythonpath, *(x for x in [base.get("PYTHONPATH", "")] if x)])
     env["PYTHONUNBUFFERED"] = "1"
     env.update(model.env)
@@ -1218,8 +1233,10 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("what to run")
     g.add_argument("--model", default="tiny-nemotron-h", help="built-in geometry (--list-models) or a model dir")
     g.add_argument("--arms", default="stock,patched", help="servers in order, each stock, patched, staged (patched + "
-                   "--replayssm-staged true) or upstream (stock + --enable-linear-replayssm); later arms are "
-                   "compared with the first")
+                   "--replayssm-staged true) or upstream (stock + --enable-linear-replayssm), optionally :nospec "
+                   "(a --spec run's non-speculative baseline); a patched or staged arm may end in @FILE, a kernel "
+                   "launch-config YAML that replaces the packaged one for that server only (label <arm>-<file "
+                   "stem>; make one with python -m eval.config_variant); later arms are compared with the first")
     g.add_argument("--batch", default="1,8,32,64", help="bench_serving --max-concurrency values")
     g.add_argument("--input-len", type=int, default=128)
     g.add_argument("--output-len", type=int, default=256)

@@ -31,16 +31,16 @@ while [ $# -gt 0 ]; do
   variants+=("$1"); shift
 done
 if [ ${#variants[@]} -eq 0 ] && [ "$BENCH" = kernels ]; then
-  # Decode candidates (eval/results/kernels-h200.json at batch 1: Mamba2 0.76x and GDN 0.74x stock, each with a
-  # pre-kernel launch before the decode kernel; at batch 256 GDN 1.37x).  Offline (eval/gdn_sass.py): the fold
-  # flush takes GDN's flush path from 1970 to 1538 SASS per warp; cvt rounds the 16-bit stores in fewer
-  # instructions (bf16 outputs); the batch-1 inline switches skip the pre-kernels; a cap of 144 registers keeps
-  # GDN decode spill-free with 14 warps per SM instead of 12 (eval/gdn_sass.py, 2026-11-30; 128 spills 40/40).
+  # Decode candidates on top of the packaged file (which keeps batch 1 inline since 16b18c6; round of
+  # eval/results/kernel-variants-h200/: inline 1.01x / 1.06x stock at batch 1, a GDN cap of 144 registers -3%).
+  # fold-cvt: GDN's fold flush (offline, eval/gdn_sass.py: 1970 -> 1538 SASS per warp on the flush path) and cvt
+  # 16-bit stores, no gain at fp32 state: kept for a bf16-state run.  state-first: Mamba2 non-flush rows load the
+  # checkpoint tile before the ring chain (in the server at batch 1 the kernel takes 8.7 us per layer against
+  # 6.6 in the benchmark, on every call: cold caches; eval/results/e2e-h200/decode-nemotron-h-8b-profile). The
+  # benchmark's warm caches may hide it: judge it by a profiled batch-1 A/B as well (eval.ab --profile-batch 1).
   variants=("packaged="
-            "inline1=mamba2_output_only: {default: {inline_bc_max_batch: 1}}
-gdn_decode: {default: {inline_scores_max_batch: 1}}"
             "fold-cvt=gdn_decode: {default: {flush: rank1_fold, cast: cvt}}"
-            "cap144=gdn_decode: {default: {maxnreg: 144}}")
+            "state-first=mamba2_output_only: {default: {state_first: 1}}")
 elif [ ${#variants[@]} -eq 0 ]; then
   # Round 3 candidates on top of the packaged H200 file (round 2, eval/results/spec-variants-h200/README.md:
   # Mamba2 `nonflush: stream` 4.08x stock at batch 256, 48% of copy bandwidth; GDN capped at 168 registers
@@ -65,15 +65,7 @@ for v in "${variants[@]}"; do
   if [ -n "$body" ]; then
     # the packaged GPU file first, the variant's keys on top (a variant names only what it changes)
     cfg="$W/variant-$name.yaml"
-    python3 - "$cfg" "$body" <<'PY'
-import sys, yaml
-from sglang_replayssm.kernels import common
-base = yaml.safe_load(open(common.config_file())) or {}
-for fam, sec in (yaml.safe_load(sys.argv[2]) or {}).items():
-    for key, entry in sec.items():
-        base.setdefault(fam, {}).setdefault(key, {}).update(entry)
-yaml.safe_dump(base, open(sys.argv[1], "w"))
-PY
+    python3 -m eval.config_variant --out "$cfg" "$body" >/dev/null || { rc=2; continue; }
   fi
   echo "== variant $name ${cfg:+($cfg)}"
   SGLANG_REPLAYSSM_KERNEL_CONFIG="$cfg" timeout "${VARIANT_TIMEOUT:-150}" \

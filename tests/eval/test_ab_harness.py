@@ -42,12 +42,35 @@ def _env():
 # --------------------------------------------------------------------------------
 # plan and command lines
 # --------------------------------------------------------------------------------
+def test_arm_with_its_own_kernel_config(tmp_path):
+    cfg = tmp_path / "state_first.yaml"
+    cfg.write_text("mamba2_output_only:\n  default: {state_first: 1}\n")
+    arms = ab.parse_arms(f"stock,staged,staged@{cfg},patched:nospec@{cfg}")
+    assert arms == [("stock", "stock", False, None), ("staged", "staged", False, None),
+                    ("staged-state-first", "staged", False, str(cfg.resolve())),
+                    ("patched-nospec-state-first", "patched", True, str(cfg.resolve()))]
+    with pytest.raises(ValueError, match="applies to patched and staged arms only"):
+        ab.parse_arms(f"stock@{cfg}")
+    with pytest.raises(ValueError, match="not found"):
+        ab.parse_arms(f"staged@{tmp_path / 'missing.yaml'}")
+    args = _args("--arms", f"stock,staged,staged@{cfg}")
+    ph = ab.plan_phases(args)
+    assert [p.kernel_config for p in ph] == [None, None, str(cfg.resolve())]
+    model = ab.ModelSpec("m", "/m", "/m", True, {}, "tiny", "", "")
+    base = {"SGLANG_REPLAYSSM_KERNEL_CONFIG": "/inherited.yaml"}
+    envs = [ab.server_env(base, args, p, model, []) for p in ph]
+    assert "SGLANG_REPLAYSSM_KERNEL_CONFIG" not in envs[0]  # stock: the plugin stays inert
+    assert envs[1]["SGLANG_REPLAYSSM_KERNEL_CONFIG"] == "/inherited.yaml"
+    assert envs[2]["SGLANG_REPLAYSSM_KERNEL_CONFIG"] == str(cfg.resolve())
+
+
 def test_arms_and_phases():
-    assert ab.parse_arms("stock,stock,patched") == [("stock", "stock", False), ("stock-2", "stock", False),
-                                                   ("patched", "patched", False)]
-    assert ab.parse_arms("stock,staged,stock:nospec") == [("stock", "stock", False), ("staged", "staged", False),
-                                                         ("stock-nospec", "stock", True)]
-    for bad in ("stock,fork", "stock:fast"):
+    assert ab.parse_arms("stock,stock,patched") == [("stock", "stock", False, None), ("stock-2", "stock", False, None),
+                                                   ("patched", "patched", False, None)]
+    assert ab.parse_arms("stock,staged,stock:nospec") == [("stock", "stock", False, None),
+                                                         ("staged", "staged", False, None),
+                                                         ("stock-nospec", "stock", True, None)]
+    for bad in ("stock,fork", "stock:fast", "staged@"):
         with pytest.raises(ValueError, match="unknown arm"):
             ab.parse_arms(bad)
     # the non-speculative baseline arm of a spec run: no spec flags, no simulation, bench only
