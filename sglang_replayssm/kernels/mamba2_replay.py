@@ -316,7 +316,8 @@ def _mamba2_replay_kernel(
     x_cur = tl.load(x_ptr + row * s_x_b + h * s_x_h + offs_m * s_x_p, mask=mask_m, other=0.0).to(tl.float32)
     C = tl.load(C_ptr + row * s_C_b + g * s_C_g + offs_n * s_C_n, mask=mask_n, other=0.0).to(tl.float32)
     if HAS_D:
-        Dv = tl.load(D_ptr + h * s_D_h + offs_m * s_D_p, mask=mask_m, other=0.0).to(tl.float32)
+        if not STATE_FIRST:
+            Dv = tl.load(D_ptr + h * s_D_h + offs_m * s_D_p, mask=mask_m, other=0.0).to(tl.float32)
     if HAS_Z:
         zv = tl.load(z_ptr + row * s_z_b + h * s_z_h + offs_m * s_z_p, mask=mask_m, other=0.0).to(tl.float32)
 
@@ -382,6 +383,8 @@ def _mamba2_replay_kernel(
             y = decay * tl.sum(S * C[None, :], 1) + tl.sum(x_win * (s_w * bc)[None, :], 1)
 
         if HAS_D:
+            if STATE_FIRST:  # loaded here: held from the top it was spilled, and its wait came before the tile
+                Dv = tl.load(D_ptr + h * s_D_h + offs_m * s_D_p, mask=mask_m, other=0.0).to(tl.float32)
             y += Dv * x_cur
         if HAS_Z:
             y *= zv * tl.sigmoid(zv)

@@ -130,9 +130,12 @@ def test_mamba2_ring_matches_the_pool(patched):
 
 
 @pytest.mark.parametrize("ssm", [torch.float32, torch.bfloat16])
-def test_gdn_ring_matches_the_pool(patched, ssm):
+def test_gdn_ring_matches_the_pool(patched, ssm, caplog):
     Hk, HV, K, V = 2, 4, 32, 16
-    pool = make_pool(gdn_params(Hk, HV, K, V, ssm=ssm))
+    with caplog.at_level("WARNING", logger="sglang_replayssm"):
+        pool = make_pool(gdn_params(Hk, HV, K, V, ssm=ssm))
+    # a 16-bit GDN state is served, with a warning that the replay kernel is slower there
+    assert ("bfloat16 SSM state: the replay decode kernel is slower" in caplog.text) == (ssm == torch.bfloat16)
     ring = ring_of(pool)
     temporal = pool.mamba_pool.mamba_cache.temporal
     assert temporal.dtype == ssm and tuple(temporal.shape[2:]) == (HV, V, K)
