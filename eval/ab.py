@@ -130,8 +130,11 @@ def parse_arms(text: str) -> List[Tuple[str, str, bool, Optional[str]]]:
         if cfg:
             base += "-" + (re.sub(r"[^A-Za-z0-9]+", "-", Path(cfg).stem).strip("-") or "config")
         seen[base] = seen.get(base, 0) + 1
-        out.append((base if seen[base] == 1 else f"{base}-{seen[base]}", kind, bool(mod),
-                    str(Path(cfg).resolve()) if cfg else None))
+        label = base if seen[base] == 1 else f"{base}-{seen[base]}"
+        while label in {o[0] for o in out}:  # e.g. staged,staged,staged@2.yaml: "staged-2" twice
+            seen[base] += 1
+            label = f"{base}-{seen[base]}"
+        out.append((label, kind, bool(mod), str(Path(cfg).resolve()) if cfg else None))
     return out
 
 
@@ -1073,6 +1076,10 @@ class PhaseRun:
                           bench_timeout=args.bench_timeout)
         if out.get("trace"):
             out["trace"] = str(Path(out["trace"]).relative_to(self.logdir))
+        if self.phase.spec and "step_split" in out:
+            from eval import profile_trace
+
+            profile_trace.unsplit(out)
         if "error" not in out:
             d, sp = out.get("decode_steps"), out.get("step_split") or {}
             log(f"{label}: profile at batch {b}: {out['kernel_us_per_step']:.0f} us of kernels per step over "

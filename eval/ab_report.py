@@ -161,7 +161,8 @@ def profile_section(res: Dict[str, Any]) -> Optional[str]:
                 out.append(f"\n{label}:\n\n" + report.markdown_table(["kernel group", "µs/step"], rows))
         for label, p in done.items():
             sp = p.get("step_split") or {}
-            split = (f" ({sp['decode']} whole decode and {sp['prefill']} prefill steps)" if sp.get("steps")
+            split = (f" ({sp['skipped']})" if sp.get("skipped") else
+                     f" ({sp['decode']} whole decode and {sp['prefill']} prefill steps)" if sp.get("steps")
                      else " (no whole steps found)" if sp else "")
             out.append(f"\n- {label}: {p.get('steps')} steps{split} from {p.get('delay_s')} s into the run; GPU busy "
                        f"{report.fmt(100 * (p.get('busy_fraction') or 0), 1)}% of the traced span; trace "

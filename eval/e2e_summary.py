@@ -25,6 +25,8 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from eval import ab_report, models, report
 
+# the model each family's decode targets are measured on (the issue's headline geometries)
+TARGET_MODELS = {"mamba2": "nemotron-h-8b", "gdn": "qwen3-next-80b-a3b-e64"}
 DECODE_STEP_KEYS = ("nemotron_h_decode_step_speedup_bs256", "nemotron_h_decode_step_speedup_bs1",
                     "gdn_decode_step_speedup_bs256", "upstream_decode_step_speedup_bs256")
 DECODE_TARGETS = {"nemotron_h_speedup_bs256": 1.4, "nemotron_h_speedup_bs1": 0.98,
@@ -200,9 +202,12 @@ def decode_speed(results) -> Dict[str, Any]:
             continue
         a, b = _bs_row(res, s["a"]), _bs_row(res, s["b"])
         pa, pb = _decode_steps(res, s["a"]), _decode_steps(res, s["b"])
+        # an arm served with its own launch configs (eval.ab staged@FILE) is a variant, not "staged"
+        cfg = (((res.get("arms") or {}).get(s["b"]) or {}).get("phase") or {}).get("kernel_config")
+        arm = f"{kb}@{Path(cfg).name}" if cfg else kb
         for bs in sorted(set(a) & set(b)):
-            rows.append({"model": setup["model"], "family": setup["family"], "arm": kb, "batch": bs,
-                         "run_started": res.get("started"),
+            rows.append({"model": setup["model"], "family": setup["family"], "arm": arm, "batch": bs,
+                         "ssm_state": setup["ssm_state"], "run_started": res.get("started"),
                          "stock_tok_s": a[bs].get("output_throughput"), "arm_tok_s": b[bs].get("output_throughput"),
                          "throughput_ratio": report.ratio(b[bs].get("output_throughput"),
                                                           a[bs].get("output_throughput")),
@@ -217,10 +222,15 @@ def decode_speed(results) -> Dict[str, Any]:
     rows.sort(key=lambda r: (_ts(r["run_started"]), r["model"], r["arm"], r["batch"]))
     sources: Dict[str, str] = {}
 
+    def target_row(r: Dict[str, Any], family: str, arm: str, bs: int) -> bool:
+        """A row the targets may read: the family's headline model, the packaged launch configs (no
+        @FILE variant), an fp32 state (the model default of the built-in geometries)."""
+        return (r["family"], r["arm"], r["batch"]) == (family, arm, bs) and r["model"] == TARGET_MODELS[family] \
+            and r.get("ssm_state", "default") in ("default", "fp32")
+
     def latest(family: str, arm: str, bs: int, key: str) -> Optional[Dict[str, Any]]:
         """The latest run (by start time) of the family's arm at this batch that measured ``key``."""
-        return next((r for r in reversed(rows) if r["family"] == family and r["arm"] == arm and r["batch"] == bs
-                     and r.get(key) is not None), None)
+        return next((r for r in reversed(rows) if target_row(r, family, arm, bs) and r.get(key) is not None), None)
 
     def pick(name: str, family: str, arm: str, bs: int, key: str = "throughput_ratio") -> Optional[float]:
         r = latest(family, arm, bs, key)
@@ -231,10 +241,10 @@ def decode_speed(results) -> Dict[str, Any]:
     def vs_upstream(name: str, bs: int) -> Optional[float]:
         # the latest run with both our arm and the upstream arm at this batch (same stock baseline)
         for ours in reversed(rows):
-            if (ours["family"], ours["arm"], ours["batch"]) != ("gdn", "staged", bs):
+            if not target_row(ours, "gdn", "staged", bs):
                 continue
-            up = next((r for r in rows if (r["family"], r["arm"], r["batch"]) == ("gdn", "upstream", bs)
-                       and (r["model"], r["run_started"]) == (ours["model"], ours["run_started"])), None)
+            up = next((r for r in rows if target_row(r, "gdn", "upstream", bs)
+                       and r["run_started"] == ours["run_started"]), None)
             if up is not None:
                 sources[name] = ours["file"]
                 return report.ratio(ours["arm_tok_s"], up["arm_tok_s"])

@@ -36,7 +36,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 # (group, pattern on the kernel name), first match wins; "other" catches the rest
 GROUPS: Tuple[Tuple[str, str], ...] = (
     # ours are named _mamba2_*/_gdn_* from the start (SGLang's fused_gdn_gating, fused_qkv_split_gdn_prefill are not)
-    ("ssm replay (ours)", r"^_(mamba2|gdn)_\w*kernel|^_spec_commit|^_reset_cursor"),
+    ("ssm replay (ours)", r"^_(mamba2|gdn)_\w*kernel|^_spec_commit|^_reset_cursor|^_decode_cursor"),
     ("ssm stock", r"selective_scan|selective_state|gated_delta|delta_rule|fused_recurrent|_chunk_(state|scan|cumsum)"
                   r"|_state_passing|_bmm_chunk|replay_state"),
     ("conv1d", r"conv1d"),
@@ -119,6 +119,15 @@ def split_steps(events: Iterable[Dict[str, Any]], step_end: str = STEP_END,
             for i, st in enumerate(steps)]
 
 
+SPEC_UNSPLIT = "not split: a speculative step runs the sampler's argmax more than once"
+
+
+def unsplit(p: Dict[str, Any]) -> None:
+    """Drop a profile's step split (a speculative server: draft, verify and draft-extend each sample)."""
+    p.pop("decode_steps", None)
+    p["step_split"] = {"skipped": SPEC_UNSPLIT}
+
+
 def decode_step_summary(events: Iterable[Dict[str, Any]], top: int = 25) -> Dict[str, Any]:
     """How the window splits into steps, and (when it holds any) the decode steps alone: kernel time per decode
     step by group, ``span_us_per_step`` the mean step wall time, ``busy_fraction`` kernel time over wall time."""
@@ -159,6 +168,8 @@ def step_line(s: Dict[str, Any]) -> str:
     """One line on a summary's step split (and its decode steps' kernel time and wall time)."""
     sp = s.get("step_split") or {}
     d = s.get("decode_steps")
+    if sp.get("skipped"):
+        return f"{s.get('trace', 'trace')}: {sp['skipped']}"
     if not sp.get("steps"):
         return f"{s.get('trace', 'trace')}: no whole steps found (no two {STEP_END} kernels)"
     line = f"{s.get('trace', 'trace')}: {sp['steps']} whole steps, {sp['decode']} decode, {sp['prefill']} prefill"
@@ -187,6 +198,7 @@ def rereduce(res: Dict[str, Any], logs: Path, top: int = 25) -> int:
     there leaves its profile as it was."""
     done = 0
     for arm in (res.get("arms") or {}).values():
+        spec = bool((arm.get("phase") or {}).get("spec"))
         for p in arm.get("profiles") or []:
             rel = p.get("trace")
             hits = [Path(logs) / rel] if rel else []
@@ -199,6 +211,10 @@ def rereduce(res: Dict[str, Any], logs: Path, top: int = 25) -> int:
             p.update(keep)
             p.update(summarize_file(trace, int(keep.get("steps") or 1), top))
             p["trace"] = rel
+            if p.get("kernels") == 0:
+                p["error"] = f"no GPU kernel events in {trace.name}"
+            if spec:
+                unsplit(p)
             done += 1
     return done
 

@@ -342,7 +342,7 @@ def build_ring(mamba_pool, cache_params, mamba_layer_ids, cfg: ReplaySSMConfig,
                 "ring length %d, %d layer(s) x %d slots, %.2f MiB", plan.kind,
                 "standard-decode" if window is None else f"spec (verify window {window})", plan.kind_source,
                 plan.dtype_source, plan.geom, ring.ring_len, num_layers, num_slots, ring.nbytes() / (1 << 20))
-    if plan.kind == "gdn" and temporal.dtype != torch.float32:
+    if plan.kind == "gdn" and temporal.dtype != torch.float32 and window is None:  # the decode kernel's cost
         logger.warning("sglang_replayssm: GDN layers with a %s SSM state: the replay decode kernel is slower than "
                        "SGLang's there (H200, Qwen3-Next geometry: 0.70x at batch 256, eval/results/kernels-h200.md; "
                        "it gains with an fp32 state, --mamba-ssm-dtype float32)", str(temporal.dtype).split(".")[-1])

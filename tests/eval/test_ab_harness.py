@@ -49,6 +49,12 @@ def test_arm_with_its_own_kernel_config(tmp_path):
     assert arms == [("stock", "stock", False, None), ("staged", "staged", False, None),
                     ("staged-state-first", "staged", False, str(cfg.resolve())),
                     ("patched-nospec-state-first", "patched", True, str(cfg.resolve()))]
+    labels = [a[0] for a in ab.parse_arms(f"staged,staged,staged@{tmp_path / 'state_first.yaml'},"
+                                        f"staged@{cfg}")]
+    assert labels == ["staged", "staged-2", "staged-state-first", "staged-state-first-2"]
+    (tmp_path / "2.yaml").write_text("{}\n")
+    labels = [a[0] for a in ab.parse_arms(f"staged,staged,staged@{tmp_path / '2.yaml'}")]
+    assert labels == ["staged", "staged-2", "staged-2-2"] and len(set(labels)) == 3  # never two arms with one label
     with pytest.raises(ValueError, match="applies to patched and staged arms only"):
         ab.parse_arms(f"stock@{cfg}")
     with pytest.raises(ValueError, match="not found"):

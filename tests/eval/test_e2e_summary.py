@@ -194,6 +194,23 @@ def test_decode_targets_read_the_latest_run_and_its_profiled_decode_steps(tmp_pa
     assert Path(dec["sources"]["nemotron_h_speedup_bs1"]).parent.name == "old"
     assert abs(dec["nemotron_h_decode_step_speedup_bs256"] - 1.5) < 1e-9
     assert dec["nemotron_h_decode_step_speedup_bs1"] is None
+    # still later runs that the targets must not read: a launch-config variant arm, a bf16 state, another model
+    variant = _variant(res, scale=3.0)
+    variant["started"] = "2099-02-01T00:00:00Z"
+    variant["arms"][b]["phase"]["kernel_config"] = "/x/sf.yaml"
+    bf16 = _variant(res, scale=4.0)
+    bf16["started"] = "2099-03-01T00:00:00Z"
+    bf16["flags"]["harness"]["server_arg"] = ["--mamba-ssm-dtype bfloat16"]
+    other = _variant(res, model="my-mamba2-model", scale=5.0)  # a real Mamba2 model that is not the headline one
+    other["model"].update(size="real", family="mamba2")
+    other["started"] = "2099-04-01T00:00:00Z"
+    for name, r in (("variant", variant), ("bf16", bf16), ("other", other)):
+        report.write_json(runs / name / "ab-nemotron-h-8b-stock-vs-staged.json", r)
+    doc = e2e_summary.decode_speed(e2e_summary.load_results([runs]))
+    assert Path(doc["summary"]["sources"]["nemotron_h_speedup_bs256"]).parent.name == "new"
+    assert {r["arm"] for r in doc["by_batch"]} == {"staged", "staged@sf.yaml"}  # the variant is listed apart
+    assert {r["model"] for r in doc["by_batch"]} == {"nemotron-h-8b", "my-mamba2-model"}
+    assert {r["ssm_state"] for r in doc["by_batch"]} == {"default", "bf16"}
 
 
 def test_parity_target_is_judged_on_fp32_state_runs(tmp_path):

@@ -233,6 +233,7 @@ def test_report_puts_decode_steps_first_when_both_arms_have_them(tmp_path):
 @pytest.mark.parametrize("name,group", [("_mamba2_replay_kernel", "ssm replay (ours)"),
                                         ("_gdn_history_scores_kernel", "ssm replay (ours)"),
                                         ("_spec_commit_kernel", "ssm replay (ours)"),
+                                        ("_decode_cursor_kernel", "ssm replay (ours)"),
                                         ("fused_gdn_gating_kernel", "other"),  # SGLang's, not ours
                                         ("fused_qkv_split_gdn_prefill_kernel", "other"),
                                         ("fused_recurrent_linear_replayssm_decode_kernel", "ssm stock"),
@@ -260,3 +261,14 @@ def test_rereduce_redoes_a_results_profiles_from_its_traces(tmp_path):
     assert p["decode_steps"]["steps"] == 3 and p["batch"] == 8 and p["trace"].startswith("profile-stock-b8/")
     assert q == {"batch": 8, "skipped": "deadline"}
     assert profile_trace.main(["--rereduce", str(path), str(tmp_path / "nowhere")]) == 1  # nothing redone
+    # a speculative server's steps are not split (several sampler kernels per step)
+    res["arms"]["stock"]["phase"] = {"spec": True}
+    assert profile_trace.rereduce(res, logs) == 1
+    p = res["arms"]["stock"]["profiles"][0]
+    assert "decode_steps" not in p and p["step_split"] == {"skipped": profile_trace.SPEC_UNSPLIT}
+    assert "speculative" in profile_trace.step_line(p) and p["by_group"]["ssm stock"] == pytest.approx(70.0)
+    # a trace without kernels keeps its error
+    _trace(logs / "profile-stock-b8" / "1-TP-0.trace.json.gz", 2, [], 5.0)
+    res["arms"]["stock"]["phase"] = {"spec": False}
+    assert profile_trace.rereduce(res, logs) == 1
+    assert res["arms"]["stock"]["profiles"][0]["error"] == "no GPU kernel events in 1-TP-0.trace.json.gz"
