@@ -877,7 +877,7 @@ def _jitcache_member(info: tarfile.TarInfo) -> Optional[tarfile.TarInfo]:
 
 
 def run_profile(url: str, driver, bench_argv: List[str], tdir: Path, *, batch: int, steps: int, delay_s: float,
-                deadline: float, bench_timeout: float) -> Dict[str, Any]:
+                deadline: float, bench_timeout: float, spec: bool = False) -> Dict[str, Any]:
     """One bench_serving run (``bench_argv``, at concurrency ``batch``) with SGLang's torch profiler on for
     ``steps`` forward steps, started ``delay_s`` into the run (GPU kernels only, no stacks), then the trace
     reduced by eval/profile_trace.py.  The run's throughput is not a speed result (the profiler perturbs it)."""
@@ -914,14 +914,13 @@ def run_profile(url: str, driver, bench_argv: List[str], tdir: Path, *, batch: i
         return out
     for _ in range(5):  # the exporter may still be writing it
         try:
-            out.update(profile_trace.summarize_file(trace, steps), trace=str(trace))
+            reduced = profile_trace.reduce_trace(trace, steps, spec=spec)
             out.pop("error", None)
+            out.update(reduced, trace=str(trace))
             break
         except (OSError, ValueError, EOFError) as e:
             out["error"] = f"unreadable trace {trace.name}: {type(e).__name__}: {e}"
             time.sleep(2.0)
-    if out.get("kernels") == 0:
-        out["error"] = f"no GPU kernel events in {trace.name}"
     return out
 
 
@@ -1073,13 +1072,9 @@ class PhaseRun:
                                   str(self.logdir / f"bench-{label}-profile-b{b}.jsonl"))
         out = run_profile(self.server.url, driver, argv, self.logdir / f"profile-{label}-b{b}", batch=b,
                           steps=args.profile_steps, delay_s=args.profile_delay_s, deadline=deadline,
-                          bench_timeout=args.bench_timeout)
+                          bench_timeout=args.bench_timeout, spec=self.phase.spec)
         if out.get("trace"):
             out["trace"] = str(Path(out["trace"]).relative_to(self.logdir))
-        if self.phase.spec and "step_split" in out:
-            from eval import profile_trace
-
-            profile_trace.unsplit(out)
         if "error" not in out:
             d, sp = out.get("decode_steps"), out.get("step_split") or {}
             log(f"{label}: profile at batch {b}: {out['kernel_us_per_step']:.0f} us of kernels per step over "

@@ -97,6 +97,11 @@ def _ssm_state(h: Dict[str, Any]) -> str:
     return "default"
 
 
+def _fp32_state(e: Dict[str, Any]) -> bool:
+    """A run (parity entry or speed row) at an fp32 SSM state: the issue's targets are for one."""
+    return e.get("ssm_state", "default") in ("default", "fp32")
+
+
 def _setup(res: Dict[str, Any]) -> Dict[str, Any]:
     h = _harness(res)
     name, size, family = _geometry(res)
@@ -153,7 +158,7 @@ def parity_summary(results) -> Dict[str, Any]:
     """Totals over every staged-vs-stock run; the target (no mismatch, max |Δlogprob| within bound) is judged on
     the fp32-state runs (the issue's bound is for an fp32 state), the others are summarised by state dtype."""
     ours, refs = parity_entries(results)
-    fp32 = [e for e in ours if e["ssm_state"] in ("default", "fp32")]
+    fp32 = [e for e in ours if _fp32_state(e)]
     summary = _agg(ours)
     summary["by_family"] = {fam: _agg([e for e in ours if e["family"] == fam])
                             for fam in sorted({e["family"] for e in ours})}
@@ -226,7 +231,7 @@ def decode_speed(results) -> Dict[str, Any]:
         """A row the targets may read: the family's headline model, the packaged launch configs (no
         @FILE variant), an fp32 state (the model default of the built-in geometries)."""
         return (r["family"], r["arm"], r["batch"]) == (family, arm, bs) and r["model"] == TARGET_MODELS[family] \
-            and r.get("ssm_state", "default") in ("default", "fp32")
+            and _fp32_state(r)
 
     def latest(family: str, arm: str, bs: int, key: str) -> Optional[Dict[str, Any]]:
         """The latest run (by start time) of the family's arm at this batch that measured ``key``."""

@@ -150,6 +150,17 @@ def summarize_file(path: Path, steps: int, top: int = 25) -> Dict[str, Any]:
     return {"trace": Path(path).name, **summarize(events, steps, top), **decode_step_summary(events, top)}
 
 
+def reduce_trace(path: Path, steps: int, top: int = 25, spec: bool = False) -> Dict[str, Any]:
+    """What eval.ab records of one trace: :func:`summarize_file`, an ``error`` when it holds no GPU kernel,
+    and no step split for a speculative server (:func:`unsplit`)."""
+    out = summarize_file(path, steps, top)
+    if out["kernels"] == 0:
+        out["error"] = f"no GPU kernel events in {Path(path).name}"
+    if spec:
+        unsplit(out)
+    return out
+
+
 def compare_groups(a: Dict[str, Any], b: Dict[str, Any],
                    span_label: str = "span (first to last kernel)") -> List[List[Any]]:
     """Rows [group, a us/step, b us/step, b - a] over the groups either summary has, largest first,
@@ -208,13 +219,8 @@ def rereduce(res: Dict[str, Any], logs: Path, top: int = 25) -> int:
                 continue
             keep = {k: p[k] for k in ("batch", "steps", "delay_s", "bench_ok", "start_profile") if k in p}
             p.clear()
-            p.update(keep)
-            p.update(summarize_file(trace, int(keep.get("steps") or 1), top))
+            p.update(keep, **reduce_trace(trace, int(keep.get("steps") or 1), top, spec))
             p["trace"] = rel
-            if p.get("kernels") == 0:
-                p["error"] = f"no GPU kernel events in {trace.name}"
-            if spec:
-                unsplit(p)
             done += 1
     return done
 
@@ -264,13 +270,12 @@ def _rereduce_main(argv: List[str]) -> int:
     ap.add_argument("logs", help="the run's log directory (the profiles' trace paths are relative to it)")
     ap.add_argument("--out", default=None, help="write here (default: over the result)")
     args = ap.parse_args(argv)
-    opener = gzip.open if args.result.endswith(".gz") else open
-    with opener(args.result, "rt") as f:
-        res = json.load(f)
+    from eval import report
+
+    res = report.read_json(args.result)
     n = rereduce(res, Path(args.logs))
     out = args.out or args.result
-    with (gzip.open if out.endswith(".gz") else open)(out, "wt") as f:
-        json.dump(res, f, indent=1)
+    report.write_json(out, res)
     print(f"{n} profile(s) reduced again from their traces; wrote {out}")
     return 0 if n else 1
 

@@ -47,12 +47,18 @@ def sanitize(obj: Any) -> Any:
 
 
 def write_json(path, obj: Any, indent: int = 1) -> Path:
-    """Write ``obj`` as strict JSON (``allow_nan=False`` after :func:`sanitize`)."""
+    """Write ``obj`` as strict JSON (``allow_nan=False`` after :func:`sanitize`), gzipped for ``*.json.gz``."""
     p = Path(path)
     if p.parent and not p.parent.exists():
         p.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(sanitize(obj), indent=indent, allow_nan=False)
-    p.write_text(text + "\n")
+    text = json.dumps(sanitize(obj), indent=indent, allow_nan=False) + "\n"
+    if p.suffix == ".gz":
+        import gzip
+
+        with gzip.open(p, "wt", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        p.write_text(text)
     return p
 
 

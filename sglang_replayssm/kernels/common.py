@@ -37,6 +37,25 @@ def check_choices(cfg: Dict[str, Any], choices: Dict[str, Tuple[str, ...]], wher
             raise ValueError(f"{where}: {name} must be one of {modes}, got {cfg[name]!r}")
 
 
+def check_index_vectors(fn: str, tensors: Dict[str, Any], contiguous: Tuple[str, ...] = ()) -> None:
+    """Refuse slot / cursor arguments that are not 1-D int32/int64 tensors on the first one's device, or (for
+    the names in ``contiguous``: per-slot cursor tensors) not contiguous."""
+    ref_name, ref = next(iter(tensors.items()))
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in INDEX_DTYPES:
+            raise ValueError(f"{fn}: {name} must be int32 or int64, got {t.dtype}")
+        if t.dim() != 1:
+            raise ValueError(f"{fn}: {name} must be 1-D, got shape {tuple(t.shape)}")
+        if t.device != ref.device:
+            raise ValueError(f"{fn}: {name} is on {t.device} but {ref_name} is on {ref.device}")
+    for name in contiguous:
+        if not tensors[name].is_contiguous():
+            raise ValueError(f"{fn}: {name} must be contiguous (a per-slot cursor tensor), got strides "
+                             f"{tuple(tensors[name].stride())}")
+
+
 def check_ints(cfg: Dict[str, Any], names: Tuple[str, ...], where: str, minimum: int) -> None:
     """Refuse a launch-config entry that is not an int >= ``minimum`` (1: a count; 0: 0 means off)."""
     for name in names:

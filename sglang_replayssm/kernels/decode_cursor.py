@@ -24,8 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INDEX_DTYPES as _INT_DTYPES
-from .common import next_pow2
+from .common import check_index_vectors, next_pow2
 
 __all__ = ["gather_cursors", "advance_cursors", "gather_cursors_ref", "advance_cursors_ref"]
 
@@ -48,17 +47,8 @@ def _decode_cursor_kernel(slot_ptr, wp_ptr, rows_ptr, n, L, null_slot, s_slot,
 
 
 def _check(fn, write_pos, slots, rows=None):
-    for name, t in (("write_pos", write_pos), ("slots", slots)) + ((("rows", rows),) if rows is not None else ()):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in _INT_DTYPES:
-            raise ValueError(f"{fn}: {name} must be int32 or int64, got {t.dtype}")
-        if t.dim() != 1:
-            raise ValueError(f"{fn}: {name} must be 1-D, got shape {tuple(t.shape)}")
-        if t.device != write_pos.device:
-            raise ValueError(f"{fn}: {name} is on {t.device} but write_pos is on {write_pos.device}")
-    if not write_pos.is_contiguous():
-        raise ValueError(f"{fn}: write_pos must be contiguous, got strides {tuple(write_pos.stride())}")
+    check_index_vectors(fn, {"write_pos": write_pos, "slots": slots, **({"rows": rows} if rows is not None else {})},
+                        contiguous=("write_pos",))
     if rows is not None and (tuple(rows.shape) != tuple(slots.shape) or not rows.is_contiguous()):
         raise ValueError(f"{fn}: rows must be contiguous with the shape of slots {tuple(slots.shape)}, "
                          f"got {tuple(rows.shape)} strides {tuple(rows.stride())}")

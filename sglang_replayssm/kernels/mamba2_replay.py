@@ -198,6 +198,13 @@ def _load_B_window(Br_ptr, stride_l, stride_n, offs_w, offs_n, mask_n, n_hist, p
 
 
 @triton.jit
+def _load_B_window_row(Br_base, s_Br_l, s_Br_n, B_row, s_B_n, offs_w, offs_n, mask_n, w):
+    """The B window of a row at cursor ``w``: ring entries 0..w-1 and the current token's B (from ``B_row``)."""
+    B_cur = tl.load(B_row + offs_n * s_B_n, mask=mask_n, other=0.0).to(tl.float32)
+    return _load_B_window(Br_base, s_Br_l, s_Br_n, offs_w, offs_n, mask_n, w, w, B_cur)
+
+
+@triton.jit
 def _rebuild_state(S_ck, total_decay, x_win, B_win, s, DOT_PRECISION: tl.constexpr):
     """S = total_decay · S_ck + x_win @ (s ⊙ B_win), fp32 (tensor cores, tf32x3/ieee)."""
     Bs = B_win * s[:, None]
@@ -336,9 +343,8 @@ def _mamba2_replay_kernel(
             st_tile = st_base + offs_m[:, None] * s_st_p + offs_n[None, :] * s_st_n
             S_pre = tl.load(st_tile, mask=mask_m[:, None] & mask_n[None, :] & (w != L - 1), other=0.0)
             if INLINE_BC:
-                B_pre = _load_B_window(Br_base, s_Br_l, s_Br_n, offs_w, offs_n, mask_n & (w != L - 1), w, w,
-                                       tl.load(B_ptr + row * s_B_b + g * s_B_g + offs_n * s_B_n,
-                                               mask=mask_n & (w != L - 1), other=0.0).to(tl.float32))
+                B_pre = _load_B_window_row(Br_base, s_Br_l, s_Br_n, B_ptr + row * s_B_b + g * s_B_g, s_B_n,
+                                           offs_w, offs_n, mask_n & (w != L - 1), w)
         delta_win = _load_window_delta(dtr_base, s_dtr_l, offs_w, w, w, delta_cur)
         s_w, decay = _window_weights(delta_win, A, offs_w, w)
         x_win = _load_x_window(xr_base, s_xr_l, s_xr_p, offs_m, mask_m, offs_w, w, w, x_cur)
@@ -374,9 +380,8 @@ def _mamba2_replay_kernel(
                 if STATE_FIRST:
                     B_win = B_pre
                 else:
-                    B_cur = tl.load(B_ptr + row * s_B_b + g * s_B_g + offs_n * s_B_n, mask=mask_n,
-                                    other=0.0).to(tl.float32)
-                    B_win = _load_B_window(Br_base, s_Br_l, s_Br_n, offs_w, offs_n, mask_n, w, w, B_cur)
+                    B_win = _load_B_window_row(Br_base, s_Br_l, s_Br_n, B_ptr + row * s_B_b + g * s_B_g, s_B_n,
+                                               offs_w, offs_n, mask_n, w)
                 bc = tl.sum(B_win * C[None, :], 1)
             else:
                 bc = tl.load(bc_ptr + row * s_bc_b + g * s_bc_g + offs_w, mask=offs_w <= w, other=0.0)
@@ -617,7 +622,7 @@ def mamba2_replay_decode(
         DT_SOFTPLUS=bool(dt_softplus), ALWAYS_REBUILD=not output_only,
         DOT_PRECISION=cfg["dot_precision"],
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_NC=BLOCK_NC, WIN=WIN, FLUSH_UNROLL=bool(cfg["flush_unroll"]),
-        INLINE_BC=inline_bc, STATE_FIRST=output_only and bool(int(cfg.get("state_first", 0))),
+        INLINE_BC=inline_bc, STATE_FIRST=output_only and bool(int(cfg["state_first"])),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]),
     )
     return out

@@ -54,7 +54,7 @@ import triton
 import triton.language as tl
 
 from .common import INDEX_DTYPES as _INT_DTYPES
-from .common import next_pow2
+from .common import check_index_vectors, next_pow2
 
 __all__ = ["spec_commit", "spec_reset", "spec_commit_ref", "spec_reset_ref", "spec_ring_len",
            "check_spec_cursors"]
@@ -104,18 +104,8 @@ def _err(fn, msg):
 
 
 def _check(fn, wp, origin, flush, slots, T, R):
-    for name, t in (("wp", wp), ("origin", origin), ("flush", flush), ("slots", slots)):
-        if not isinstance(t, torch.Tensor):
-            _err(fn, f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in _INT_DTYPES:
-            _err(fn, f"{name} must be int32 or int64, got {t.dtype}")
-        if t.dim() != 1:
-            _err(fn, f"{name} must be 1-D, got shape {tuple(t.shape)}")
-        if t.device != wp.device:
-            _err(fn, f"{name} is on {t.device} but wp is on {wp.device}")
-    for name, t in (("wp", wp), ("origin", origin), ("flush", flush)):
-        if not t.is_contiguous():
-            _err(fn, f"{name} must be contiguous (a per-slot cursor tensor), got strides {tuple(t.stride())}")
+    check_index_vectors(fn, {"wp": wp, "origin": origin, "flush": flush, "slots": slots},
+                        contiguous=("wp", "origin", "flush"))
     if origin.shape != wp.shape or flush.shape != wp.shape:
         _err(fn, f"wp, origin and flush must have one shape, got {tuple(wp.shape)}, {tuple(origin.shape)}, "
                  f"{tuple(flush.shape)}")
