@@ -139,6 +139,9 @@ GDN_DEFAULT_LAUNCH: Dict[str, Any] = {
     # batches of at most this many rows keep the scores inline with "pre" (one launch instead of two: at
     # batch 1 the pre-kernel's launch costs more than the scores it shares)
     "inline_scores_max_batch": 0,
+    # V tile for those small batches (0: BV). A bf16 state wants BV 32 at batch >= 32 but 16 at batch 1
+    # (eval/results/kernel-variants-h200/bf16-state/)
+    "inline_BV": 0,
     # flush rebuild: "rank1" (fp32 CUDA-core FMAs), "rank1_fold" (the same FMAs in one fused pass, fewer
     # instructions: see _flush_state_fold) or "dot" (tensor cores, dot_precision)
     "flush": "rank1",
@@ -571,10 +574,11 @@ def gdn_launch_params(HV: int, Hk: int, K: int, V: int, L: int, state_dtype=None
         where = "gdn_decode launch config"
         check_dot_precision(cfg["dot_precision"], where)
         check_choices(cfg, {"flush": _FLUSH_MODES, "cast": _CAST_MODES, "scores": _SCORE_MODES}, where)
-        check_ints(cfg, ("maxnreg", "inline_scores_max_batch"), where, 0)
+        check_ints(cfg, ("maxnreg", "inline_scores_max_batch", "inline_BV"), where, 0)
         check_ints(cfg, ("BV", "v_tiles", "num_warps", "num_stages", "scores_num_warps"), where, 1)
-        if cfg["BV"] & (cfg["BV"] - 1):
-            raise ValueError(f"gdn_decode launch config: BV must be a power of two, got {cfg['BV']}")
+        for name in ("BV", "inline_BV"):
+            if cfg[name] & (cfg[name] - 1):
+                raise ValueError(f"gdn_decode launch config: {name} must be a power of two, got {cfg[name]}")
         _CFG_CACHE[ck] = cfg
     return cfg
 
@@ -701,14 +705,15 @@ def gdn_replay_decode(
 
     cfg = gdn_launch_params(HV, Hk, K, V, L, state.dtype)
     BK = max(16, next_pow2(K))
-    BV = max(16, min(cfg["BV"], next_pow2(V)))
+    small = B <= cfg["inline_scores_max_batch"]  # host-side, per graph batch
+    BV = max(16, min(cfg["inline_BV"] if small and cfg["inline_BV"] else cfg["BV"], next_pow2(V)))
     LP = max(16, next_pow2(max(L - 1, 1)))
     n_tiles = triton.cdiv(V, BV)
     v_tiles = min(cfg["v_tiles"], n_tiles)
     grid = (triton.cdiv(n_tiles, v_tiles), B, HV)
     null = -1 if null_slot is None else int(null_slot)
     use_l2 = bool(use_qk_l2norm)
-    pre = cfg["scores"] == "pre" and L > 1 and B > cfg["inline_scores_max_batch"]  # host-side, per graph batch
+    pre = cfg["scores"] == "pre" and L > 1 and not small
     if pre:  # per (row, k-head) scores of the cached keys; scratch is per call (graph-safe)
         scores = torch.empty(B * Hk * 3 * LP, dtype=torch.float32, device=dev)
         _gdn_history_scores_kernel[(B, Hk)](

@@ -858,3 +858,35 @@ def test_inline_scores_max_batch_skips_the_pre_kernel(device, seed, tmp_path, mo
     monkeypatch.setattr(mod, "_gdn_history_scores_kernel", Counting())
     _two_rows_past_a_flush(device, seed)
     assert bool(launches) is want_pre, (limit, launches)
+
+
+@pytest.mark.parametrize("limit,want_bv", [(1, 32), (2, 16)])
+def test_inline_bv_is_the_tile_of_small_batches(device, seed, tmp_path, monkeypatch, limit, want_bv):
+    """``inline_BV`` replaces BV for batches of at most ``inline_scores_max_batch`` rows only (a bf16 state
+    is fastest with BV 32 at batch >= 32 and 16 at batch 1); either tile stays on the oracle."""
+    import sglang_replayssm.kernels.gdn_replay as mod
+
+    f = tmp_path / "cfg.yaml"
+    f.write_text(f"gdn_decode:\n  default: {{BV: 32, inline_BV: 16, scores: pre, inline_scores_max_batch: {limit}}}\n")
+    monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
+    tiles = []
+    real = mod._gdn_replay_decode_kernel
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                tiles.append(kw["BV"])
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(mod, "_gdn_replay_decode_kernel", Recording())
+    _two_rows_past_a_flush(device, seed)  # batch 2 on every step
+    assert tiles and set(tiles) == {want_bv}, (limit, tiles)
+
+
+def test_inline_bv_must_be_a_power_of_two(tmp_path, monkeypatch):
+    f = tmp_path / "cfg.yaml"
+    f.write_text("gdn_decode:\n  default: {inline_BV: 24}\n")
+    monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
+    with pytest.raises(ValueError, match="inline_BV must be a power of two"):
+        gr.gdn_launch_params(2, 1, 32, 32, 4)
