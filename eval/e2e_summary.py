@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import gzip
+import re
+import statistics
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
@@ -29,6 +32,9 @@ from eval import ab_report, models, report
 TARGET_MODELS = {"mamba2": "nemotron-h-8b", "gdn": "qwen3-next-80b-a3b-e64"}
 DECODE_STEP_KEYS = ("nemotron_h_decode_step_speedup_bs256", "nemotron_h_decode_step_speedup_bs1",
                     "gdn_decode_step_speedup_bs256", "upstream_decode_step_speedup_bs256")
+# not targets either: SGLang's own decode throughput at a full batch (its scheduler log, see steady_decode_tok_s)
+STEADY_KEYS = ("nemotron_h_steady_decode_speedup_bs256", "nemotron_h_steady_decode_speedup_bs1",
+               "gdn_steady_decode_speedup_bs256", "gdn_steady_vs_upstream_bs256")
 DECODE_TARGETS = {"nemotron_h_speedup_bs256": 1.4, "nemotron_h_speedup_bs1": 0.98,
                   "gdn_speedup_bs256": 1.25, "gdn_vs_upstream_bs256": 1.05}
 SPEED_KEYS = ("spec_vs_stock_spec", "spec_vs_stock_nonspec", "capacity_ratio")  # spec_speed row keys the targets read
@@ -195,6 +201,32 @@ def _decode_steps(res: Dict[str, Any], label: str) -> Dict[int, float]:
     return out
 
 
+_DECODE_LOG = re.compile(r"Decode batch, #running-req: (\d+),.*gen throughput \(token/s\): ([0-9.]+)")
+
+
+def steady_decode_tok_s(log: Path, batch: int) -> Optional[float]:
+    """SGLang's own decode throughput at a full batch: the median "gen throughput" of the scheduler's
+    ``Decode batch`` log lines (one per 40 decode steps) that report exactly ``batch`` running requests.
+    Unlike bench_serving's output tokens/s it leaves out the prefill steps, the ramp up and down and the
+    client's gaps between waves of requests, which cost both servers the same seconds. None without such
+    lines (or without the log: ``server-<label>.log[.gz]`` beside the result)."""
+    opener = gzip.open if log.suffix == ".gz" else open
+    vals = []
+    with opener(log, "rt", errors="replace") as f:
+        for line in f:
+            m = _DECODE_LOG.search(line)
+            if m and int(m.group(1)) == batch:
+                vals.append(float(m.group(2)))
+    return statistics.median(vals) if vals else None
+
+
+def _server_log(result_file: Path, label: str) -> Optional[Path]:
+    for name in (f"server-{label}.log.gz", f"server-{label}.log"):
+        if (result_file.parent / name).exists():
+            return result_file.parent / name
+    return None
+
+
 def decode_speed(results) -> Dict[str, Any]:
     rows, noise = [], []
     for f, res in results:
@@ -210,7 +242,9 @@ def decode_speed(results) -> Dict[str, Any]:
         # an arm served with its own launch configs (eval.ab staged@FILE) is a variant, not "staged"
         cfg = (((res.get("arms") or {}).get(s["b"]) or {}).get("phase") or {}).get("kernel_config")
         arm = f"{kb}@{Path(cfg).name}" if cfg else kb
+        logs = {lab: _server_log(Path(f), lab) for lab in (s["a"], s["b"])}
         for bs in sorted(set(a) & set(b)):
+            steady = {lab: steady_decode_tok_s(lg, bs) if lg else None for lab, lg in logs.items()}
             rows.append({"model": setup["model"], "family": setup["family"], "arm": arm, "batch": bs,
                          "ssm_state": setup["ssm_state"], "run_started": res.get("started"),
                          "stock_tok_s": a[bs].get("output_throughput"), "arm_tok_s": b[bs].get("output_throughput"),
@@ -219,6 +253,8 @@ def decode_speed(results) -> Dict[str, Any]:
                          "tpot_speedup": report.ratio(a[bs].get("median_tpot_ms"), b[bs].get("median_tpot_ms")),
                          # the profiled decode steps' wall time, stock over arm (eval/profile_trace.py)
                          "decode_step_speedup": report.ratio(pa.get(bs), pb.get(bs)) if bs in pa and bs in pb else None,
+                         "stock_steady_tok_s": steady[s["a"]], "arm_steady_tok_s": steady[s["b"]],
+                         "steady_decode_speedup": report.ratio(steady[s["b"]], steady[s["a"]]),
                          "file": str(f)})
         if kb == "stock":
             noise.append({"model": setup["model"], "geomean": s.get("throughput_ratio_geomean"),
@@ -243,16 +279,16 @@ def decode_speed(results) -> Dict[str, Any]:
             sources[name] = r["file"]
         return r[key] if r else None
 
-    def vs_upstream(name: str, bs: int) -> Optional[float]:
+    def vs_upstream(name: str, bs: int, key: str = "arm_tok_s") -> Optional[float]:
         # the latest run with both our arm and the upstream arm at this batch (same stock baseline)
         for ours in reversed(rows):
-            if not target_row(ours, "gdn", "staged", bs):
+            if not target_row(ours, "gdn", "staged", bs) or ours.get(key) is None:
                 continue
             up = next((r for r in rows if target_row(r, "gdn", "upstream", bs)
-                       and r["run_started"] == ours["run_started"]), None)
+                       and r["run_started"] == ours["run_started"] and r.get(key) is not None), None)
             if up is not None:
                 sources[name] = ours["file"]
-                return report.ratio(ours["arm_tok_s"], up["arm_tok_s"])
+                return report.ratio(ours[key], up[key])
         return None
 
     summary = {"nemotron_h_speedup_bs256": pick("nemotron_h_speedup_bs256", "mamba2", "staged", 256),
@@ -269,6 +305,13 @@ def decode_speed(results) -> Dict[str, Any]:
                                                      "decode_step_speedup"),
                "upstream_decode_step_speedup_bs256": pick("upstream_decode_step_speedup_bs256", "gdn", "upstream",
                                                           256, "decode_step_speedup"),
+               "nemotron_h_steady_decode_speedup_bs256": pick("nemotron_h_steady_decode_speedup_bs256", "mamba2",
+                                                              "staged", 256, "steady_decode_speedup"),
+               "nemotron_h_steady_decode_speedup_bs1": pick("nemotron_h_steady_decode_speedup_bs1", "mamba2",
+                                                            "staged", 1, "steady_decode_speedup"),
+               "gdn_steady_decode_speedup_bs256": pick("gdn_steady_decode_speedup_bs256", "gdn", "staged", 256,
+                                                       "steady_decode_speedup"),
+               "gdn_steady_vs_upstream_bs256": vs_upstream("gdn_steady_vs_upstream_bs256", 256, "arm_steady_tok_s"),
                "noise_floor_stock_vs_stock": noise}
     summary["sources"] = sources
     summary["targets"] = DECODE_TARGETS
@@ -463,9 +506,12 @@ def write_decode(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
              Path(src[k]).parent.name if k in src else "—"] for k, t in DECODE_TARGETS.items()]
     steps = [[k, report.fmt(s.get(k), 3), Path(src[k]).parent.name if k in src else "—"]
              for k in DECODE_STEP_KEYS if s.get(k) is not None]
+    steady = [[k, report.fmt(s.get(k), 3), Path(src[k]).parent.name if k in src else "—"]
+              for k in STEADY_KEYS if s.get(k) is not None]
     brows = [[r["model"], r["arm"], r["batch"], r.get("run_started") or "—", report.fmt(r["stock_tok_s"], 0),
               report.fmt(r["arm_tok_s"], 0), report.fmt(r["throughput_ratio"], 3), report.fmt(r["tpot_speedup"], 3),
-              report.fmt(r.get("decode_step_speedup"), 3)] for r in doc["by_batch"]]
+              report.fmt(r.get("decode_step_speedup"), 3), report.fmt(r.get("steady_decode_speedup"), 3)]
+             for r in doc["by_batch"]]
     noise = "\n".join(f"- {n['model']}: stock vs stock geomean {report.fmt(n['geomean'], 3)} "
                       f"(min {report.fmt(n['min'], 3)}, max {report.fmt(n['max'], 3)})"
                       for n in s["noise_floor_stock_vs_stock"]) or "- none"
@@ -478,10 +524,17 @@ def write_decode(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
          "(eval/profile_trace.py: whole forward steps without a prefill kernel). The throughput ratio also holds "
          "the run's prefill steps and its ramp up and down, which cost both servers alike.\n\n"
          + (report.markdown_table(["metric", "measured", "run"], steps) if steps else "- none profiled")),
+        ("Steady decode at a full batch (not targets)",
+         "The arm's over stock's median `gen throughput` of SGLang's own `Decode batch` log lines (one per 40 "
+         "decode steps) that report exactly the batch's running requests, from the server logs beside each result. "
+         "It leaves out prefill steps, the ramp and the benchmark client's gaps between waves of requests, which "
+         "cost both servers the same seconds and dilute bench_serving's ratio.\n\n"
+         + (report.markdown_table(["metric", "measured", "run"], steady) if steady else "- no server logs")),
         ("Noise floor", noise),
         ("By batch (sglang.bench_serving output tokens/s; TPOT p50)",
          report.markdown_table(["model", "arm", "batch", "run started", "stock tok/s", "arm tok/s",
-                                "throughput ratio", "TPOT speedup", "profiled decode-step speedup"], brows)),
+                                "throughput ratio", "TPOT speedup", "profiled decode-step speedup",
+                                "steady decode speedup"], brows)),
     ]))
     series = []
     for key in dict.fromkeys((r["model"], r["arm"]) for r in doc["by_batch"]):

@@ -229,3 +229,43 @@ def test_parity_target_is_judged_on_fp32_state_runs(tmp_path):
     for args, want in ((["--mamba-ssm-dtype=float16"], "fp16"), (["--x 1", "--mamba-ssm-dtype float32"], "fp32"),
                        ([], "default"), (["--mamba-ssm-dtype"], "default")):
         assert e2e_summary._ssm_state({"server_arg": args}) == want
+
+
+def _decode_log(path, lines):
+    """A server log with SGLang scheduler lines: (running requests, gen throughput) per line."""
+    text = "".join(f"[2026-11-30 16:12:{i:02d}] Decode batch, #running-req: {n}, #full token: 4096, full token "
+                   f"usage: 0.01, mamba num: {n}, cuda graph: True, gen throughput (token/s): {t:.2f}, #queue-req: 0\n"
+                   for i, (n, t) in enumerate(lines))
+    text += "[2026-11-30 16:12:59] Prefill batch, #new-seq: 64, #new-token: 8192, #running-req: 256\n"
+    with gzip.open(path, "wt") as f:
+        f.write(text)
+
+
+def test_steady_decode_speedup_from_the_server_logs(tmp_path):
+    """Beside bench_serving's ratio: SGLang's own gen throughput at exactly the batch's running requests
+    (median over its Decode batch lines), read from the server logs next to the result; the first line
+    after a prefill (low) and lines at other batch sizes do not move the median."""
+    res = json.loads((DATA / "ab_result_sample.json").read_text())
+    a, b = res["summary"]["a"], res["summary"]["b"]
+    g = "qwen3-next-80b-a3b-e64"
+    run = tmp_path / "runs" / "g"
+    report.write_json(run / f"ab-{g}-stock-vs-staged.json", _variant(res, model=g))
+    report.write_json(run / f"ab-{g}-stock-vs-upstream.json", _variant(res, model=g, b_kind="upstream"))
+    ours_label = res["summary"]["b"]
+    _decode_log(run / f"server-{a}.log.gz", [(256, 900.0), (256, 9000.0), (256, 9400.0), (256, 9100.0), (256, 9200.0),
+                                                (128, 1.0)])
+    _decode_log(run / f"server-{ours_label}.log.gz", [(256, 1000.0), (256, 15000.0), (256, 16000.0),
+                                                      (256, 15200.0), (256, 15500.0), (1, 200.0)])
+    # the upstream result reuses the staged label in this sample, so its log is the same file: vs upstream 1.0
+    dec = e2e_summary.decode_speed(e2e_summary.load_results([tmp_path / "runs"]))
+    s = dec["summary"]
+    assert abs(s["gdn_steady_decode_speedup_bs256"] - 15200.0 / 9100.0) < 1e-9  # medians of five
+    assert abs(s["gdn_steady_vs_upstream_bs256"] - 1.0) < 1e-9
+    assert s["nemotron_h_steady_decode_speedup_bs256"] is None  # no Mamba2 run here
+    row = next(r for r in dec["by_batch"] if r["batch"] == 1 and r["arm"] == "staged")
+    assert row["stock_steady_tok_s"] is None and row["steady_decode_speedup"] is None  # stock logged no batch 1
+    assert abs(e2e_summary.steady_decode_tok_s(run / f"server-{a}.log.gz", 128) - 1.0) < 1e-9
+    assert e2e_summary.steady_decode_tok_s(run / f"server-{a}.log.gz", 32) is None
+    out = tmp_path / "out"
+    e2e_summary.write_decode(dec, out)
+    assert "| gdn_steady_decode_speedup_bs256 | 1.670 |" in (out / "e2e-decode-h200.md").read_text()
