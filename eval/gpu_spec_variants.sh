@@ -31,16 +31,14 @@ while [ $# -gt 0 ]; do
   variants+=("$1"); shift
 done
 if [ ${#variants[@]} -eq 0 ] && [ "$BENCH" = kernels ]; then
-  # Decode candidates on top of the packaged file (which keeps batch 1 inline since 16b18c6; round of
-  # eval/results/kernel-variants-h200/: inline 1.01x / 1.06x stock at batch 1, a GDN cap of 144 registers -3%).
-  # fold-cvt: GDN's fold flush (offline, eval/gdn_sass.py: 1970 -> 1538 SASS per warp on the flush path) and cvt
-  # 16-bit stores, no gain at fp32 state: kept for a bf16-state run.  state-first: Mamba2 non-flush rows load the
-  # checkpoint tile before the ring chain (in the server at batch 1 the kernel takes 8.7 us per layer against
-  # 6.6 in the benchmark, on every call: cold caches; eval/results/e2e-h200/decode-nemotron-h-8b-profile). The
-  # benchmark's warm caches may hide it: judge it by a profiled batch-1 A/B as well (eval.ab --profile-batch 1).
+  # Without named variants: the packaged file against its two last decisions switched back (round 2 of
+  # eval/results/kernel-variants-h200/: Mamba2 state_first 2.33x vs 2.18x stock at batch 256, 1.18x vs 1.00x at 1;
+  # GDN's bf16-state entry 1.06x vs 0.71x at 256), a regression check of both. Pass named variants for new
+  # candidates (GDN fold flush and cvt at fp32 state: no gain in rounds 1 and 2).
   variants=("packaged="
-            "fold-cvt=gdn_decode: {default: {flush: rank1_fold, cast: cvt}}"
-            "state-first=mamba2_output_only: {default: {state_first: 1}}")
+            "no-state-first=mamba2_output_only: {default: {state_first: 0}}"
+            "gdn-bf16-bits=gdn_decode: {HV32_HK16_K128_V128_L16_Sbf16: {cast: bits, BV: 16, inline_BV: 0}}")
+  [ ${#flags[@]} -eq 0 ] && flags=(--quick --dtypes fp32 bf16 --time-budget-s 90)
 elif [ ${#variants[@]} -eq 0 ]; then
   # Round 3 candidates on top of the packaged H200 file (round 2, eval/results/spec-variants-h200/README.md:
   # Mamba2 `nonflush: stream` 4.08x stock at batch 256, 48% of copy bandwidth; GDN capped at 168 registers

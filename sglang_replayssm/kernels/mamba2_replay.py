@@ -122,8 +122,9 @@ LAUNCH_DEFAULTS = {
         "inline_bc_max_batch": 0,
         # 1: non-flush rows issue the checkpoint tile's load (and, inline, the B window's) before the
         # Δ / x ring loads and their weights, so the state's HBM round trip overlaps that dependent
-        # chain (batch-1 latency: in the server the kernel takes 8.7 us per layer against 6.6 in the
-        # benchmark, cold). Flush rows are unchanged. 0: the tile is read after the window (untimed)
+        # chain (H200, eval/results/kernel-variants-h200/ round 2: batch 1 5.3 vs 6.2 us, batch 256 309 vs
+        # 330 us; in the server batch 1 went from 8.7 to 5.4 us per layer). Flush rows are unchanged.
+        # 0: the tile is read after the window (the code default; the H200 file sets 1)
         "state_first": 0,
     },
     "mamba2_state_and_output": {
