@@ -101,9 +101,10 @@ def capture(config: Dict[str, Any], geom: Dict[str, int], L: int, state_dtype, a
     prev = os.environ.get(ENV_CONFIG_FILE)
     os.environ[ENV_CONFIG_FILE] = str(tmp)
     calls: Dict[str, Any] = {}
-    saved = gr._gdn_replay_decode_kernel, gr._gdn_history_scores_kernel
+    saved = gr._gdn_replay_decode_kernel, gr._gdn_history_scores_kernel, gr._gdn_replay_decode_kchunk_kernel
     gr._gdn_replay_decode_kernel = _Recorder(saved[0], calls)
     gr._gdn_history_scores_kernel = _Recorder(saved[1], calls)
+    gr._gdn_replay_decode_kchunk_kernel = _Recorder(saved[2], calls)
     try:
         HV, Hk, K, V = geom["HV"], geom["Hk"], geom["K"], geom["V"]
         S, B = batch + 2, batch
@@ -122,7 +123,7 @@ def capture(config: Dict[str, Any], geom: Dict[str, int], L: int, state_dtype, a
         out = torch.empty(B, 1, HV, V, dtype=act_dtype)  # the layout SGLang's backend passes
         gr.gdn_replay_decode(mq, a, b, A_log, dt_bias, state, d_ring, k_ring, g_ring, idx, wp, out=out)
     finally:
-        gr._gdn_replay_decode_kernel, gr._gdn_history_scores_kernel = saved
+        gr._gdn_replay_decode_kernel, gr._gdn_history_scores_kernel, gr._gdn_replay_decode_kchunk_kernel = saved
         if prev is None:
             os.environ.pop(ENV_CONFIG_FILE, None)
         else:
@@ -218,16 +219,18 @@ def parse_sass(text: str) -> Tuple[List[Dict[str, Any]], Dict[str, int]]:
     return insns, labels
 
 
-def flush_branch_line() -> Tuple[str, int]:
-    """(file, line) of ``if is_flush:`` in gdn_replay._tile_finish."""
+def flush_branch_line(kchunk: bool = False) -> Tuple[str, int]:
+    """(file, line) of ``if is_flush:`` in gdn_replay._tile_finish (the whole-tile kernel) or in
+    _gdn_replay_decode_kchunk_kernel (``kchunk``: launch option BKC > 0)."""
     from sglang_replayssm.kernels import gdn_replay as gr
 
-    fn = gr._tile_finish.fn if hasattr(gr._tile_finish, "fn") else gr._tile_finish
+    jit = gr._gdn_replay_decode_kchunk_kernel if kchunk else gr._tile_finish
+    fn = jit.fn if hasattr(jit, "fn") else jit
     lines, start = inspect.getsourcelines(fn)
     for i, text in enumerate(lines):
         if text.strip().startswith("if is_flush"):
             return inspect.getsourcefile(fn), start + i
-    raise RuntimeError("no 'if is_flush' line in _tile_finish")
+    raise RuntimeError(f"no 'if is_flush' line in {fn.__name__}")
 
 
 def split_regions(insns: List[Dict[str, Any]], labels: Dict[str, int], branch_at: Tuple[str, int]
@@ -273,12 +276,13 @@ KEY_OPS = ("FFMA", "FMUL", "FADD", "SHFL", "LDG", "STG", "LDS", "STS", "CS2R", "
 def analyse(name: str, config: Dict[str, Any], geom: Dict[str, int], L: int, state_dtype, act_dtype,
             batch_model: int = 256, dump: Optional[Path] = None) -> Dict[str, Any]:
     calls = capture(config, geom, L, state_dtype, act_dtype)
-    launch = calls["_gdn_replay_decode_kernel"]
+    kchunk = "_gdn_replay_decode_kchunk_kernel" in calls
+    launch = calls["_gdn_replay_decode_kchunk_kernel" if kchunk else "_gdn_replay_decode_kernel"]
     built = compile_offline(launch)
     rep = ptxas_report(built["ptx"])
     text = disassemble(built["cubin"])
     insns, labels = parse_sass(text)
-    regions = split_regions(insns, labels, flush_branch_line())
+    regions = split_regions(insns, labels, flush_branch_line(kchunk))
     kw = launch["kwargs"]
     nw = built["num_warps"]
     grid0 = launch["grid"][0]

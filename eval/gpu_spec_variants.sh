@@ -31,14 +31,17 @@ while [ $# -gt 0 ]; do
   variants+=("$1"); shift
 done
 if [ ${#variants[@]} -eq 0 ] && [ "$BENCH" = kernels ]; then
-  # Without named variants: the packaged file against its two last decisions switched back (round 2 of
-  # eval/results/kernel-variants-h200/: Mamba2 state_first 2.33x vs 2.18x stock at batch 256, 1.18x vs 1.00x at 1;
-  # GDN's bf16-state entry 1.06x vs 0.71x at 256), a regression check of both. Pass named variants for new
-  # candidates (GDN fold flush and cvt at fp32 state: no gain in rounds 1 and 2).
+  # Without named variants: GDN's K-chunked tile (launch option BKC, _gdn_replay_decode_kchunk_kernel) against the
+  # packaged whole-tile kernel, fp32 state. Offline sm_90a (eval/results/gdn-decode-sass-offline-kchunk.md): BV 32
+  # in chunks of 32 keeps 168 registers without spills and cuts the issue bound from 194/74 to 70/30 us per
+  # flush/non-flush step at batch 256; with the dot flush 128 registers, 16 warps per SM. The GDN rows only
+  # (Mamba2 is timed in the same process but unchanged by these entries).
   variants=("packaged="
-            "no-state-first=mamba2_output_only: {default: {state_first: 0}}"
-            "gdn-bf16-bits=gdn_decode: {HV32_HK16_K128_V128_L16_Sbf16: {cast: bits, BV: 16, inline_BV: 0}}")
-  [ ${#flags[@]} -eq 0 ] && flags=(--quick --dtypes fp32 bf16 --time-budget-s 90)
+            "kc-bv16-c32=gdn_decode: {default: {BKC: 32}}"
+            "kc-bv32-c32=gdn_decode: {default: {BV: 32, BKC: 32}}"
+            "kc-bv32-c32-dot=gdn_decode: {default: {BV: 32, BKC: 32, flush: dot}}"
+            "kc-bv64-c32-w2=gdn_decode: {default: {BV: 64, BKC: 32, num_warps: 2, num_stages: 2}}")
+  [ ${#flags[@]} -eq 0 ] && flags=(--quick --family gdn --dtypes fp32 --time-budget-s 60)
 elif [ ${#variants[@]} -eq 0 ]; then
   # Round 3 candidates on top of the packaged H200 file (round 2, eval/results/spec-variants-h200/README.md:
   # Mamba2 `nonflush: stream` 4.08x stock at batch 256, 48% of copy bandwidth; GDN capped at 168 registers

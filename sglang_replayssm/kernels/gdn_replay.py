@@ -46,6 +46,14 @@ batches of at most ``inline_scores_max_batch`` rows do too, in one launch).
 Decode grid ``(cdiv(V, BV * v_tiles), batch, HV)``: each program owns ``v_tiles``
 tiles of BV value rows x the whole K row of one (row, v-head).
 
+``BKC`` > 0 (launch option) runs ``_gdn_replay_decode_kchunk_kernel`` instead: the same
+math and writes, the tile streamed in K chunks of BKC columns (the output pass sums
+S_ck q^ and S_ck k^ chunk by chunk; a flush row reads its tile a second time, from L2,
+and stores the new checkpoint chunk by chunk), so the registers no longer hold a
+[BV, K] tile and a larger BV fits (offline sm_90a, BV 32 x BKC 32: 168 registers, no
+spills, about a third of the whole-tile kernel's issue bound;
+eval/results/gdn-decode-sass-offline-kchunk.md). Untimed on a GPU so far.
+
 Per decode program and step it reads: the S_ck tile (BV*K state-dtype elements), the
 d slice of the w cached positions (BV*w, state dtype), the w cached g (fp32), the
 scores (3*LP fp32), q, k (K each), the v slice and four gate scalars; it writes the
@@ -142,6 +150,10 @@ GDN_DEFAULT_LAUNCH: Dict[str, Any] = {
     # V tile for those small batches (0: BV). A bf16 state wants BV 32 at batch >= 32 but 16 at batch 1
     # (eval/results/kernel-variants-h200/bf16-state/)
     "inline_BV": 0,
+    # K chunk of the checkpoint tile (power of two >= 16; 0: the whole [BV, K] tile in registers). With a chunk
+    # the output pass streams the tile and a flush row re-reads it (_gdn_replay_decode_kchunk_kernel);
+    # num_stages pipelines the chunk loop; v_tiles must be 1 and flush "rank1_fold" is not offered there
+    "BKC": 0,
     # flush rebuild: "rank1" (fp32 CUDA-core FMAs), "rank1_fold" (the same FMAs in one fused pass, fewer
     # instructions: see _flush_state_fold) or "dot" (tensor cores, dot_precision)
     "flush": "rank1",
@@ -555,6 +567,142 @@ def _gdn_replay_decode_kernel(
             tl.store(k_head + w * stride_k2 + o_k, k_raw.to(k_ring.dtype.element_ty), mask=mask_k)
 
 
+@triton.jit
+def _gdn_replay_decode_kchunk_kernel(
+    qkv, a, b, A_log, dt_bias,
+    state, d_ring, k_ring, g_ring,
+    state_indices, write_pos, out, scores,
+    scale, null_slot,
+    stride_idx, stride_wp,
+    stride_qkv, stride_a, stride_b,
+    stride_s0, stride_s1, stride_s2,
+    stride_d0, stride_d1, stride_d2,
+    stride_k0, stride_k1, stride_k2,
+    stride_g0, stride_g1,
+    stride_o0, stride_o1,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, LP: tl.constexpr, NUM_STAGES: tl.constexpr,
+    USE_L2NORM: tl.constexpr, PRE_SCORES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, CAST_BITS: tl.constexpr,
+):
+    """The decode step of ``_gdn_replay_decode_kernel`` (same math, same writes) with the checkpoint
+    tile streamed in K chunks of BKC columns (launch option ``BKC`` > 0): the output pass accumulates
+    (S_ck q, S_ck k) chunk by chunk, so no program holds its [BV, K] tile, and a flush row reads its
+    tile a second time (from L2: the same program read it a moment before) to store the new
+    checkpoint chunk by chunk. Keys enter through their norms: q^ = q |q|^-1 scale, k^ = k |k|^-1,
+    and the cached keys' 1/|k_j| (``rn``), so a chunk never needs a whole-row norm."""
+    i_v = tl.program_id(0)
+    i_n = tl.program_id(1).to(tl.int64)
+    i_hv = tl.program_id(2)
+    i_hk = i_hv // (HV // HK)
+
+    slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
+    w = tl.load(write_pos + i_n * stride_wp).to(tl.int32)
+    if (slot < 0) | (slot == null_slot):
+        return  # padded / null row: nothing is written
+    w = tl.minimum(tl.maximum(w, 0), L - 1)
+    is_flush = w == L - 1
+
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_v = o_v < V
+    o_k = tl.arange(0, BK)
+    mask_k = o_k < K
+    o_c = tl.arange(0, BKC)
+    o_j = tl.arange(0, LP)
+    valid = o_j < w
+    s_head = state + slot * stride_s0 + i_hv * stride_s1
+    d_head = d_ring + slot * stride_d0 + i_hv * stride_d1
+    k_head = k_ring + slot * stride_k0 + i_hk * stride_k1
+    g_head = g_ring + slot * stride_g0 + i_hv * stride_g1
+    row = qkv + i_n * stride_qkv
+    q_row = row + i_hk * K
+    k_row = row + HK * K + i_hk * K
+
+    # ---- per (row, v-head) scalars and the history, as in _gdn_replay_decode_kernel ----
+    q = tl.load(q_row + o_k, mask=mask_k, other=0).to(tl.float32)
+    k_raw = tl.load(k_row + o_k, mask=mask_k, other=0)
+    kf = k_raw.to(tl.float32)
+    if USE_L2NORM:
+        rq = scale / tl.sqrt(tl.sum(q * q) + EPS)
+        rk = 1.0 / tl.sqrt(tl.sum(kf * kf) + EPS)
+    else:
+        rq = scale
+        rk = 1.0
+    kq = tl.sum(kf * q) * (rq * rk)
+    v = tl.load(row + 2 * HK * K + i_hv * V + o_v, mask=mask_v, other=0).to(tl.float32)
+    g, beta = _gdn_gate(tl.load(a + i_n * stride_a + i_hv), tl.load(b + i_n * stride_b + i_hv),
+                        tl.load(A_log + i_hv), tl.load(dt_bias + i_hv), SOFTPLUS_THRESHOLD)
+    alpha = tl.exp(g)
+    if L > 1:
+        d_hist = tl.load(d_head + o_j[None, :] * stride_d2 + o_v[:, None], mask=mask_v[:, None] & valid[None, :],
+                         other=0).to(tl.float32)
+        c, eG = _history_weights(tl.load(g_head + o_j, mask=valid, other=0.0), w, LP)
+        if PRE_SCORES:
+            p_sc = scores + (i_n * HK + i_hk) * (3 * LP) + o_j
+            cq = c * tl.load(p_sc, mask=valid, other=0.0)
+            ck = c * tl.load(p_sc + LP, mask=valid, other=0.0)
+            rn = tl.load(p_sc + 2 * LP, mask=valid, other=0.0)
+        else:
+            kr = tl.load(k_head + o_j[:, None] * stride_k2 + o_k[None, :], mask=valid[:, None] & mask_k[None, :],
+                         other=0).to(tl.float32)
+            if USE_L2NORM:
+                rn = 1.0 / tl.sqrt(tl.sum(kr * kr, axis=1) + EPS)
+            else:
+                rn = tl.full([LP], 1.0, tl.float32)
+            kh = kr * rn[:, None]
+            cq = _history_coeffs(kh, c, q * rq)
+            ck = _history_coeffs(kh, c, kf * rk)
+
+    # ---- output pass: (S_ck q, S_ck k) over K chunks ----
+    acc_q = tl.zeros([BV], dtype=tl.float32)
+    acc_k = tl.zeros([BV], dtype=tl.float32)
+    for kc in tl.range(0, K, BKC, num_stages=NUM_STAGES):
+        mask_c = (kc + o_c) < K
+        s = tl.load(s_head + o_v[:, None] * stride_s2 + (kc + o_c)[None, :], mask=mask_v[:, None] & mask_c[None, :],
+                    other=0).to(tl.float32)
+        q_c = tl.load(q_row + kc + o_c, mask=mask_c, other=0).to(tl.float32)
+        k_c = tl.load(k_row + kc + o_c, mask=mask_c, other=0).to(tl.float32)
+        acc_q += tl.sum(s * q_c[None, :], axis=1)
+        acc_k += tl.sum(s * k_c[None, :], axis=1)
+    sq = acc_q * rq
+    sk = acc_k * rk
+    if L > 1:
+        sq = _replay_apply(sq, eG, d_hist, cq)
+        sk = _replay_apply(sk, eG, d_hist, ck)
+    d_cur = beta * (v - alpha * sk)
+    o = alpha * sq + d_cur * kq
+    out_row = out + i_n * stride_o0 + i_hv * stride_o1
+    tl.store(out_row + o_v, _cast_store(o, out_row.dtype.element_ty, CAST_BITS), mask=mask_v)
+
+    if is_flush:
+        # S_{w-1} = e^G S_ck + sum_j c_j d_j k^_j^T, then alpha S_{w-1} + d_w k^T, chunk by chunk
+        for kc in tl.range(0, K, BKC, num_stages=NUM_STAGES):
+            mask_c = (kc + o_c) < K
+            p_s = s_head + o_v[:, None] * stride_s2 + (kc + o_c)[None, :]
+            s = tl.load(p_s, mask=mask_v[:, None] & mask_c[None, :], other=0).to(tl.float32)
+            k_c = tl.load(k_row + kc + o_c, mask=mask_c, other=0).to(tl.float32) * rk
+            if L > 1:
+                if FLUSH == "dot":
+                    kr_c = tl.load(k_head + o_j[:, None] * stride_k2 + (kc + o_c)[None, :],
+                                   mask=valid[:, None] & mask_c[None, :], other=0).to(tl.float32)
+                    s_prev = eG * s + tl.dot(d_hist * (c * rn)[None, :], kr_c, input_precision=DOT_PRECISION)
+                else:
+                    s_prev = _replay_state_rank1_raw(eG * s, c * rn, k_head + kc, stride_k2, d_head, stride_d2, o_v,
+                                                     mask_v, o_c, mask_c, L - 1, LP)
+            else:
+                s_prev = s
+            s_new = alpha * s_prev + d_cur[:, None] * k_c[None, :]
+            tl.store(p_s, _cast_store(s_new, s_head.dtype.element_ty, CAST_BITS), mask=mask_v[:, None] & mask_c[None, :])
+    else:
+        tl.store(d_head + w * stride_d2 + o_v, _cast_store(d_cur, d_head.dtype.element_ty, CAST_BITS), mask=mask_v)
+
+    # ---- append g_w (per v-head) and raw k_w (one writer per (row, k-head)) ----
+    if (i_v == 0) & (w < L - 1):
+        tl.store(g_head + w, g)
+        if i_hv % (HV // HK) == 0:
+            tl.store(k_head + w * stride_k2 + o_k, k_raw.to(k_ring.dtype.element_ty), mask=mask_k)
+
+
 # ----------------------------------------------------------------------------------
 # wrapper
 # ----------------------------------------------------------------------------------
@@ -574,11 +722,17 @@ def gdn_launch_params(HV: int, Hk: int, K: int, V: int, L: int, state_dtype=None
         where = "gdn_decode launch config"
         check_dot_precision(cfg["dot_precision"], where)
         check_choices(cfg, {"flush": _FLUSH_MODES, "cast": _CAST_MODES, "scores": _SCORE_MODES}, where)
-        check_ints(cfg, ("maxnreg", "inline_scores_max_batch", "inline_BV"), where, 0)
+        check_ints(cfg, ("maxnreg", "inline_scores_max_batch", "inline_BV", "BKC"), where, 0)
         check_ints(cfg, ("BV", "v_tiles", "num_warps", "num_stages", "scores_num_warps"), where, 1)
-        for name in ("BV", "inline_BV"):
+        for name in ("BV", "inline_BV", "BKC"):
             if cfg[name] & (cfg[name] - 1):
                 raise ValueError(f"gdn_decode launch config: {name} must be a power of two, got {cfg[name]}")
+        if cfg["BKC"]:
+            if cfg["BKC"] < 16:
+                raise ValueError(f"gdn_decode launch config: BKC must be 0 or at least 16, got {cfg['BKC']}")
+            if cfg["v_tiles"] != 1 or cfg["flush"] == "rank1_fold":
+                raise ValueError("gdn_decode launch config: BKC > 0 takes v_tiles 1 and flush rank1 or dot, got "
+                                 f"v_tiles {cfg['v_tiles']}, flush {cfg['flush']}")
         _CFG_CACHE[ck] = cfg
     return cfg
 
@@ -726,6 +880,26 @@ def gdn_replay_decode(
         )
     else:
         scores = g_ring  # unused placeholder pointer
+    if cfg["BKC"]:
+        _gdn_replay_decode_kchunk_kernel[(n_tiles, B, HV)](
+            mixed_qkv, a, b, A_log, dt_bias,
+            state, d_ring, k_ring, g_ring,
+            state_indices, write_pos, out3, scores,
+            float(scale), null,
+            state_indices.stride(0), write_pos.stride(0),
+            mixed_qkv.stride(0), a.stride(0), b.stride(0),
+            state.stride(0), state.stride(1), state.stride(2),
+            d_ring.stride(0), d_ring.stride(1), d_ring.stride(2),
+            k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
+            g_ring.stride(0), g_ring.stride(1),
+            out3.stride(0), out3.stride(1),
+            HK=Hk, HV=HV, K=K, V=V, L=L, BK=BK, BV=BV, BKC=min(cfg["BKC"], BK), LP=LP,
+            NUM_STAGES=cfg["num_stages"], USE_L2NORM=use_l2, PRE_SCORES=pre, FLUSH=cfg["flush"],
+            DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
+            CAST_BITS=cfg["cast"] == "bits" or interpreting(),
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **register_cap(cfg),
+        )
+        return out
     _gdn_replay_decode_kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias,
         state, d_ring, k_ring, g_ring,

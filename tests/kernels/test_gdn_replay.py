@@ -890,3 +890,69 @@ def test_inline_bv_must_be_a_power_of_two(tmp_path, monkeypatch):
     monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
     with pytest.raises(ValueError, match="inline_BV must be a power of two"):
         gr.gdn_launch_params(2, 1, 32, 32, 4)
+
+
+# ----------------------------------------------------------------------------------
+# the K-chunked tile (launch option BKC > 0: _gdn_replay_decode_kchunk_kernel)
+# ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("flush", ["rank1", "dot"])
+@pytest.mark.parametrize("scores", ["pre", "inline"])
+@pytest.mark.parametrize("prec", ["s32-a16b", "s16b-a16b"])
+def test_k_chunked_tile_on_the_oracle(device, seed, interp_launch, prec, scores, flush):
+    """BKC 16 over K 64 (four chunks, two pipeline stages): the output pass streams the checkpoint tile and a
+    flush row re-reads it chunk by chunk. Every step is checked by Sim.step (reference, sequential oracle,
+    padded and null rows write nothing, other slots and the memory around the strided pool views untouched),
+    with desynchronised rows through two flushes each."""
+    interp_launch(always=True, BV=32, BKC=16, num_stages=2, flush=flush, scores=scores)
+    sd, ad = PRECISIONS[prec]
+    L = 4
+    sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, strided=True, **small_geom(L, Hk=2, HV=4, n_slots=7))
+    slots, starts = [1, 5, 3], [0, 1, 3]
+    for t in range(2 * L + 3):
+        rows = []
+        for slot, t0 in zip(slots, starts):
+            if t == t0:
+                sim.activate(slot)
+            rows.append(slot if t >= t0 else (-1 if t % 2 else 0))
+        sim.step(rows)
+    assert sim.max_errs, "no step was checked"
+
+
+@pytest.mark.parametrize("prec", ["s32-a16b", "s16b-a16b", "s16-a16"])
+def test_k_chunked_tile_agrees_with_the_whole_tile(device, seed, tmp_path, monkeypatch, prec):
+    """One launch with a row at every write position (one flush row) on identical pools, BKC 16 against the
+    whole-tile kernel: outputs within the reference tolerance (only the order of the K sums differs), the
+    flushed state and the d append within rounding, the same k and g appends, nothing else written."""
+    sd, ad = PRECISIONS[prec]
+    L = 8
+    sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, **small_geom(L, Hk=2, HV=4, n_slots=L + 2))
+    p = sim.pools()
+    p["d"].copy_((sim.randn(p["d"].shape, 0.5)).to(sd))
+    p["g"].copy_(-torch.exp(sim.A_log.cpu())[None, :, None] * torch.rand(p["g"].shape, generator=sim.gen))
+    got, before = _every_position_under_configs(sim, L, tmp_path, monkeypatch, F32,
+                                                {"whole": "BKC: 0", "chunked": "BKC: 16, num_stages: 2"})
+    (o_ref, b_ref), (o_new, b_new) = got["whole"], got["chunked"]
+    p_ref, p_new = sim.pools(b_ref), sim.pools(b_new)
+    check_close(o_new, o_ref, *REF_OUT_TOL, "out: chunked vs whole tile")
+    flushed = L  # the slot of the row at write position L - 1
+    assert not torch.equal(bits(p_new["state"][flushed]), bits(before["state"][flushed])), "flush row wrote no state"
+    tol = (1e-6, 2e-6) if sd == F32 else (1e-6, ULP_RTOL[sd])
+    check_close(p_new["state"], p_ref["state"], *tol, "flushed state: chunked vs whole tile")
+    others = [s for s in range(sim.S) if s != flushed]
+    assert torch.equal(bits(p_new["state"][others]), bits(before["state"][others]))
+    check_close(p_new["d"], p_ref["d"], 1e-6, ULP_RTOL[sd], "d ring: chunked vs whole tile")
+    for n in ("k", "g"):
+        assert torch.equal(bits(p_new[n]), bits(p_ref[n])), f"{n} ring differs between the tile layouts"
+
+
+@pytest.mark.parametrize("entry,msg", [("BKC: 24", "BKC must be a power of two"),
+                                       ("BKC: 8", "BKC must be 0 or at least 16"),
+                                       ("{BKC: 32, v_tiles: 2}", "BKC > 0 takes v_tiles 1"),
+                                       ("{BKC: 32, flush: rank1_fold}", "BKC > 0 takes v_tiles 1 and flush")])
+def test_k_chunk_config_is_checked(tmp_path, monkeypatch, entry, msg):
+    f = tmp_path / "cfg.yaml"
+    body = entry if entry.startswith("{") else "{" + entry + "}"
+    f.write_text(f"gdn_decode:\n  default: {body}\n")
+    monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
+    with pytest.raises(ValueError, match=msg):
+        gr.gdn_launch_params(2, 1, 32, 32, 4)
