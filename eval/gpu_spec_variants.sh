@@ -34,29 +34,23 @@ if [ ${#variants[@]} -eq 0 ] && [ "$BENCH" = kernels ]; then
   # Without named variants: GDN's K-chunked tile (launch option BKC, _gdn_replay_decode_kchunk_kernel) against the
   # packaged whole-tile kernel, fp32 state. Offline sm_90a (eval/results/gdn-decode-sass-offline-kchunk.md): BV 32
   # in chunks of 32 keeps 168 registers without spills and cuts the issue bound from 194/74 to 70/30 us per
-  # flush/non-flush step at batch 256; with the dot flush 128 registers, 16 warps per SM. The GDN rows only
-  # (Mamba2 is timed in the same process but unchanged by these entries).
+  # flush/non-flush step at batch 256; with the dot flush 128 registers, 16 warps per SM. Batch 1 keeps BV 16
+  # (inline_BV: its inline key tile with BV 32 needs 255 registers and spills). GDN rows only.
   variants=("packaged="
             "kc-bv16-c32=gdn_decode: {default: {BKC: 32}}"
-            "kc-bv32-c32=gdn_decode: {default: {BV: 32, BKC: 32}}"
-            "kc-bv32-c32-dot=gdn_decode: {default: {BV: 32, BKC: 32, flush: dot}}"
-            "kc-bv64-c32-w2=gdn_decode: {default: {BV: 64, BKC: 32, num_warps: 2, num_stages: 2}}")
+            "kc-bv32-c32=gdn_decode: {default: {BV: 32, BKC: 32, inline_BV: 16}}"
+            "kc-bv32-c32-dot=gdn_decode: {default: {BV: 32, BKC: 32, inline_BV: 16, flush: dot}}"
+            "kc-bv64-c32-w2=gdn_decode: {default: {BV: 64, BKC: 32, inline_BV: 16, num_warps: 2, num_stages: 2}}")
   [ ${#flags[@]} -eq 0 ] && flags=(--quick --family gdn --dtypes fp32 --time-budget-s 60)
 elif [ ${#variants[@]} -eq 0 ]; then
-  # Round 3 candidates on top of the packaged H200 file (round 2, eval/results/spec-variants-h200/README.md:
-  # Mamba2 `nonflush: stream` 4.08x stock at batch 256, 48% of copy bandwidth; GDN capped at 168 registers
-  # 2.11x, 38%).  Offline sm_90a builds (eval/verify_sass.py, 2026-11-30): the streamed Mamba2 tile spills at
-  # 255 registers (60/68 spill stores/loads); 2 warps per program hold it in 198 without spills (10 warps per
-  # SM), 4 warps in 157.  GDN's flush step costs twice a verify step; its dot flush (528 vs 557 us at 255
-  # registers in round 2) spills badly at 168 (392/388) but only 16/16 at 224, none at 255; a cap of 184 keeps
-  # the rank-1 flush spill-free with 11 warps per SM (a larger flush chunk, Mamba2 BLOCK_NC 64, spills 148/156:
-  # not a candidate).  Each family is picked on its own.
+  # Round 4 candidates (GDN only; Mamba2 as packaged, its run-to-run reference) on top of the packaged H200 file
+  # (round 3, eval/results/spec-variants-h200/round3/: nothing beat round 2's pick, GDN 459 us per layer at
+  # batch 256). `reduce: dot` computes the window's dots on tensor cores (tf32x3); offline sm_90a
+  # (eval/results/verify-sass-offline-round4.md) it builds without spills on 2 warps with BV 32 and on 4 warps
+  # with BV 64 (8 warps per SM), issue bound 287 and 257 us against 320 us packaged.
   variants=("packaged="
-            "w2-dot224=mamba2_verify: {default: {num_warps: 2}}
-gdn_verify: {default: {flush: dot, maxnreg: 224}}"
-            "w4-dot255=mamba2_verify: {default: {num_warps: 4}}
-gdn_verify: {default: {flush: dot, maxnreg: 0}}"
-            "cap184=gdn_verify: {default: {maxnreg: 184}}")  # Mamba2 as packaged: its run-to-run noise
+            "dot-w2-bv32=gdn_verify: {default: {reduce: dot, BV: 32, num_warps: 2, maxnreg: 0}}"
+            "dot-w4-bv64=gdn_verify: {default: {reduce: dot, BV: 64, num_warps: 4, maxnreg: 0}}")
 fi
 [ ${#flags[@]} -eq 0 ] && flags=(--quick --dtypes fp32 --time-budget-s 60)  # --quick times batch 1/32/256
 rc=0

@@ -138,8 +138,10 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = {
     "num_stages": 1,
     "flush": "rank1",  # flush fold: "rank1" (exact fp32 CUDA-core FMAs) or "dot" (tl.dot, dot_precision)
     "dot_precision": "tf32x3",
-    # the window's dots against the state tile and each other: "bcast" (one [BV, T, K] broadcast-and-sum)
-    # or "token" (T two-dimensional row reductions, as the decode kernel does for one token)
+    # the window's dots against the state tile and each other: "bcast" (one [BV, T, K] broadcast-and-sum),
+    # "token" (T two-dimensional row reductions, as the decode kernel does for one token) or "dot" (tl.dot on
+    # tensor cores in dot_precision: [BV, K] x [K, TP] and [BV, LP] x [LP, TP], the window padded to TP >= 16
+    # tokens; no cross-lane reduction trees)
     "reduce": "bcast",
     # the key scores k^_j.q^_i, k^_j.k^_i (history j) and the window Gram: "inline" (every program of a
     # k-head: HV/Hk v-heads x V/BV tiles) or "pre" (once per (row, k-head) by a pre-kernel, fp32 scratch)
@@ -150,7 +152,7 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = {
     "maxnreg": 0,  # register cap of the main kernel (0: none): fewer registers, more resident warps
 }
 _FLUSH_MODES = ("rank1", "dot")
-_REDUCE_MODES = ("bcast", "token")
+_REDUCE_MODES = ("bcast", "token", "dot")
 _SCORES_MODES = ("inline", "pre")
 
 
@@ -253,6 +255,7 @@ def _gdn_verify_kernel(
     BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, TP: tl.constexpr,
     USE_L2NORM: tl.constexpr, ROUND_BETA: tl.constexpr, FLUSH_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, PER_TOKEN: tl.constexpr, SCORES_PRE: tl.constexpr,
+    REDUCE_DOT: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_n = tl.program_id(1).to(tl.int64)
@@ -360,7 +363,15 @@ def _gdn_verify_kernel(
     # ---- window, part 1 (independent of the solve), all tokens at once:
     # S_c q^_i, S_c k^_i (checkpoint tile + replayed history) and the Gram entries
     # kk[j, i] = k^_j . k^_i, kq[j, i] = k^_j . q^_i ----
-    if PER_TOKEN:
+    if REDUCE_DOT:  # tensor cores (TP >= 16: the padded tokens are zero rows of q^, k^ and zero columns here)
+        s_q = eG_x * tl.dot(s, tl.trans(q_hat), input_precision=DOT_PRECISION) \
+            + tl.dot(d_hist, c_x[:, None] * hq, input_precision=DOT_PRECISION)
+        s_k = eG_x * tl.dot(s, tl.trans(k_hat), input_precision=DOT_PRECISION) \
+            + tl.dot(d_hist, c_x[:, None] * hk, input_precision=DOT_PRECISION)
+        if not SCORES_PRE:
+            kk = tl.dot(k_hat, tl.trans(k_hat), input_precision=DOT_PRECISION)  # [TP, TP]
+            kq = tl.dot(k_hat, tl.trans(q_hat), input_precision=DOT_PRECISION)
+    elif PER_TOKEN:
         s_q = tl.zeros([BV, TP], dtype=tl.float32)
         s_k = tl.zeros([BV, TP], dtype=tl.float32)
         kk = tl.zeros([TP, TP], dtype=tl.float32)
@@ -569,7 +580,7 @@ def gdn_verify(
     BK = max(16, next_pow2(K))
     BV = max(16, min(cfg["BV"], next_pow2(V)))
     LP = max(16, next_pow2(R - T))
-    TP = max(2, next_pow2(T))
+    TP = max(16 if cfg["reduce"] == "dot" else 2, next_pow2(T))  # tl.dot takes dims >= 16
     scores_pre = cfg["scores"] == "pre" and B > cfg["inline_scores_max_batch"]  # host-side, per graph batch
     null = -1 if null_slot is None else int(null_slot)
     if scores_pre:  # per-call scratch (inside a CUDA graph it comes from the graph's pool)
@@ -601,7 +612,7 @@ def gdn_verify(
         sc.stride(0) if scores_pre else 0, sc.stride(1) if scores_pre else 0,
         HK=Hk, HV=HV, K=K, V=V, R=R, T=T, BK=BK, BV=BV, LP=LP, TP=TP,
         USE_L2NORM=bool(use_qk_l2norm), ROUND_BETA=bool(round_beta), FLUSH_DOT=cfg["flush"] == "dot",
-        PER_TOKEN=cfg["reduce"] == "token", SCORES_PRE=scores_pre,
+        PER_TOKEN=cfg["reduce"] == "token", SCORES_PRE=scores_pre, REDUCE_DOT=cfg["reduce"] == "dot",
         DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **register_cap(cfg),

@@ -898,12 +898,13 @@ def test_inline_bv_must_be_a_power_of_two(tmp_path, monkeypatch):
 @pytest.mark.parametrize("flush", ["rank1", "dot"])
 @pytest.mark.parametrize("scores", ["pre", "inline"])
 @pytest.mark.parametrize("prec", ["s32-a16b", "s16b-a16b"])
-def test_k_chunked_tile_on_the_oracle(device, seed, interp_launch, prec, scores, flush):
+def test_k_chunked_tile_on_the_oracle(device, seed, interp_launch, monkeypatch, prec, scores, flush):
     """BKC 16 over K 64 (four chunks, two pipeline stages): the output pass streams the checkpoint tile and a
     flush row re-reads it chunk by chunk. Every step is checked by Sim.step (reference, sequential oracle,
     padded and null rows write nothing, other slots and the memory around the strided pool views untouched),
     with desynchronised rows through two flushes each."""
     interp_launch(always=True, BV=32, BKC=16, num_stages=2, flush=flush, scores=scores)
+    launches = _count_kchunk_launches(monkeypatch)
     sd, ad = PRECISIONS[prec]
     L = 4
     sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, strided=True, **small_geom(L, Hk=2, HV=4, n_slots=7))
@@ -916,6 +917,68 @@ def test_k_chunked_tile_on_the_oracle(device, seed, interp_launch, prec, scores,
             rows.append(slot if t >= t0 else (-1 if t % 2 else 0))
         sim.step(rows)
     assert sim.max_errs, "no step was checked"
+    assert len(launches) == 2 * L + 3, "the K-chunked kernel did not run on every step"
+
+
+def _count_kchunk_launches(monkeypatch):
+    """Record the launches of the K-chunked kernel (a test of BKC > 0 must not pass on the whole-tile kernel)."""
+    import sglang_replayssm.kernels.gdn_replay as mod
+
+    launches = []
+    real = mod._gdn_replay_decode_kchunk_kernel
+
+    class Counting:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(mod, "_gdn_replay_decode_kchunk_kernel", Counting())
+    return launches
+
+
+KCHUNK_EDGE_CASES = {  # name: (Sim geometry overrides, launch entries, state, use_qk_l2norm)
+    # a partial last K chunk (48 = 32 + 16) and a partial last V tile (80 = 2 x 32 + 16)
+    "partial-chunk-and-tile": (dict(K=48, V=80), dict(BV=32, BKC=32, num_stages=1), "s32-a16b", True),
+    "partial-dot-inline": (dict(K=48, V=80), dict(BV=32, BKC=32, flush="dot", scores="inline"), "s32-a16b", True),
+    "no-l2norm": (dict(K=64, V=64), dict(BV=32, BKC=16), "s32-a32", False),
+    "no-l2norm-inline": (dict(K=64, V=64), dict(BV=32, BKC=16, scores="inline"), "s32-a32", False),
+    "fp16-state": (dict(K=64, V=64), dict(BV=16, BKC=32), "s16-a16", True),
+    "chunk-past-K": (dict(K=20, V=24), dict(BV=16, BKC=128), "s32-a16b", True),  # clamped to BK = 32
+}
+
+
+@pytest.mark.parametrize("case", list(KCHUNK_EDGE_CASES))
+def test_k_chunked_tile_edge_cases(device, seed, interp_launch, monkeypatch, case):
+    """Odd K and V (partial chunks and tiles), no q/k L2 norm, a 16-bit state, a chunk wider than K: two
+    desynchronised rows through a flush, every step on the reference and the oracle (Sim.step), and the
+    K-chunked kernel is the one that ran."""
+    geom, entries, prec, l2 = KCHUNK_EDGE_CASES[case]
+    interp_launch(always=True, **entries)
+    launches = _count_kchunk_launches(monkeypatch)
+    sd, ad = PRECISIONS[prec]
+    L = 4
+    sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, use_qk_l2norm=l2, **small_geom(L, **geom))
+    if not l2:  # as test_no_l2norm: small raw keys keep the delta rule contractive
+        orig_inputs = sim.inputs
+        sim.inputs = lambda B: (lambda x, a, b: (x * 0.1, a, b))(*orig_inputs(B))
+    sim.activate(2)
+    for t in range(L + 2):
+        if t == 1:
+            sim.activate(5)
+        sim.step([2, 5] if t >= 1 else [2, -1])
+    assert len(launches) == L + 2, launches
+
+
+def test_k_chunked_tile_with_l1(device, seed, interp_launch, monkeypatch):
+    """L = 1 (no ring: every step flushes) under BKC: the stock update on every step."""
+    interp_launch(always=True, BV=16, BKC=16)
+    launches = _count_kchunk_launches(monkeypatch)
+    sim = Sim(device, seed, state_dtype=F32, act_dtype=BF16, **small_geom(1))
+    for s in (1, 3):
+        sim.activate(s)
+    for _ in range(3):
+        sim.step([1, 3, 0])
+    assert len(launches) == 3
 
 
 @pytest.mark.parametrize("prec", ["s32-a16b", "s16b-a16b", "s16-a16"])

@@ -774,7 +774,10 @@ def test_launch_config_validation(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------------
 VARIANTS = {"token": dict(reduce="token"), "pre": dict(scores="pre"),
             "token-pre": dict(reduce="token", scores="pre", scores_num_warps=2),
-            "token-pre-dotflush": dict(reduce="token", scores="pre", flush="dot")}
+            "token-pre-dotflush": dict(reduce="token", scores="pre", flush="dot"),
+            # the window's dots on tensor cores (tf32x3), the window padded to 16 tokens
+            "dot-pre": dict(reduce="dot", scores="pre"), "dot-inline": dict(reduce="dot", scores="inline"),
+            "dot-ieee": dict(reduce="dot", scores="pre", dot_precision="ieee")}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
