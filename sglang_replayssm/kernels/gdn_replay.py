@@ -454,6 +454,34 @@ def _tile_finish(s_ck, d_hist, v, t, o_b, o_k, mask_k, q, k, kq, alpha, beta, eG
         tl.store(d_head + w * stride_dl + o_v, _cast_store(d_cur, d_head.dtype.element_ty, CAST_BITS), mask=mask_v)
 
 
+@triton.jit
+def _row_cursor(state_indices, write_pos, i_n, stride_idx, stride_wp, null_slot, L: tl.constexpr):
+    """(slot, ring fill w clamped to [0, L-1], live) of batch row i_n; not live: a padded (slot < 0) or null
+    row, which writes nothing."""
+    slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
+    w = tl.load(write_pos + i_n * stride_wp).to(tl.int32)
+    return slot, tl.minimum(tl.maximum(w, 0), L - 1), (slot >= 0) & (slot != null_slot)
+
+
+@triton.jit
+def _slot_heads(state, d_ring, k_ring, g_ring, slot, i_hv, i_hk, stride_s0, stride_s1, stride_d0, stride_d1,
+                stride_k0, stride_k1, stride_g0, stride_g1):
+    """Base pointers of one (slot, v-head): its checkpoint, d ring and g ring, and its k-head's raw-k ring."""
+    return (state + slot * stride_s0 + i_hv * stride_s1, d_ring + slot * stride_d0 + i_hv * stride_d1,
+            k_ring + slot * stride_k0 + i_hk * stride_k1, g_ring + slot * stride_g0 + i_hv * stride_g1)
+
+
+@triton.jit
+def _append_g_k(g_head, k_head, stride_k2, w, g, k_raw, o_k, mask_k, first_tile, i_hv,
+                HV: tl.constexpr, HK: tl.constexpr, L: tl.constexpr):
+    """A non-flush row appends g_w (one writer per (row, v-head): its first V tile) and raw k_w (one writer
+    per (row, k-head)) at ring position w."""
+    if first_tile & (w < L - 1):
+        tl.store(g_head + w, g)
+        if i_hv % (HV // HK) == 0:
+            tl.store(k_head + w * stride_k2 + o_k, k_raw.to(k_head.dtype.element_ty), mask=mask_k)
+
+
 # ----------------------------------------------------------------------------------
 # decode kernel
 # ----------------------------------------------------------------------------------
@@ -481,11 +509,9 @@ def _gdn_replay_decode_kernel(
     i_hv = tl.program_id(2)
     i_hk = i_hv // (HV // HK)
 
-    slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
-    w = tl.load(write_pos + i_n * stride_wp).to(tl.int32)
-    if (slot < 0) | (slot == null_slot):
+    slot, w, live = _row_cursor(state_indices, write_pos, i_n, stride_idx, stride_wp, null_slot, L)
+    if not live:
         return  # padded / null row: nothing is written
-    w = tl.minimum(tl.maximum(w, 0), L - 1)
     is_flush = w == L - 1
 
     o_k = tl.arange(0, BK)
@@ -493,10 +519,8 @@ def _gdn_replay_decode_kernel(
     o_b = tl.arange(0, BV)
     o_j = tl.arange(0, LP)
     valid = o_j < w
-    s_head = state + slot * stride_s0 + i_hv * stride_s1
-    d_head = d_ring + slot * stride_d0 + i_hv * stride_d1
-    k_head = k_ring + slot * stride_k0 + i_hk * stride_k1
-    g_head = g_ring + slot * stride_g0 + i_hv * stride_g1
+    s_head, d_head, k_head, g_head = _slot_heads(state, d_ring, k_ring, g_ring, slot, i_hv, i_hk, stride_s0, stride_s1,
+                                                 stride_d0, stride_d1, stride_k0, stride_k1, stride_g0, stride_g1)
     row = qkv + i_n * stride_qkv
     v_row = row + 2 * HK * K + i_hv * V
     t0 = i_vp * V_TILES
@@ -560,11 +584,7 @@ def _gdn_replay_decode_kernel(
                      V, BV, L, LP, PRE_SCORES, FLUSH, DOT_PRECISION, USE_L2NORM, EPS, EVEN_V,
                      CAST_BITS)
 
-    # ---- append g_w (per v-head) and raw k_w (one writer per (row, k-head)) ----
-    if (i_vp == 0) & (w < L - 1):
-        tl.store(g_head + w, g)
-        if i_hv % (HV // HK) == 0:
-            tl.store(k_head + w * stride_k2 + o_k, k_raw.to(k_ring.dtype.element_ty), mask=mask_k)
+    _append_g_k(g_head, k_head, stride_k2, w, g, k_raw, o_k, mask_k, i_vp == 0, i_hv, HV, HK, L)
 
 
 @triton.jit
@@ -596,11 +616,9 @@ def _gdn_replay_decode_kchunk_kernel(
     i_hv = tl.program_id(2)
     i_hk = i_hv // (HV // HK)
 
-    slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
-    w = tl.load(write_pos + i_n * stride_wp).to(tl.int32)
-    if (slot < 0) | (slot == null_slot):
+    slot, w, live = _row_cursor(state_indices, write_pos, i_n, stride_idx, stride_wp, null_slot, L)
+    if not live:
         return  # padded / null row: nothing is written
-    w = tl.minimum(tl.maximum(w, 0), L - 1)
     is_flush = w == L - 1
 
     o_v = i_v * BV + tl.arange(0, BV)
@@ -610,10 +628,8 @@ def _gdn_replay_decode_kchunk_kernel(
     o_c = tl.arange(0, BKC)
     o_j = tl.arange(0, LP)
     valid = o_j < w
-    s_head = state + slot * stride_s0 + i_hv * stride_s1
-    d_head = d_ring + slot * stride_d0 + i_hv * stride_d1
-    k_head = k_ring + slot * stride_k0 + i_hk * stride_k1
-    g_head = g_ring + slot * stride_g0 + i_hv * stride_g1
+    s_head, d_head, k_head, g_head = _slot_heads(state, d_ring, k_ring, g_ring, slot, i_hv, i_hk, stride_s0, stride_s1,
+                                                 stride_d0, stride_d1, stride_k0, stride_k1, stride_g0, stride_g1)
     row = qkv + i_n * stride_qkv
     q_row = row + i_hk * K
     k_row = row + HK * K + i_hk * K
@@ -691,16 +707,12 @@ def _gdn_replay_decode_kchunk_kernel(
                                                      mask_v, o_c, mask_c, L - 1, LP)
             else:
                 s_prev = s
-            s_new = alpha * s_prev + d_cur[:, None] * k_c[None, :]
-            tl.store(p_s, _cast_store(s_new, s_head.dtype.element_ty, CAST_BITS), mask=mask_v[:, None] & mask_c[None, :])
+            s_new = _cast_store(alpha * s_prev + d_cur[:, None] * k_c[None, :], s_head.dtype.element_ty, CAST_BITS)
+            tl.store(p_s, s_new, mask=mask_v[:, None] & mask_c[None, :])
     else:
         tl.store(d_head + w * stride_d2 + o_v, _cast_store(d_cur, d_head.dtype.element_ty, CAST_BITS), mask=mask_v)
 
-    # ---- append g_w (per v-head) and raw k_w (one writer per (row, k-head)) ----
-    if (i_v == 0) & (w < L - 1):
-        tl.store(g_head + w, g)
-        if i_hv % (HV // HK) == 0:
-            tl.store(k_head + w * stride_k2 + o_k, k_raw.to(k_ring.dtype.element_ty), mask=mask_k)
+    _append_g_k(g_head, k_head, stride_k2, w, g, k_raw, o_k, mask_k, i_v == 0, i_hv, HV, HK, L)
 
 
 # ----------------------------------------------------------------------------------

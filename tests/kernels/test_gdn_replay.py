@@ -365,6 +365,35 @@ def _every_position_under_configs(sim, L, tmp_path, monkeypatch, out_dtype, conf
     return got, before
 
 
+def _filled_ring_sim(device, seed, prec, L):
+    """A Sim (Hk 2, HV 4) whose d and g rings hold random data in every position (for one-launch comparisons)."""
+    sd, ad = PRECISIONS[prec]
+    sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, **small_geom(L, Hk=2, HV=4, n_slots=L + 2))
+    p = sim.pools()
+    p["d"].copy_((sim.randn(p["d"].shape, 0.5)).to(sd))
+    p["g"].copy_(-torch.exp(sim.A_log.cpu())[None, :, None] * torch.rand(p["g"].shape, generator=sim.gen))
+    return sim
+
+
+def _same_step(sim, L, before, ref, new, what):
+    """Two launches of one every-position step (one flush row, slot L) agree: outputs within the reference
+    tolerance, the flushed state and the d appends within rounding (fp32 ~1e-7 relative, 16-bit one ulp), the
+    same k and g appends, no other state written. ``ref``/``new``: (out, pool bases). Returns the state error."""
+    (o_ref, b_ref), (o_new, b_new) = ref, new
+    p_ref, p_new = sim.pools(b_ref), sim.pools(b_new)
+    check_close(o_new, o_ref, *REF_OUT_TOL, f"out: {what}")
+    flushed = L  # the slot of the row at write position L - 1
+    assert not torch.equal(bits(p_new["state"][flushed]), bits(before["state"][flushed])), "flush row wrote no state"
+    tol = (1e-6, 2e-6) if sim.sd == F32 else (1e-6, ULP_RTOL[sim.sd])
+    e = check_close(p_new["state"], p_ref["state"], *tol, f"flushed state: {what}")
+    others = [s for s in range(sim.S) if s != flushed]
+    assert torch.equal(bits(p_new["state"][others]), bits(before["state"][others])), "another slot's state changed"
+    check_close(p_new["d"], p_ref["d"], 1e-6, ULP_RTOL[sim.sd], f"d ring: {what}")
+    for n in ("k", "g"):
+        assert torch.equal(bits(p_new[n]), bits(p_ref[n])), f"{n} ring differs: {what}"
+    return e
+
+
 @pytest.mark.parametrize("scores", ["pre", "inline"])
 @pytest.mark.parametrize("prec", ["s32-a16b", "s16b-a16b", "s16-a16"])
 def test_flush_modes_agree(device, seed, tmp_path, monkeypatch, prec, scores):
@@ -372,29 +401,12 @@ def test_flush_modes_agree(device, seed, tmp_path, monkeypatch, prec, scores):
     (one flush row): the same output pass, the flushed state within rounding-order
     differences (fp32: ~1e-7 relative; 16-bit states: at most one ulp), the same ring
     appends, nothing else written."""
-    sd, ad = PRECISIONS[prec]
     L = 8
-    sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, **small_geom(L, Hk=2, HV=4, n_slots=L + 2))
-    p = sim.pools()
-    p["d"].copy_((sim.randn(p["d"].shape, 0.5)).to(sd))
-    p["g"].copy_(-torch.exp(sim.A_log.cpu())[None, :, None] * torch.rand(p["g"].shape, generator=sim.gen))
+    sim = _filled_ring_sim(device, seed, prec, L)
     got, before = _every_position_under_configs(
         sim, L, tmp_path, monkeypatch, F32, {fl: f"scores: {scores}, flush: {fl}" for fl in FLUSHES})
-    got = {k: (out, sim.pools(bases)) for k, (out, bases) in got.items()}
-    (o_ref, p_ref), (o_new, p_new) = got[FLUSHES[0]], got[FLUSHES[1]]
-    check_close(o_new, o_ref, *REF_OUT_TOL, "out: rank1_fold vs rank1")
-    flushed = L  # the slot of the row at write position L - 1
-    assert not torch.equal(bits(p_ref["state"][flushed]), bits(before["state"][flushed]))
-    if sd == F32:
-        e = check_close(p_new["state"], p_ref["state"], 1e-6, 2e-6, "flushed state: rank1_fold vs rank1")
-    else:  # one ulp of the state dtype
-        e = check_close(p_new["state"], p_ref["state"], 1e-6, ULP_RTOL[sd], "flushed state: rank1_fold vs rank1")
+    e = _same_step(sim, L, before, got[FLUSHES[0]], got[FLUSHES[1]], "rank1_fold vs rank1")
     print(prec, scores, f"max |state diff| {e:.2e}")
-    others = [s for s in range(sim.S) if s != flushed]
-    assert torch.equal(bits(p_new["state"][others]), bits(before["state"][others]))
-    check_close(p_new["d"], p_ref["d"], 1e-6, ULP_RTOL[sd], "d ring: rank1_fold vs rank1")
-    for n in ("k", "g"):
-        assert torch.equal(bits(p_new[n]), bits(p_ref[n])), f"{n} ring differs between flush modes"
 
 
 @pytest.mark.parametrize("flush", FLUSHES)
@@ -514,6 +526,17 @@ def test_prefill_then_decode_equals_full_recurrence(device, seed, interp_launch,
 # ----------------------------------------------------------------------------------
 # 5 + 6: desynchronised write positions, padded rows, null slot
 # ----------------------------------------------------------------------------------
+def _staggered_rows(sim, slots, starts, t):
+    """The batch at step t: row r decodes slot slots[r] from step starts[r] on (activated then) and is padding
+    before (-1 and the null slot 0 in turn)."""
+    rows = []
+    for slot, t0 in zip(slots, starts):
+        if t == t0:
+            sim.activate(slot)
+        rows.append(slot if t >= t0 else (-1 if t % 2 else 0))
+    return rows
+
+
 def test_desynchronised_write_positions(device, seed, interp_launch):
     interp_launch(BV=32)
     L = 4
@@ -521,12 +544,7 @@ def test_desynchronised_write_positions(device, seed, interp_launch):
     slots = [1, 5, 3, 2]
     starts = [0, 1, 2, 3]  # row r starts decoding at step r; before that it is padding
     for t in range(2 * L + 4):
-        rows = []
-        for slot, t0 in zip(slots, starts):
-            if t == t0:
-                sim.activate(slot)
-            rows.append(slot if t >= t0 else (-1 if t % 2 else 0))
-        sim.step(rows)
+        sim.step(_staggered_rows(sim, slots, starts, t))
         phases = {sim.wpos[s] for s in slots if s in sim.wpos}
         if t >= 3:
             assert len(phases) == 4  # four distinct cursors in one batch
@@ -838,24 +856,30 @@ def test_launch_config_state_dtype_key_wins(tmp_path, monkeypatch):
     assert gr.gdn_launch_params(2, 1, 32, 32, 8, torch.bfloat16)["BV"] == 16
 
 
-@pytest.mark.parametrize("limit,want_pre", [(0, True), (1, True), (2, False), (8, False)])
-def test_inline_scores_max_batch_skips_the_pre_kernel(device, seed, tmp_path, monkeypatch, limit, want_pre):
-    """With ``scores: pre``, a batch of at most ``inline_scores_max_batch`` rows launches only the decode
-    kernel (the scores inline), a larger one the score pre-kernel too; both stay on the oracle."""
+def _count_launches(monkeypatch, kernel: str):
+    """Record the launch grids of gdn_replay's Triton kernel ``kernel`` (it still runs)."""
     import sglang_replayssm.kernels.gdn_replay as mod
 
-    f = tmp_path / "cfg.yaml"
-    f.write_text(f"gdn_decode:\n  default: {{BV: 32, scores: pre, inline_scores_max_batch: {limit}}}\n")
-    monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
     launches = []
-    real = mod._gdn_history_scores_kernel
+    real = getattr(mod, kernel)
 
     class Counting:
         def __getitem__(self, grid):
             launches.append(grid)
             return real[grid]
 
-    monkeypatch.setattr(mod, "_gdn_history_scores_kernel", Counting())
+    monkeypatch.setattr(mod, kernel, Counting())
+    return launches
+
+
+@pytest.mark.parametrize("limit,want_pre", [(0, True), (1, True), (2, False), (8, False)])
+def test_inline_scores_max_batch_skips_the_pre_kernel(device, seed, tmp_path, monkeypatch, limit, want_pre):
+    """With ``scores: pre``, a batch of at most ``inline_scores_max_batch`` rows launches only the decode
+    kernel (the scores inline), a larger one the score pre-kernel too; both stay on the oracle."""
+    f = tmp_path / "cfg.yaml"
+    f.write_text(f"gdn_decode:\n  default: {{BV: 32, scores: pre, inline_scores_max_batch: {limit}}}\n")
+    monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
+    launches = _count_launches(monkeypatch, "_gdn_history_scores_kernel")
     _two_rows_past_a_flush(device, seed)
     assert bool(launches) is want_pre, (limit, launches)
 
@@ -910,30 +934,14 @@ def test_k_chunked_tile_on_the_oracle(device, seed, interp_launch, monkeypatch, 
     sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, strided=True, **small_geom(L, Hk=2, HV=4, n_slots=7))
     slots, starts = [1, 5, 3], [0, 1, 3]
     for t in range(2 * L + 3):
-        rows = []
-        for slot, t0 in zip(slots, starts):
-            if t == t0:
-                sim.activate(slot)
-            rows.append(slot if t >= t0 else (-1 if t % 2 else 0))
-        sim.step(rows)
+        sim.step(_staggered_rows(sim, slots, starts, t))
     assert sim.max_errs, "no step was checked"
     assert len(launches) == 2 * L + 3, "the K-chunked kernel did not run on every step"
 
 
 def _count_kchunk_launches(monkeypatch):
-    """Record the launches of the K-chunked kernel (a test of BKC > 0 must not pass on the whole-tile kernel)."""
-    import sglang_replayssm.kernels.gdn_replay as mod
-
-    launches = []
-    real = mod._gdn_replay_decode_kchunk_kernel
-
-    class Counting:
-        def __getitem__(self, grid):
-            launches.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(mod, "_gdn_replay_decode_kchunk_kernel", Counting())
-    return launches
+    """The K-chunked kernel's launch grids (a test of BKC > 0 must not pass on the whole-tile kernel)."""
+    return _count_launches(monkeypatch, "_gdn_replay_decode_kchunk_kernel")
 
 
 KCHUNK_EDGE_CASES = {  # name: (Sim geometry overrides, launch entries, state, use_qk_l2norm)
@@ -986,26 +994,11 @@ def test_k_chunked_tile_agrees_with_the_whole_tile(device, seed, tmp_path, monke
     """One launch with a row at every write position (one flush row) on identical pools, BKC 16 against the
     whole-tile kernel: outputs within the reference tolerance (only the order of the K sums differs), the
     flushed state and the d append within rounding, the same k and g appends, nothing else written."""
-    sd, ad = PRECISIONS[prec]
     L = 8
-    sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, **small_geom(L, Hk=2, HV=4, n_slots=L + 2))
-    p = sim.pools()
-    p["d"].copy_((sim.randn(p["d"].shape, 0.5)).to(sd))
-    p["g"].copy_(-torch.exp(sim.A_log.cpu())[None, :, None] * torch.rand(p["g"].shape, generator=sim.gen))
+    sim = _filled_ring_sim(device, seed, prec, L)
     got, before = _every_position_under_configs(sim, L, tmp_path, monkeypatch, F32,
                                                 {"whole": "BKC: 0", "chunked": "BKC: 16, num_stages: 2"})
-    (o_ref, b_ref), (o_new, b_new) = got["whole"], got["chunked"]
-    p_ref, p_new = sim.pools(b_ref), sim.pools(b_new)
-    check_close(o_new, o_ref, *REF_OUT_TOL, "out: chunked vs whole tile")
-    flushed = L  # the slot of the row at write position L - 1
-    assert not torch.equal(bits(p_new["state"][flushed]), bits(before["state"][flushed])), "flush row wrote no state"
-    tol = (1e-6, 2e-6) if sd == F32 else (1e-6, ULP_RTOL[sd])
-    check_close(p_new["state"], p_ref["state"], *tol, "flushed state: chunked vs whole tile")
-    others = [s for s in range(sim.S) if s != flushed]
-    assert torch.equal(bits(p_new["state"][others]), bits(before["state"][others]))
-    check_close(p_new["d"], p_ref["d"], 1e-6, ULP_RTOL[sd], "d ring: chunked vs whole tile")
-    for n in ("k", "g"):
-        assert torch.equal(bits(p_new[n]), bits(p_ref[n])), f"{n} ring differs between the tile layouts"
+    _same_step(sim, L, before, got["whole"], got["chunked"], "chunked vs whole tile")
 
 
 @pytest.mark.parametrize("entry,msg", [("BKC: 24", "BKC must be a power of two"),
