@@ -221,8 +221,24 @@ def plot_panels(path, panels: List[Dict[str, Any]], suptitle: Optional[str] = No
         if p.parent and not p.parent.exists():
             p.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(p, dpi=110)
+        shrink_png(p)
     plt.close(fig)
     return drew
+
+
+PNG_COLORS = 128
+
+
+def shrink_png(path) -> None:
+    """Rewrite a plot PNG with a palette of PNG_COLORS colours (about a third of matplotlib's RGBA file: the
+    results travel to the GPU host inside a 64 MiB limit). No-op without Pillow (matplotlib's own dependency)."""
+    try:
+        from PIL import Image
+    except Exception:
+        return
+    with Image.open(path) as im:
+        small = im.convert("RGB").quantize(colors=PNG_COLORS)
+    small.save(path, "PNG", optimize=True)
 
 
 def _draw_bars(ax, panel: Dict[str, Any]) -> bool:

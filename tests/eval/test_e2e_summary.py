@@ -269,3 +269,20 @@ def test_steady_decode_speedup_from_the_server_logs(tmp_path):
     out = tmp_path / "out"
     e2e_summary.write_decode(dec, out)
     assert "| gdn_steady_decode_speedup_bs256 | 1.670 |" in (out / "e2e-decode-h200.md").read_text()
+
+
+def test_plots_are_written_with_a_palette(tmp_path):
+    """report.plot_panels stores palette PNGs (about a third of an RGBA file; results travel to the GPU host
+    under a size limit) that still show the plot: more than one colour, the figure's size."""
+    import pytest
+
+    if not report.have_matplotlib():
+        pytest.skip("matplotlib is not installed")
+    from PIL import Image
+
+    path = tmp_path / "p.png"
+    assert report.plot_panels(path, [{"title": "t", "xlabel": "x", "ylabel": "y", "series": [
+        {"label": "a", "x": [1, 2, 4], "y": [1.0, 2.0, 1.5]}, {"label": "b", "x": [1, 2, 4], "y": [0.5, 1.0, 3.0]}]}])
+    with Image.open(path) as im:
+        assert im.mode == "P" and im.size[0] > 200 and im.size[1] > 200
+        assert 2 < len(im.getcolors(maxcolors=report.PNG_COLORS + 1)) <= report.PNG_COLORS
