@@ -34,13 +34,16 @@ if [ ${#variants[@]} -eq 0 ] && [ "$BENCH" = kernels ]; then
   # Without named variants: GDN's K-chunked tile (launch option BKC, _gdn_replay_decode_kchunk_kernel) against the
   # packaged whole-tile kernel, fp32 state. Offline sm_90a (eval/results/gdn-decode-sass-offline-kchunk.md): BV 32
   # in chunks of 32 keeps 168 registers without spills and cuts the issue bound from 194/74 to 70/30 us per
-  # flush/non-flush step at batch 256; with the dot flush 128 registers, 16 warps per SM. Batch 1 keeps BV 16
+  # flush/non-flush step at batch 256; chunks of 16 128 registers, 51/24 us; with the dot flush 86 registers,
+  # 23 warps per SM, 40/26 us. Batch 1 keeps BV 16
   # (inline_BV: its inline key tile with BV 32 needs 255 registers and spills). GDN rows only.
   variants=("packaged="
             "kc-bv16-c32=gdn_decode: {default: {BKC: 32}}"
             "kc-bv32-c32=gdn_decode: {default: {BV: 32, BKC: 32, inline_BV: 16}}"
             "kc-bv32-c32-dot=gdn_decode: {default: {BV: 32, BKC: 32, inline_BV: 16, flush: dot}}"
-            "kc-bv64-c32-w2=gdn_decode: {default: {BV: 64, BKC: 32, inline_BV: 16, num_warps: 2, num_stages: 2}}")
+            "kc-bv32-c16=gdn_decode: {default: {BV: 32, BKC: 16, inline_BV: 16}}"
+            "kc-bv32-c16-dot=gdn_decode: {default: {BV: 32, BKC: 16, inline_BV: 16, flush: dot}}"
+            "kc-bv64-c16-w2=gdn_decode: {default: {BV: 64, BKC: 16, inline_BV: 16, num_warps: 2}}")
   [ ${#flags[@]} -eq 0 ] && flags=(--quick --family gdn --dtypes fp32 --time-budget-s 60)
 elif [ ${#variants[@]} -eq 0 ]; then
   # Round 4 candidates (GDN only; Mamba2 as packaged, its run-to-run reference) on top of the packaged H200 file
