@@ -1012,3 +1012,24 @@ def test_k_chunk_config_is_checked(tmp_path, monkeypatch, entry, msg):
     monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
     with pytest.raises(ValueError, match=msg):
         gr.gdn_launch_params(2, 1, 32, 32, 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("entries", [dict(BV=32, BKC=32), dict(BV=32, BKC=16, flush="dot"),
+                                     dict(BV=64, BKC=16, num_warps=2), dict(BKC=32, num_stages=2)],
+                         ids=["bv32-c32", "bv32-c16-dot", "bv64-c16-w2", "bv16-c32-s2"])
+@pytest.mark.parametrize("prec", ["s32-a16b", "s16b-a16b"])
+def test_qwen3_next_kchunk_cycles_gpu(device, seed, interp_launch, monkeypatch, prec, entries):
+    """The K-chunked candidates at the Qwen3-Next geometry on CUDA (the interpreter cannot afford K = 128 with many
+    rows, and runs tl.dot in plain fp32): 16 rows joining one step apart, so every launch mixes flush and
+    non-flush rows, through two full L = 16 cycles, every step on the reference and the oracle."""
+    interp_launch(always=True, **entries)
+    launches = _count_kchunk_launches(monkeypatch)
+    sd, ad = PRECISIONS[prec]
+    L = 16
+    sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, Hk=16, HV=32, K=128, V=128, L=L, n_slots=20)
+    slots = list(range(3, 19))
+    for t in range(2 * L + len(slots)):
+        sim.step(_staggered_rows(sim, slots, list(range(len(slots))), t))
+    assert len(launches) == 2 * L + len(slots)
+    print(prec, entries, {k: f"{v:.2e}" for k, v in sim.max_errs.items()})
