@@ -204,20 +204,24 @@ def _decode_steps(res: Dict[str, Any], label: str) -> Dict[int, float]:
 _DECODE_LOG = re.compile(r"Decode batch, #running-req: (\d+),.*gen throughput \(token/s\): ([0-9.]+)")
 
 
-def steady_decode_tok_s(log: Path, batch: int) -> Optional[float]:
-    """SGLang's own decode throughput at a full batch: the median "gen throughput" of the scheduler's
-    ``Decode batch`` log lines (one per 40 decode steps) that report exactly ``batch`` running requests.
-    Unlike bench_serving's output tokens/s it leaves out the prefill steps, the ramp up and down and the
-    client's gaps between waves of requests, which cost both servers the same seconds. None without such
-    lines (or without the log: ``server-<label>.log[.gz]`` beside the result)."""
+def steady_decode_rates(log: Path) -> Dict[int, float]:
+    """SGLang's own decode throughput at a full batch, per batch size: the median "gen throughput" of the
+    scheduler's ``Decode batch`` log lines (one per 40 decode steps) that report exactly that many running
+    requests. Unlike bench_serving's output tokens/s it leaves out the prefill steps, the ramp up and down and
+    the client's gaps between waves of requests, which cost both servers the same seconds."""
     opener = gzip.open if log.suffix == ".gz" else open
-    vals = []
+    vals: Dict[int, List[float]] = {}
     with opener(log, "rt", errors="replace") as f:
         for line in f:
             m = _DECODE_LOG.search(line)
-            if m and int(m.group(1)) == batch:
-                vals.append(float(m.group(2)))
-    return statistics.median(vals) if vals else None
+            if m:
+                vals.setdefault(int(m.group(1)), []).append(float(m.group(2)))
+    return {bs: statistics.median(v) for bs, v in vals.items()}
+
+
+def steady_decode_tok_s(log: Path, batch: int) -> Optional[float]:
+    """:func:`steady_decode_rates` at one batch size (None without such lines)."""
+    return steady_decode_rates(log).get(batch)
 
 
 def _server_log(result_file: Path, label: str) -> Optional[Path]:
@@ -242,9 +246,12 @@ def decode_speed(results) -> Dict[str, Any]:
         # an arm served with its own launch configs (eval.ab staged@FILE) is a variant, not "staged"
         cfg = (((res.get("arms") or {}).get(s["b"]) or {}).get("phase") or {}).get("kernel_config")
         arm = f"{kb}@{Path(cfg).name}" if cfg else kb
-        logs = {lab: _server_log(Path(f), lab) for lab in (s["a"], s["b"])}
+        rates = {}  # label -> {batch: steady tok/s} (the server log beside the result: server-<label>.log[.gz])
+        for lab in (s["a"], s["b"]):
+            lg = _server_log(Path(f), lab)
+            rates[lab] = steady_decode_rates(lg) if lg else {}
         for bs in sorted(set(a) & set(b)):
-            steady = {lab: steady_decode_tok_s(lg, bs) if lg else None for lab, lg in logs.items()}
+            steady = {lab: r.get(bs) for lab, r in rates.items()}
             rows.append({"model": setup["model"], "family": setup["family"], "arm": arm, "batch": bs,
                          "ssm_state": setup["ssm_state"], "run_started": res.get("started"),
                          "stock_tok_s": a[bs].get("output_throughput"), "arm_tok_s": b[bs].get("output_throughput"),
