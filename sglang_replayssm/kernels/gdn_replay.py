@@ -154,6 +154,9 @@ GDN_DEFAULT_LAUNCH: Dict[str, Any] = {
     # the output pass streams the tile and a flush row re-reads it (_gdn_replay_decode_kchunk_kernel);
     # num_stages pipelines the chunk loop; v_tiles must be 1 and flush "rank1_fold" is not offered there
     "BKC": 0,
+    # K chunk for the small batches of inline_scores_max_batch (-1: BKC; 0: the whole-tile kernel). Batch 1 is
+    # fastest on the whole tile (5.7 vs 7.3 us at Qwen3-Next, eval/results/kernel-variants-h200/kchunk/)
+    "inline_BKC": -1,
     # flush rebuild: "rank1" (fp32 CUDA-core FMAs), "rank1_fold" (the same FMAs in one fused pass, fewer
     # instructions: see _flush_state_fold) or "dot" (tensor cores, dot_precision)
     "flush": "rank1",
@@ -736,15 +739,18 @@ def gdn_launch_params(HV: int, Hk: int, K: int, V: int, L: int, state_dtype=None
         check_choices(cfg, {"flush": _FLUSH_MODES, "cast": _CAST_MODES, "scores": _SCORE_MODES}, where)
         check_ints(cfg, ("maxnreg", "inline_scores_max_batch", "inline_BV", "BKC"), where, 0)
         check_ints(cfg, ("BV", "v_tiles", "num_warps", "num_stages", "scores_num_warps"), where, 1)
-        for name in ("BV", "inline_BV", "BKC"):
-            if cfg[name] & (cfg[name] - 1):
+        check_ints(cfg, ("inline_BKC",), where, -1)
+        for name in ("BV", "inline_BV", "BKC", "inline_BKC"):
+            if cfg[name] > 0 and cfg[name] & (cfg[name] - 1):
                 raise ValueError(f"gdn_decode launch config: {name} must be a power of two, got {cfg[name]}")
-        if cfg["BKC"]:
-            if cfg["BKC"] < 16:
-                raise ValueError(f"gdn_decode launch config: BKC must be 0 or at least 16, got {cfg['BKC']}")
+        for name in ("BKC", "inline_BKC"):
+            if cfg[name] <= 0:
+                continue
+            if cfg[name] < 16:
+                raise ValueError(f"gdn_decode launch config: {name} must be 0 or at least 16, got {cfg[name]}")
             if cfg["v_tiles"] != 1 or cfg["flush"] == "rank1_fold":
-                raise ValueError("gdn_decode launch config: BKC > 0 takes v_tiles 1 and flush rank1 or dot, got "
-                                 f"v_tiles {cfg['v_tiles']}, flush {cfg['flush']}")
+                raise ValueError(f"gdn_decode launch config: {name} > 0 takes v_tiles 1 and flush rank1 or dot, "
+                                 f"got v_tiles {cfg['v_tiles']}, flush {cfg['flush']}")
         _CFG_CACHE[ck] = cfg
     return cfg
 
@@ -873,6 +879,7 @@ def gdn_replay_decode(
     BK = max(16, next_pow2(K))
     small = B <= cfg["inline_scores_max_batch"]  # host-side, per graph batch
     BV = max(16, min(cfg["inline_BV"] if small and cfg["inline_BV"] else cfg["BV"], next_pow2(V)))
+    BKC = cfg["inline_BKC"] if small and cfg["inline_BKC"] >= 0 else cfg["BKC"]
     LP = max(16, next_pow2(max(L - 1, 1)))
     n_tiles = triton.cdiv(V, BV)
     v_tiles = min(cfg["v_tiles"], n_tiles)
@@ -892,7 +899,7 @@ def gdn_replay_decode(
         )
     else:
         scores = g_ring  # unused placeholder pointer
-    if cfg["BKC"]:
+    if BKC:
         _gdn_replay_decode_kchunk_kernel[(n_tiles, B, HV)](
             mixed_qkv, a, b, A_log, dt_bias,
             state, d_ring, k_ring, g_ring,
@@ -905,7 +912,7 @@ def gdn_replay_decode(
             k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
             g_ring.stride(0), g_ring.stride(1),
             out3.stride(0), out3.stride(1),
-            HK=Hk, HV=HV, K=K, V=V, L=L, BK=BK, BV=BV, BKC=min(cfg["BKC"], BK), LP=LP,
+            HK=Hk, HV=HV, K=K, V=V, L=L, BK=BK, BV=BV, BKC=min(BKC, BK), LP=LP,
             NUM_STAGES=cfg["num_stages"], USE_L2NORM=use_l2, PRE_SCORES=pre, FLUSH=cfg["flush"],
             DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
             CAST_BITS=cfg["cast"] == "bits" or interpreting(),

@@ -916,6 +916,32 @@ def test_inline_bv_must_be_a_power_of_two(tmp_path, monkeypatch):
         gr.gdn_launch_params(2, 1, 32, 32, 4)
 
 
+@pytest.mark.parametrize("limit,inline_bkc,want_chunked", [(1, 0, True), (2, 0, False), (2, -1, True), (2, 16, True)])
+def test_inline_bkc_is_the_chunk_of_small_batches(device, seed, tmp_path, monkeypatch, limit, inline_bkc,
+                                                  want_chunked):
+    """``inline_BKC`` replaces BKC for batches of at most ``inline_scores_max_batch`` rows (0: the whole-tile
+    kernel, -1: BKC); the batch of 2 below launches exactly one of the two decode kernels and stays on the
+    oracle either way."""
+    f = tmp_path / f"cfg-bkc-{limit}-{inline_bkc}.yaml"
+    f.write_text("gdn_decode:\n  default: {BV: 32, BKC: 32, flush: dot, scores: pre, "
+                 f"inline_scores_max_batch: {limit}, inline_BKC: {inline_bkc}}}\n")
+    monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
+    chunked = _count_launches(monkeypatch, "_gdn_replay_decode_kchunk_kernel")
+    whole = _count_launches(monkeypatch, "_gdn_replay_decode_kernel")
+    _two_rows_past_a_flush(device, seed)
+    assert bool(chunked) is want_chunked and bool(whole) is not want_chunked, (limit, inline_bkc, chunked, whole)
+
+
+@pytest.mark.parametrize("value,msg", [(-2, "inline_BKC must be an int >= -1"), (24, "inline_BKC must be a power"),
+                                       (8, "inline_BKC must be 0 or at least 16")])
+def test_inline_bkc_is_checked(tmp_path, monkeypatch, value, msg):
+    f = tmp_path / f"cfg-bad-bkc{value}.yaml"
+    f.write_text(f"gdn_decode:\n  default: {{inline_BKC: {value}}}\n")
+    monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
+    with pytest.raises(ValueError, match=msg):
+        gr.gdn_launch_params(2, 1, 32, 32, 4)
+
+
 # ----------------------------------------------------------------------------------
 # the K-chunked tile (launch option BKC > 0: _gdn_replay_decode_kchunk_kernel)
 # ----------------------------------------------------------------------------------
