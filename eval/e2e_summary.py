@@ -41,6 +41,10 @@ SPEED_KEYS = ("spec_vs_stock_spec", "spec_vs_stock_nonspec", "capacity_ratio")  
 SHORT = {"spec_vs_stock_spec": "vs spec", "spec_vs_stock_nonspec": "vs non-spec", "capacity_ratio": "capacity"}
 SPEC_TARGETS = {"spec_vs_stock_spec_bs256": 1.9, "spec_vs_stock_nonspec_bs256": 1.5, "capacity_ratio": 3.0,
                 "greedy_mismatches": 0}
+# the workload the decode targets have been measured on since the first run (eval.ab's defaults: input 128,
+# output 256, two waves of `batch` requests); a run with another workload is listed apart, never a target
+STANDARD_WORKLOAD = {"input_len": 128, "output_len": 256, "rounds": 2}
+WORKLOAD_KEYS = ("nemotron_h_other_workload_speedup_bs256", "gdn_other_workload_speedup_bs256")
 PARITY_MAX_DLOGPROB = 0.05  # the decode issue's bound at fp32 state
 STOCK_KINDS = ("stock", "upstream")
 
@@ -112,6 +116,7 @@ def _setup(res: Dict[str, Any]) -> Dict[str, Any]:
     h = _harness(res)
     name, size, family = _geometry(res)
     return {"model": name, "size": size, "family": family, "ssm_state": _ssm_state(h), "cuda_graph": h.get("cuda_graph"),
+            "workload": {k: h.get(k, v) for k, v in STANDARD_WORKLOAD.items()},
             "radix_cache": h.get("radix_cache", "off"), "spec": h.get("spec"), "sim_acc_len": h.get("sim_acc_len"),
             "git_commit": res.get("git_commit"), "sglang_version": res.get("sglang_version"),
             "gpu": (res.get("gpu") or {}).get("name")}
@@ -254,6 +259,7 @@ def decode_speed(results) -> Dict[str, Any]:
             steady = {lab: r.get(bs) for lab, r in rates.items()}
             rows.append({"model": setup["model"], "family": setup["family"], "arm": arm, "batch": bs,
                          "ssm_state": setup["ssm_state"], "run_started": res.get("started"),
+                         "workload": setup["workload"],
                          "stock_tok_s": a[bs].get("output_throughput"), "arm_tok_s": b[bs].get("output_throughput"),
                          "throughput_ratio": report.ratio(b[bs].get("output_throughput"),
                                                           a[bs].get("output_throughput")),
@@ -270,18 +276,21 @@ def decode_speed(results) -> Dict[str, Any]:
     rows.sort(key=lambda r: (_ts(r["run_started"]), r["model"], r["arm"], r["batch"]))
     sources: Dict[str, str] = {}
 
-    def target_row(r: Dict[str, Any], family: str, arm: str, bs: int) -> bool:
+    def target_row(r: Dict[str, Any], family: str, arm: str, bs: int, standard: bool = True) -> bool:
         """A row the targets may read: the family's headline model, the packaged launch configs (no
-        @FILE variant), an fp32 state (the model default of the built-in geometries)."""
+        @FILE variant), an fp32 state (the model default of the built-in geometries), the standard
+        workload (``standard=False``: any other workload instead)."""
         return (r["family"], r["arm"], r["batch"]) == (family, arm, bs) and r["model"] == TARGET_MODELS[family] \
-            and _fp32_state(r)
+            and _fp32_state(r) and (r.get("workload", STANDARD_WORKLOAD) == STANDARD_WORKLOAD) is standard
 
-    def latest(family: str, arm: str, bs: int, key: str) -> Optional[Dict[str, Any]]:
+    def latest(family: str, arm: str, bs: int, key: str, standard: bool = True) -> Optional[Dict[str, Any]]:
         """The latest run (by start time) of the family's arm at this batch that measured ``key``."""
-        return next((r for r in reversed(rows) if target_row(r, family, arm, bs) and r.get(key) is not None), None)
+        return next((r for r in reversed(rows) if target_row(r, family, arm, bs, standard) and r.get(key) is not None),
+                    None)
 
-    def pick(name: str, family: str, arm: str, bs: int, key: str = "throughput_ratio") -> Optional[float]:
-        r = latest(family, arm, bs, key)
+    def pick(name: str, family: str, arm: str, bs: int, key: str = "throughput_ratio",
+             standard: bool = True) -> Optional[float]:
+        r = latest(family, arm, bs, key, standard)
         if r is not None:
             sources[name] = r["file"]
         return r[key] if r else None
@@ -319,6 +328,12 @@ def decode_speed(results) -> Dict[str, Any]:
                "gdn_steady_decode_speedup_bs256": pick("gdn_steady_decode_speedup_bs256", "gdn", "staged", 256,
                                                        "steady_decode_speedup"),
                "gdn_steady_vs_upstream_bs256": vs_upstream("gdn_steady_vs_upstream_bs256", 256, "arm_steady_tok_s"),
+               # not targets: bench_serving's ratio on a workload other than the standard one (e.g. one wave of
+               # 1024-token outputs, eval.ab --rounds 1 --output-len 1024)
+               "nemotron_h_other_workload_speedup_bs256": pick("nemotron_h_other_workload_speedup_bs256", "mamba2",
+                                                               "staged", 256, standard=False),
+               "gdn_other_workload_speedup_bs256": pick("gdn_other_workload_speedup_bs256", "gdn", "staged", 256,
+                                                        standard=False),
                "noise_floor_stock_vs_stock": noise}
     summary["sources"] = sources
     summary["targets"] = DECODE_TARGETS
@@ -515,6 +530,9 @@ def write_decode(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
              for k in DECODE_STEP_KEYS if s.get(k) is not None]
     steady = [[k, report.fmt(s.get(k), 3), Path(src[k]).parent.name if k in src else "—"]
               for k in STEADY_KEYS if s.get(k) is not None]
+    by_file = {r["file"]: r.get("workload") or {} for r in doc["by_batch"]}
+    other = [[k, report.fmt(s.get(k), 3), ", ".join(f"{n} {v}" for n, v in by_file.get(src.get(k), {}).items()),
+              Path(src[k]).parent.name if k in src else "—"] for k in WORKLOAD_KEYS if s.get(k) is not None]
     brows = [[r["model"], r["arm"], r["batch"], r.get("run_started") or "—", report.fmt(r["stock_tok_s"], 0),
               report.fmt(r["arm_tok_s"], 0), report.fmt(r["throughput_ratio"], 3), report.fmt(r["tpot_speedup"], 3),
               report.fmt(r.get("decode_step_speedup"), 3), report.fmt(r.get("steady_decode_speedup"), 3)]
@@ -524,7 +542,7 @@ def write_decode(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
                       for n in s["noise_floor_stock_vs_stock"]) or "- none"
     paths.append(report.write_markdown(out_dir / "e2e-decode-h200.md", "End-to-end decode speed on the H200", [
         _source_section(doc),
-        ("Targets (each from the latest run that measured it)",
+        ("Targets (each from the latest run that measured it on the standard workload)",
          report.markdown_table(["metric", "measured", "target", "met", "run"], rows)),
         ("Profiled decode steps (not targets)",
          "Stock's decode-step wall time over the arm's, from the torch-profiler window of `eval.ab --profile-batch` "
@@ -537,6 +555,11 @@ def write_decode(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
          "It leaves out prefill steps, the ramp and the benchmark client's gaps between waves of requests, which "
          "cost both servers the same seconds and dilute bench_serving's ratio.\n\n"
          + (report.markdown_table(["metric", "measured", "run"], steady) if steady else "- no server logs")),
+        ("Other workloads (not targets)",
+         "bench_serving's output-token ratio on runs whose workload is not the standard one ("
+         + ", ".join(f"{n} {v}" for n, v in STANDARD_WORKLOAD.items()) + "), the latest of each family at batch 256. "
+         "The targets read only standard-workload runs.\n\n"
+         + (report.markdown_table(["metric", "measured", "workload", "run"], other) if other else "- none")),
         ("Noise floor", noise),
         ("By batch (sglang.bench_serving output tokens/s; TPOT p50)",
          report.markdown_table(["model", "arm", "batch", "run started", "stock tok/s", "arm tok/s",

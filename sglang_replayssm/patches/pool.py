@@ -345,7 +345,7 @@ def build_ring(mamba_pool, cache_params, mamba_layer_ids, cfg: ReplaySSMConfig,
     if plan.kind == "gdn" and temporal.dtype != torch.float32 and window is None:  # the decode kernel's cost
         logger.warning("sglang_replayssm: GDN layers with a %s SSM state: the replay decode kernel gains little "
                        "or nothing over SGLang's there (H200, Qwen3-Next geometry: 1.04x at batch 256, 0.97x at 32, "
-                       "0.80x at 1, eval/results/kernels-h200.md; it gains with an fp32 state, "
+                       "0.81x at 1, eval/results/kernels-h200.md; it gains with an fp32 state, "
                        "--mamba-ssm-dtype float32)", str(temporal.dtype).split(".")[-1])
     return ring
 

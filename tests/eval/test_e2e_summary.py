@@ -213,6 +213,30 @@ def test_decode_targets_read_the_latest_run_and_its_profiled_decode_steps(tmp_pa
     assert {r["ssm_state"] for r in doc["by_batch"]} == {"default", "bf16"}
 
 
+def test_a_run_on_another_workload_is_listed_apart_from_the_targets(tmp_path):
+    """A later run with one wave of 1024-token outputs (eval.ab --rounds 1 --output-len 1024) is not read by the
+    targets, which stay on the standard workload's latest run; its ratio is reported as another workload's."""
+    res = json.loads((DATA / "ab_result_sample.json").read_text())
+    a, b = res["summary"]["a"], res["summary"]["b"]
+    runs = tmp_path / "runs"
+    report.write_json(runs / "std" / "ab-nemotron-h-8b-stock-vs-staged.json", res)
+    wave = _variant(res, scale=1.5)
+    wave["started"] = "2099-01-01T00:00:00Z"
+    wave["flags"]["harness"].update(output_len=1024, rounds=1)
+    report.write_json(runs / "wave" / "ab-nemotron-h-8b-stock-vs-staged.json", wave)
+    out = tmp_path / "out"
+    assert e2e_summary.main([str(runs), "--out-dir", str(out)]) == 0
+    dec = json.loads((out / "e2e-decode-h200.json").read_text())["summary"]
+    base = _tok_s(res, b, 256) / _tok_s(res, a, 256)
+    assert abs(dec["nemotron_h_speedup_bs256"] - base) < 1e-9
+    assert Path(dec["sources"]["nemotron_h_speedup_bs256"]).parent.name == "std"
+    assert abs(dec["nemotron_h_other_workload_speedup_bs256"] - 1.5 * base) < 1e-9
+    assert Path(dec["sources"]["nemotron_h_other_workload_speedup_bs256"]).parent.name == "wave"
+    assert dec["gdn_other_workload_speedup_bs256"] is None
+    md = (out / "e2e-decode-h200.md").read_text()
+    assert "| nemotron_h_other_workload_speedup_bs256 | " in md and "output_len 1024, rounds 1" in md
+
+
 def test_parity_target_is_judged_on_fp32_state_runs(tmp_path):
     res = json.loads((DATA / "ab_result_sample.json").read_text())
     s = res["summary"]["parity"]

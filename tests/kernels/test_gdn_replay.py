@@ -1041,9 +1041,10 @@ def test_k_chunk_config_is_checked(tmp_path, monkeypatch, entry, msg):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("entries", [dict(BV=32, BKC=32), dict(BV=32, BKC=16, flush="dot"),
-                                     dict(BV=64, BKC=16, num_warps=2), dict(BKC=32, num_stages=2)],
-                         ids=["bv32-c32", "bv32-c16-dot", "bv64-c16-w2", "bv16-c32-s2"])
+@pytest.mark.parametrize("entries", [dict(BV=32, BKC=32), dict(BV=32, BKC=32, flush="dot"),
+                                     dict(BV=32, BKC=16, flush="dot"), dict(BV=64, BKC=16, num_warps=2),
+                                     dict(BKC=32, num_stages=2)],
+                         ids=["bv32-c32", "bv32-c32-dot", "bv32-c16-dot", "bv64-c16-w2", "bv16-c32-s2"])
 @pytest.mark.parametrize("prec", ["s32-a16b", "s16b-a16b"])
 def test_qwen3_next_kchunk_cycles_gpu(device, seed, interp_launch, monkeypatch, prec, entries):
     """The K-chunked candidates at the Qwen3-Next geometry on CUDA (the interpreter cannot afford K = 128 with many
