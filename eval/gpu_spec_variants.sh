@@ -31,20 +31,19 @@ while [ $# -gt 0 ]; do
   variants+=("$1"); shift
 done
 if [ ${#variants[@]} -eq 0 ] && [ "$BENCH" = kernels ]; then
-  # Without named variants: GDN's K-chunked tile (launch option BKC, _gdn_replay_decode_kchunk_kernel) against the
-  # packaged whole-tile kernel, fp32 state. Offline sm_90a (eval/results/gdn-decode-sass-offline-kchunk.md): BV 32
-  # in chunks of 32 keeps 168 registers without spills and cuts the issue bound from 194/74 to 70/30 us per
-  # flush/non-flush step at batch 256; chunks of 16 128 registers, 51/24 us; with the dot flush 86 registers,
-  # 23 warps per SM, 40/26 us. Batch 1 keeps BV 16
-  # (inline_BV: its inline key tile with BV 32 needs 255 registers and spills). GDN rows only.
+  # Without named variants: on top of the packaged K-chunked GDN tile (fp32 state: BV 32, BKC 32, dot flush;
+  # eval/results/kernel-variants-h200/README.md), launch option `prefetch` (offline sm_90a,
+  # eval/results/gdn-decode-sass-offline-prefetch.md): 1 issues the first chunk's loads right after the slot load,
+  # before the row's scalars and history (146 registers, 13 warps per SM); 2 also loads each chunk one pass ahead
+  # (192 registers, 10 warps per SM). And the same K-chunked tile for a bf16 state (whole tile, BV 32, cvt now).
+  # GDN rows only, fp32 and bf16 state.
+  K=HV32_HK16_K128_V128_L16
   variants=("packaged="
-            "kc-bv16-c32=gdn_decode: {default: {BKC: 32}}"
-            "kc-bv32-c32=gdn_decode: {default: {BV: 32, BKC: 32, inline_BV: 16}}"
-            "kc-bv32-c32-dot=gdn_decode: {default: {BV: 32, BKC: 32, inline_BV: 16, flush: dot}}"
-            "kc-bv32-c16=gdn_decode: {default: {BV: 32, BKC: 16, inline_BV: 16}}"
-            "kc-bv32-c16-dot=gdn_decode: {default: {BV: 32, BKC: 16, inline_BV: 16, flush: dot}}"
-            "kc-bv64-c16-w2=gdn_decode: {default: {BV: 64, BKC: 16, inline_BV: 16, num_warps: 2}}")
-  [ ${#flags[@]} -eq 0 ] && flags=(--quick --family gdn --dtypes fp32 --time-budget-s 60)
+            "pf1=gdn_decode: {${K}_Sfp32: {prefetch: 1}}"
+            "pf2=gdn_decode: {${K}_Sfp32: {prefetch: 2}}"
+            "bf16-kc=gdn_decode: {${K}_Sbf16: {BKC: 32, flush: dot, inline_BKC: 0}}"
+            "bf16-kc-pf1=gdn_decode: {${K}_Sbf16: {BKC: 32, flush: dot, inline_BKC: 0, prefetch: 1}}")
+  [ ${#flags[@]} -eq 0 ] && flags=(--quick --family gdn --dtypes fp32 bf16 --time-budget-s 60)
 elif [ ${#variants[@]} -eq 0 ]; then
   # Round 4 candidates (GDN only; Mamba2 as packaged, its run-to-run reference) on top of the packaged H200 file
   # (round 3, eval/results/spec-variants-h200/round3/: nothing beat round 2's pick, GDN 459 us per layer at

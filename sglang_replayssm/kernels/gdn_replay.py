@@ -157,6 +157,9 @@ GDN_DEFAULT_LAUNCH: Dict[str, Any] = {
     # K chunk for the small batches of inline_scores_max_batch (-1: BKC; 0: the whole-tile kernel). Batch 1 is
     # fastest on the whole tile (5.7 vs 7.3 us at Qwen3-Next, eval/results/kernel-variants-h200/kchunk/)
     "inline_BKC": -1,
+    # with BKC > 0: 1 issues the first chunk's loads before the row's scalars and history; 2 also loads each chunk
+    # one pass ahead of its reduction (0: each chunk loaded in its own pass)
+    "prefetch": 0,
     # flush rebuild: "rank1" (fp32 CUDA-core FMAs), "rank1_fold" (the same FMAs in one fused pass, fewer
     # instructions: see _flush_state_fold) or "dot" (tensor cores, dot_precision)
     "flush": "rank1",
@@ -467,6 +470,15 @@ def _row_cursor(state_indices, write_pos, i_n, stride_idx, stride_wp, null_slot,
 
 
 @triton.jit
+def _chunk_dots(acc_q, acc_k, s, q_row, k_row, kc, o_c, K: tl.constexpr):
+    """(acc_q + s q[kc:kc+BKC], acc_k + s k[kc:kc+BKC]) for one K chunk s [BV, BKC] of the checkpoint tile."""
+    mask_c = (kc + o_c) < K
+    q_c = tl.load(q_row + kc + o_c, mask=mask_c, other=0).to(tl.float32)
+    k_c = tl.load(k_row + kc + o_c, mask=mask_c, other=0).to(tl.float32)
+    return acc_q + tl.sum(s * q_c[None, :], axis=1), acc_k + tl.sum(s * k_c[None, :], axis=1)
+
+
+@triton.jit
 def _slot_heads(state, d_ring, k_ring, g_ring, slot, i_hv, i_hk, stride_s0, stride_s1, stride_d0, stride_d1,
                 stride_k0, stride_k1, stride_g0, stride_g1):
     """Base pointers of one (slot, v-head): its checkpoint, d ring and g ring, and its k-head's raw-k ring."""
@@ -606,14 +618,18 @@ def _gdn_replay_decode_kchunk_kernel(
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, LP: tl.constexpr, NUM_STAGES: tl.constexpr,
     USE_L2NORM: tl.constexpr, PRE_SCORES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, CAST_BITS: tl.constexpr,
+    SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, CAST_BITS: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """The decode step of ``_gdn_replay_decode_kernel`` (same math, same writes) with the checkpoint
     tile streamed in K chunks of BKC columns (launch option ``BKC`` > 0): the output pass accumulates
     (S_ck q, S_ck k) chunk by chunk, so no program holds its [BV, K] tile, and a flush row reads its
     tile a second time (from L2: the same program read it a moment before) to store the new
     checkpoint chunk by chunk. Keys enter through their norms: q^ = q |q|^-1 scale, k^ = k |k|^-1,
-    and the cached keys' 1/|k_j| (``rn``), so a chunk never needs a whole-row norm."""
+    and the cached keys' 1/|k_j| (``rn``), so a chunk never needs a whole-row norm.
+
+    PREFETCH (launch option ``prefetch``): 1 issues the first chunk's loads as soon as the slot is
+    known, before the row's scalars and history (their round trips overlap); 2 also issues each
+    chunk's loads one pass of the output loop ahead of its reduction (a register double buffer)."""
     i_v = tl.program_id(0)
     i_n = tl.program_id(1).to(tl.int64)
     i_hv = tl.program_id(2)
@@ -636,6 +652,9 @@ def _gdn_replay_decode_kchunk_kernel(
     row = qkv + i_n * stride_qkv
     q_row = row + i_hk * K
     k_row = row + HK * K + i_hk * K
+    p_tile = s_head + o_v[:, None] * stride_s2 + o_c[None, :]  # chunk 0 of the checkpoint tile
+    if PREFETCH:
+        s_next = tl.load(p_tile, mask=mask_v[:, None] & (o_c < K)[None, :], other=0)
 
     # ---- per (row, v-head) scalars and the history, as in _gdn_replay_decode_kernel ----
     q = tl.load(q_row + o_k, mask=mask_k, other=0).to(tl.float32)
@@ -675,14 +694,18 @@ def _gdn_replay_decode_kchunk_kernel(
     # ---- output pass: (S_ck q, S_ck k) over K chunks ----
     acc_q = tl.zeros([BV], dtype=tl.float32)
     acc_k = tl.zeros([BV], dtype=tl.float32)
-    for kc in tl.range(0, K, BKC, num_stages=NUM_STAGES):
-        mask_c = (kc + o_c) < K
-        s = tl.load(s_head + o_v[:, None] * stride_s2 + (kc + o_c)[None, :], mask=mask_v[:, None] & mask_c[None, :],
-                    other=0).to(tl.float32)
-        q_c = tl.load(q_row + kc + o_c, mask=mask_c, other=0).to(tl.float32)
-        k_c = tl.load(k_row + kc + o_c, mask=mask_c, other=0).to(tl.float32)
-        acc_q += tl.sum(s * q_c[None, :], axis=1)
-        acc_k += tl.sum(s * k_c[None, :], axis=1)
+    kc_first = 0
+    if PREFETCH == 1:  # chunk 0 was loaded up front
+        acc_q, acc_k = _chunk_dots(acc_q, acc_k, s_next.to(tl.float32), q_row, k_row, 0, o_c, K)
+        kc_first = BKC
+    for kc in tl.range(kc_first, K, BKC, num_stages=NUM_STAGES):
+        if PREFETCH == 2:
+            s = s_next.to(tl.float32)
+            # the next chunk (all masked past the last one)
+            s_next = tl.load(p_tile + kc + BKC, mask=mask_v[:, None] & ((kc + BKC + o_c) < K)[None, :], other=0)
+        else:
+            s = tl.load(p_tile + kc, mask=mask_v[:, None] & ((kc + o_c) < K)[None, :], other=0).to(tl.float32)
+        acc_q, acc_k = _chunk_dots(acc_q, acc_k, s, q_row, k_row, kc, o_c, K)
     sq = acc_q * rq
     sk = acc_k * rk
     if L > 1:
@@ -740,6 +763,9 @@ def gdn_launch_params(HV: int, Hk: int, K: int, V: int, L: int, state_dtype=None
         check_ints(cfg, ("maxnreg", "inline_scores_max_batch", "inline_BV", "BKC"), where, 0)
         check_ints(cfg, ("BV", "v_tiles", "num_warps", "num_stages", "scores_num_warps"), where, 1)
         check_ints(cfg, ("inline_BKC",), where, -1)
+        check_ints(cfg, ("prefetch",), where, 0)
+        if cfg["prefetch"] > 2:
+            raise ValueError(f"gdn_decode launch config: prefetch must be 0, 1 or 2, got {cfg['prefetch']}")
         for name in ("BV", "inline_BV", "BKC", "inline_BKC"):
             if cfg[name] > 0 and cfg[name] & (cfg[name] - 1):
                 raise ValueError(f"gdn_decode launch config: {name} must be a power of two, got {cfg[name]}")
@@ -915,7 +941,7 @@ def gdn_replay_decode(
             HK=Hk, HV=HV, K=K, V=V, L=L, BK=BK, BV=BV, BKC=min(BKC, BK), LP=LP,
             NUM_STAGES=cfg["num_stages"], USE_L2NORM=use_l2, PRE_SCORES=pre, FLUSH=cfg["flush"],
             DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
-            CAST_BITS=cfg["cast"] == "bits" or interpreting(),
+            CAST_BITS=cfg["cast"] == "bits" or interpreting(), PREFETCH=cfg["prefetch"],
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **register_cap(cfg),
         )
         return out
