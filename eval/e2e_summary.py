@@ -520,6 +520,12 @@ def write_parity(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
     return paths
 
 
+def _workload_label(w: Optional[Dict[str, Any]]) -> str:
+    """"128/256 x2": input and output tokens per request and waves of ``batch`` requests (eval.ab --rounds)."""
+    w = w or STANDARD_WORKLOAD
+    return f"{w['input_len']}/{w['output_len']} x{w['rounds']}"
+
+
 def write_decode(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
     s = doc["summary"]
     paths = [report.write_json(out_dir / "e2e-decode-h200.json", doc)]
@@ -535,7 +541,8 @@ def write_decode(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
               Path(src[k]).parent.name if k in src else "—"] for k in WORKLOAD_KEYS if s.get(k) is not None]
     brows = [[r["model"], r["arm"], r["batch"], r.get("run_started") or "—", report.fmt(r["stock_tok_s"], 0),
               report.fmt(r["arm_tok_s"], 0), report.fmt(r["throughput_ratio"], 3), report.fmt(r["tpot_speedup"], 3),
-              report.fmt(r.get("decode_step_speedup"), 3), report.fmt(r.get("steady_decode_speedup"), 3)]
+              report.fmt(r.get("decode_step_speedup"), 3), report.fmt(r.get("steady_decode_speedup"), 3),
+              _workload_label(r.get("workload"))]
              for r in doc["by_batch"]]
     noise = "\n".join(f"- {n['model']}: stock vs stock geomean {report.fmt(n['geomean'], 3)} "
                       f"(min {report.fmt(n['min'], 3)}, max {report.fmt(n['max'], 3)})"
@@ -564,7 +571,7 @@ def write_decode(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
         ("By batch (sglang.bench_serving output tokens/s; TPOT p50)",
          report.markdown_table(["model", "arm", "batch", "run started", "stock tok/s", "arm tok/s",
                                 "throughput ratio", "TPOT speedup", "profiled decode-step speedup",
-                                "steady decode speedup"], brows)),
+                                "steady decode speedup", "workload (in/out x waves)"], brows)),
     ]))
     series = []
     for key in dict.fromkeys((r["model"], r["arm"]) for r in doc["by_batch"]):

@@ -45,14 +45,17 @@ if [ ${#variants[@]} -eq 0 ] && [ "$BENCH" = kernels ]; then
             "bf16-kc-pf1=gdn_decode: {${K}_Sbf16: {BKC: 32, flush: dot, inline_BKC: 0, prefetch: 1}}")
   [ ${#flags[@]} -eq 0 ] && flags=(--quick --family gdn --dtypes fp32 bf16 --time-budget-s 60)
 elif [ ${#variants[@]} -eq 0 ]; then
-  # Round 4 candidates (GDN only; Mamba2 as packaged, its run-to-run reference) on top of the packaged H200 file
-  # (round 3, eval/results/spec-variants-h200/round3/: nothing beat round 2's pick, GDN 459 us per layer at
-  # batch 256). `reduce: dot` computes the window's dots on tensor cores (tf32x3); offline sm_90a
-  # (eval/results/verify-sass-offline-round4.md) it builds without spills on 2 warps with BV 32 and on 4 warps
-  # with BV 64 (8 warps per SM), issue bound 287 and 257 us against 320 us packaged.
+  # Round 5 candidates (GDN only; Mamba2 as packaged, its run-to-run reference) on top of the packaged H200 file
+  # (round 4, eval/results/spec-variants-h200/round4/: the tensor-core window reduction lost 44-59%; GDN 460 us
+  # per layer at batch 256, 426 needed for Qwen3-Next's 1.9x). `flush: split` folds the flush rows' history in a
+  # separate launch (_gdn_verify_fold_kernel, tl.dot tf32x3) before the verify launch, which then has no fold
+  # branch (its flush rows lose the rank-1 loop's chain of dependent loads: 794 us per all-flush step against
+  # 374 non-flush); estimate in eval/results/verify-sass-offline-round5.md: 425-440 us per layer amortised.
+  # Offline sm_90a the verify kernel keeps 168 registers (20 spilled; 255 without the cap, 8 warps per SM).
+  # Batch 1 keeps the in-kernel rank-1 fold (inline_scores_max_batch).
   variants=("packaged="
-            "dot-w2-bv32=gdn_verify: {default: {reduce: dot, BV: 32, num_warps: 2, maxnreg: 0}}"
-            "dot-w4-bv64=gdn_verify: {default: {reduce: dot, BV: 64, num_warps: 4, maxnreg: 0}}")
+            "split=gdn_verify: {default: {flush: split}}"
+            "split-nocap=gdn_verify: {default: {flush: split, maxnreg: 0}}")
 fi
 [ ${#flags[@]} -eq 0 ] && flags=(--quick --dtypes fp32 --time-budget-s 60)  # --quick times batch 1/32/256
 rc=0

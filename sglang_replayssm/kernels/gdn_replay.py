@@ -766,6 +766,9 @@ def gdn_launch_params(HV: int, Hk: int, K: int, V: int, L: int, state_dtype=None
         check_ints(cfg, ("prefetch",), where, 0)
         if cfg["prefetch"] > 2:
             raise ValueError(f"gdn_decode launch config: prefetch must be 0, 1 or 2, got {cfg['prefetch']}")
+        if cfg["prefetch"] and cfg["BKC"] <= 0 and cfg["inline_BKC"] <= 0:
+            raise ValueError("gdn_decode launch config: prefetch applies to the K-chunked tile only (BKC > 0 or "
+                             f"inline_BKC > 0), got prefetch {cfg['prefetch']} with BKC {cfg['BKC']}")
         for name in ("BV", "inline_BV", "BKC", "inline_BKC"):
             if cfg[name] > 0 and cfg[name] & (cfg[name] - 1):
                 raise ValueError(f"gdn_decode launch config: {name} must be a power of two, got {cfg[name]}")
@@ -773,7 +776,8 @@ def gdn_launch_params(HV: int, Hk: int, K: int, V: int, L: int, state_dtype=None
             if cfg[name] <= 0:
                 continue
             if cfg[name] < 16:
-                raise ValueError(f"gdn_decode launch config: {name} must be 0 or at least 16, got {cfg[name]}")
+                allowed = "-1, 0" if name == "inline_BKC" else "0"
+                raise ValueError(f"gdn_decode launch config: {name} must be {allowed} or at least 16, got {cfg[name]}")
             if cfg["v_tiles"] != 1 or cfg["flush"] == "rank1_fold":
                 raise ValueError(f"gdn_decode launch config: {name} > 0 takes v_tiles 1 and flush rank1 or dot, "
                                  f"got v_tiles {cfg['v_tiles']}, flush {cfg['flush']}")

@@ -91,7 +91,9 @@ e^{Gamma_i - Gamma_j} likewise come from suffix sums over g_{j+1..i}), keys are
 re-normalised with the same fp32 formula as the current token.  The flush fold
 is w exact fp32 rank-1 updates (``flush: rank1``, default) or one ``tl.dot`` [BV, LP] x
 [LP, K] with ``dot_precision`` "tf32x3" / "ieee" (``flush: dot``; plain tf32 is
-refused).  The window d_i stay fp32 inside the solve; the only roundings are the
+refused), or (``flush: split``, above ``inline_scores_max_batch``) that same dot in a launch of its own,
+``_gdn_verify_fold_kernel``, before the verify launch, which then runs the flush rows as empty-history rows
+of the folded checkpoint and carries no fold code.  The window d_i stay fp32 inside the solve; the only roundings are the
 stores (out, ring d in the state dtype, the checkpoint).  Measured in the CPU
 interpreter (tests/kernels/test_gdn_verify.py: fp32 state, fp32 or bf16 activations,
 random realistic gates, 40-step simulations with random accepts, Qwen3-Next
@@ -136,7 +138,14 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = {
     "BV": 16,  # value rows per program (power of two; the whole K row sits in one program)
     "num_warps": 4,
     "num_stages": 1,
-    "flush": "rank1",  # flush fold: "rank1" (exact fp32 CUDA-core FMAs) or "dot" (tl.dot, dot_precision)
+    # flush fold: "rank1" (exact fp32 CUDA-core FMAs), "dot" (tl.dot, dot_precision) or "split": above
+    # inline_scores_max_batch a separate fold launch (_gdn_verify_fold_kernel: tl.dot, dot_precision) folds the
+    # flush rows' history into their checkpoints before the verify launch, which then runs every row without a
+    # fold branch (flush rows as empty-history rows of the folded checkpoint); smaller batches fold in the
+    # verify launch with "rank1" (one launch)
+    "flush": "rank1",
+    "fold_BV": 32,  # flush: split: value rows per fold program (power of two)
+    "fold_num_warps": 4,
     "dot_precision": "tf32x3",
     # the window's dots against the state tile and each other: "bcast" (one [BV, T, K] broadcast-and-sum),
     # "token" (T two-dimensional row reductions, as the decode kernel does for one token) or "dot" (tl.dot on
@@ -151,7 +160,7 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = {
     "inline_scores_max_batch": 0,
     "maxnreg": 0,  # register cap of the main kernel (0: none): fewer registers, more resident warps
 }
-_FLUSH_MODES = ("rank1", "dot")
+_FLUSH_MODES = ("rank1", "dot", "split")
 _REDUCE_MODES = ("bcast", "token", "dot")
 _SCORES_MODES = ("inline", "pre")
 
@@ -237,6 +246,72 @@ def _gdn_verify_scores_kernel(
 
 
 @triton.jit
+def _spec_cursor(wp, origin, flush, slot, stride_wp, stride_org, stride_fl, R: tl.constexpr, T: tl.constexpr):
+    """(w, origin, flush) of a live slot; w and origin clamped for memory safety only (the commit rule keeps
+    w + T <= R)."""
+    w = tl.load(wp + slot * stride_wp).to(tl.int32)
+    org = tl.load(origin + slot * stride_org).to(tl.int32)
+    is_flush = tl.load(flush + slot * stride_fl) != 0
+    return tl.minimum(tl.maximum(w, 0), R - T), tl.minimum(tl.maximum(org, 0), R - 1), is_flush
+
+
+@triton.jit
+def _fold_history_dot(s, eG, c, d_hist, k_head, stride_k2, ph, valid, o_k, mask_k,
+                      USE_L2NORM: tl.constexpr, EPS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """S_c = e^G s + sum_j c_j d_j k^_j^T as one tl.dot [BV, LP] x [LP, BK]: s [BV, BK] fp32, d_hist [BV, LP]
+    fp32, the history's raw keys read at physical ring rows ph (masked by valid) and normalised here."""
+    k_hist = tl.load(k_head + ph[:, None] * stride_k2 + o_k[None, :], mask=valid[:, None] & mask_k[None, :], other=0)
+    k_hist = _normalise_rows(k_hist, USE_L2NORM, EPS)
+    return eG * s + tl.dot(d_hist * c[None, :], k_hist, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _gdn_verify_fold_kernel(
+    state, d_ring, k_ring, g_ring,
+    state_indices, wp, origin, flush, null_slot,
+    stride_idx, stride_wp, stride_org, stride_fl,
+    stride_s0, stride_s1, stride_s2,
+    stride_d0, stride_d1, stride_d2,
+    stride_k0, stride_k1, stride_k2,
+    stride_g0, stride_g1, stride_g2,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr, T: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr,
+    USE_L2NORM: tl.constexpr, EPS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """``flush: split``: the flush fold of :func:`_gdn_verify_kernel` as its own launch, run before it. A
+    flush row with a non-empty history stores S_c = e^G S_ck + sum_{j<w} c_j d_j k^_j^T (state dtype) as its
+    checkpoint; every other row, and a padded or null one, writes nothing. Grid (cdiv(V, BV), B, HV)."""
+    i_v = tl.program_id(0)
+    i_n = tl.program_id(1).to(tl.int64)
+    i_hv = tl.program_id(2)
+    i_hk = i_hv // (HV // HK)
+    slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
+    if (slot < 0) | (slot == null_slot):
+        return
+    w, org, is_flush = _spec_cursor(wp, origin, flush, slot, stride_wp, stride_org, stride_fl, R, T)
+    if is_flush & (w > 0):
+        o_k = tl.arange(0, BK)
+        mask_k = o_k < K
+        o_v = i_v * BV + tl.arange(0, BV)
+        mask_v = o_v < V
+        o_j = tl.arange(0, LP)
+        valid = o_j < w
+        ph = (org + o_j) % R
+        s_head = state + slot * stride_s0 + i_hv * stride_s1
+        d_head = d_ring + slot * stride_d0 + i_hv * stride_d1
+        p_s = s_head + o_v[:, None] * stride_s2 + o_k[None, :]
+        mask_s = mask_v[:, None] & mask_k[None, :]
+        s = tl.load(p_s, mask=mask_s, other=0).to(tl.float32)
+        g_hist = tl.load(g_ring + slot * stride_g0 + i_hv * stride_g1 + ph * stride_g2, mask=valid, other=0.0)
+        d_hist = tl.load(d_head + ph[None, :] * stride_d2 + o_v[:, None], mask=mask_v[:, None] & valid[None, :],
+                         other=0).to(tl.float32)
+        c, eG = _history_weights(g_hist, w, LP)
+        s = _fold_history_dot(s, eG, c, d_hist, k_ring + slot * stride_k0 + i_hk * stride_k1, stride_k2, ph, valid,
+                              o_k, mask_k, USE_L2NORM, EPS, DOT_PRECISION)
+        tl.store(p_s, _cast_rtne(s, s_head.dtype.element_ty), mask=mask_s)
+
+
+@triton.jit
 def _gdn_verify_kernel(
     qkv, a, b, A_log, dt_bias,
     state, d_ring, k_ring, g_ring,
@@ -255,7 +330,7 @@ def _gdn_verify_kernel(
     BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, TP: tl.constexpr,
     USE_L2NORM: tl.constexpr, ROUND_BETA: tl.constexpr, FLUSH_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, PER_TOKEN: tl.constexpr, SCORES_PRE: tl.constexpr,
-    REDUCE_DOT: tl.constexpr,
+    REDUCE_DOT: tl.constexpr, FOLD_HERE: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_n = tl.program_id(1).to(tl.int64)
@@ -265,11 +340,7 @@ def _gdn_verify_kernel(
     slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
     if (slot < 0) | (slot == null_slot):
         return  # padded / null row: nothing is written
-    w = tl.load(wp + slot * stride_wp).to(tl.int32)
-    org = tl.load(origin + slot * stride_org).to(tl.int32)
-    is_flush = tl.load(flush + slot * stride_fl) != 0
-    w = tl.minimum(tl.maximum(w, 0), R - T)  # memory safety only (the commit rule keeps w + T <= R)
-    org = tl.minimum(tl.maximum(org, 0), R - 1)
+    w, org, is_flush = _spec_cursor(wp, origin, flush, slot, stride_wp, stride_org, stride_fl, R, T)
 
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
@@ -328,14 +399,18 @@ def _gdn_verify_kernel(
     # (verify rows; zero on flush rows, whose history is folded into s instead)
     hq = tl.zeros([LP, TP], dtype=tl.float32)
     hk = tl.zeros([LP, TP], dtype=tl.float32)
-    if is_flush:
+    if not FOLD_HERE:
+        # flush: split: _gdn_verify_fold_kernel has folded the flush rows' history into the checkpoint that s
+        # holds (e^G_x, c_x below make it an empty-history row); verify rows as in the branch below
+        if not SCORES_PRE:
+            hq, hk = _history_key_scores(k_head, stride_k2, org, w, R, q_hat, k_hat, o_j, o_k, mask_k,
+                                         LP, TP, USE_L2NORM, EPS)
+    elif is_flush:
         # ---- flush: S_c = e^G S_ck + sum_j c_j d_j k^_j^T becomes the checkpoint ----
         if w > 0:
             if FLUSH_DOT:
-                k_hist = tl.load(k_head + ph[:, None] * stride_k2 + o_k[None, :],
-                                 mask=valid[:, None] & mask_k[None, :], other=0)
-                k_hist = _normalise_rows(k_hist, USE_L2NORM, EPS)
-                s = eG * s + tl.dot(d_hist * c[None, :], k_hist, input_precision=DOT_PRECISION)
+                s = _fold_history_dot(s, eG, c, d_hist, k_head, stride_k2, ph, valid, o_k, mask_k,
+                                      USE_L2NORM, EPS, DOT_PRECISION)
             else:
                 s = eG * s
                 for j in range(0, w):  # exact fp32 rank-1 updates (d_j, k_j re-read: L1-resident)
@@ -446,10 +521,11 @@ def gdn_verify_launch_params(HV: int, Hk: int, K: int, V: int, R: int, T: int, s
         where = f"gdn_verify launch config [{key}]"
         check_dot_precision(cfg["dot_precision"], where)
         check_choices(cfg, {"flush": _FLUSH_MODES, "reduce": _REDUCE_MODES, "scores": _SCORES_MODES}, where)
-        check_ints(cfg, ("BV", "num_warps", "num_stages", "scores_num_warps"), where, 1)
+        check_ints(cfg, ("BV", "num_warps", "num_stages", "scores_num_warps", "fold_BV", "fold_num_warps"), where, 1)
         check_ints(cfg, ("inline_scores_max_batch", "maxnreg"), where, 0)
-        if cfg["BV"] & (cfg["BV"] - 1):
-            raise ValueError(f"{where}: BV must be a power of two, got {cfg['BV']}")
+        for name in ("BV", "fold_BV"):
+            if cfg[name] & (cfg[name] - 1):
+                raise ValueError(f"{where}: {name} must be a power of two, got {cfg[name]}")
         _CFG_CACHE[ck] = cfg
     return cfg
 
@@ -595,6 +671,20 @@ def gdn_verify(
         )
     else:
         sc = out  # never read
+    split = cfg["flush"] == "split" and B > cfg["inline_scores_max_batch"]  # host-side, per graph batch
+    if split:
+        fold_BV = max(16, min(cfg["fold_BV"], next_pow2(V)))
+        _gdn_verify_fold_kernel[(triton.cdiv(V, fold_BV), B, HV)](
+            state, d_ring, k_ring, g_ring, state_indices, wp, origin, flush, null,
+            state_indices.stride(0), wp.stride(0), origin.stride(0), flush.stride(0),
+            state.stride(0), state.stride(1), state.stride(2),
+            d_ring.stride(0), d_ring.stride(1), d_ring.stride(2),
+            k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
+            g_ring.stride(0), g_ring.stride(1), g_ring.stride(2),
+            HK=Hk, HV=HV, K=K, V=V, R=R, T=T, BK=BK, BV=fold_BV, LP=LP,
+            USE_L2NORM=bool(use_qk_l2norm), EPS=L2NORM_EPS, DOT_PRECISION=cfg["dot_precision"],
+            num_warps=cfg["fold_num_warps"], num_stages=1,
+        )
     grid = (triton.cdiv(V, BV), B, HV)
     _gdn_verify_kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias,
@@ -612,7 +702,7 @@ def gdn_verify(
         sc.stride(0) if scores_pre else 0, sc.stride(1) if scores_pre else 0,
         HK=Hk, HV=HV, K=K, V=V, R=R, T=T, BK=BK, BV=BV, LP=LP, TP=TP,
         USE_L2NORM=bool(use_qk_l2norm), ROUND_BETA=bool(round_beta), FLUSH_DOT=cfg["flush"] == "dot",
-        PER_TOKEN=cfg["reduce"] == "token", SCORES_PRE=scores_pre, REDUCE_DOT=cfg["reduce"] == "dot",
+        PER_TOKEN=cfg["reduce"] == "token", SCORES_PRE=scores_pre, REDUCE_DOT=cfg["reduce"] == "dot", FOLD_HERE=not split,
         DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **register_cap(cfg),

@@ -235,6 +235,7 @@ def test_a_run_on_another_workload_is_listed_apart_from_the_targets(tmp_path):
     assert dec["gdn_other_workload_speedup_bs256"] is None
     md = (out / "e2e-decode-h200.md").read_text()
     assert "| nemotron_h_other_workload_speedup_bs256 | " in md and "output_len 1024, rounds 1" in md
+    assert "| 128/1024 x1 |" in md and "| 128/256 x2 |" in md  # the by-batch rows name their workload
 
 
 def test_parity_target_is_judged_on_fp32_state_runs(tmp_path):

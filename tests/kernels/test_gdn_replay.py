@@ -926,14 +926,28 @@ def test_inline_bkc_is_the_chunk_of_small_batches(device, seed, tmp_path, monkey
     f.write_text("gdn_decode:\n  default: {BV: 32, BKC: 32, flush: dot, scores: pre, "
                  f"inline_scores_max_batch: {limit}, inline_BKC: {inline_bkc}}}\n")
     monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
-    chunked = _count_launches(monkeypatch, "_gdn_replay_decode_kchunk_kernel")
+    import sglang_replayssm.kernels.gdn_replay as mod
+
+    chunks = []  # the BKC of each K-chunked launch
+    real = mod._gdn_replay_decode_kchunk_kernel
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                chunks.append(kw["BKC"])
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(mod, "_gdn_replay_decode_kchunk_kernel", Recording())
     whole = _count_launches(monkeypatch, "_gdn_replay_decode_kernel")
     _two_rows_past_a_flush(device, seed)
-    assert bool(chunked) is want_chunked and bool(whole) is not want_chunked, (limit, inline_bkc, chunked, whole)
+    assert bool(chunks) is want_chunked and bool(whole) is not want_chunked, (limit, inline_bkc, chunks, whole)
+    if want_chunked:  # the small-batch chunk when it applies (batch 2 <= limit), BKC otherwise
+        assert set(chunks) == {inline_bkc if limit >= 2 and inline_bkc > 0 else 32}, (limit, inline_bkc, chunks)
 
 
 @pytest.mark.parametrize("value,msg", [(-2, "inline_BKC must be an int >= -1"), (24, "inline_BKC must be a power"),
-                                       (8, "inline_BKC must be 0 or at least 16")])
+                                       (8, "inline_BKC must be -1, 0 or at least 16")])
 def test_inline_bkc_is_checked(tmp_path, monkeypatch, value, msg):
     f = tmp_path / f"cfg-bad-bkc{value}.yaml"
     f.write_text(f"gdn_decode:\n  default: {{inline_BKC: {value}}}\n")
@@ -980,7 +994,7 @@ KCHUNK_EDGE_CASES = {  # name: (Sim geometry overrides, launch entries, state, u
     "chunk-past-K": (dict(K=20, V=24), dict(BV=16, BKC=128), "s32-a16b", True),  # clamped to BK = 32
     # prefetch 1 (chunk 0 loaded before the row's scalars) and 2 (each chunk a pass ahead), partial last chunk
     "prefetch1-partial": (dict(K=48, V=80), dict(BV=32, BKC=32, flush="dot", prefetch=1), "s32-a16b", True),
-    "prefetch2-partial": (dict(K=48, V=80), dict(BV=32, BKC=16, prefetch=2), "s32-a16b", True),
+    "prefetch2-partial": (dict(K=48, V=80), dict(BV=32, BKC=32, prefetch=2), "s32-a16b", True),
     "prefetch1-one-chunk": (dict(K=20, V=24), dict(BV=16, BKC=128, prefetch=1), "s32-a16b", True),
     "prefetch2-bf16-state": (dict(K=64, V=64), dict(BV=32, BKC=16, flush="dot", prefetch=2), "s16b-a16b", True),
 }
@@ -1038,7 +1052,8 @@ def test_k_chunked_tile_agrees_with_the_whole_tile(device, seed, tmp_path, monke
                                        ("BKC: 8", "BKC must be 0 or at least 16"),
                                        ("{BKC: 32, v_tiles: 2}", "BKC > 0 takes v_tiles 1"),
                                        ("{BKC: 32, flush: rank1_fold}", "BKC > 0 takes v_tiles 1 and flush"),
-                                       ("{BKC: 32, prefetch: 3}", "prefetch must be 0, 1 or 2")])
+                                       ("{BKC: 32, prefetch: 3}", "prefetch must be 0, 1 or 2"),
+                                       ("{prefetch: 1}", "prefetch applies to the K-chunked tile only")])
 def test_k_chunk_config_is_checked(tmp_path, monkeypatch, entry, msg):
     f = tmp_path / "cfg.yaml"
     body = entry if entry.startswith("{") else "{" + entry + "}"
