@@ -856,6 +856,23 @@ def test_launch_config_state_dtype_key_wins(tmp_path, monkeypatch):
     assert gr.gdn_launch_params(2, 1, 32, 32, 8, torch.bfloat16)["BV"] == 16
 
 
+def _record_launch_kwarg(monkeypatch, kernel: str, key: str):
+    """The value of launch keyword ``key`` in each launch of gdn_replay's Triton kernel ``kernel`` (it still runs)."""
+    import sglang_replayssm.kernels.gdn_replay as mod
+
+    seen, real = [], getattr(mod, kernel)
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.append(kw[key])
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(mod, kernel, Recording())
+    return seen
+
+
 def _count_launches(monkeypatch, kernel: str):
     """Record the launch grids of gdn_replay's Triton kernel ``kernel`` (it still runs)."""
     import sglang_replayssm.kernels.gdn_replay as mod
@@ -888,22 +905,10 @@ def test_inline_scores_max_batch_skips_the_pre_kernel(device, seed, tmp_path, mo
 def test_inline_bv_is_the_tile_of_small_batches(device, seed, tmp_path, monkeypatch, limit, want_bv):
     """``inline_BV`` replaces BV for batches of at most ``inline_scores_max_batch`` rows only (a bf16 state
     is fastest with BV 32 at batch >= 32 and 16 at batch 1); either tile stays on the oracle."""
-    import sglang_replayssm.kernels.gdn_replay as mod
-
     f = tmp_path / "cfg.yaml"
     f.write_text(f"gdn_decode:\n  default: {{BV: 32, inline_BV: 16, scores: pre, inline_scores_max_batch: {limit}}}\n")
     monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
-    tiles = []
-    real = mod._gdn_replay_decode_kernel
-
-    class Recording:
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                tiles.append(kw["BV"])
-                return real[grid](*args, **kw)
-            return launch
-
-    monkeypatch.setattr(mod, "_gdn_replay_decode_kernel", Recording())
+    tiles = _record_launch_kwarg(monkeypatch, "_gdn_replay_decode_kernel", "BV")
     _two_rows_past_a_flush(device, seed)  # batch 2 on every step
     assert tiles and set(tiles) == {want_bv}, (limit, tiles)
 
@@ -926,19 +931,7 @@ def test_inline_bkc_is_the_chunk_of_small_batches(device, seed, tmp_path, monkey
     f.write_text("gdn_decode:\n  default: {BV: 32, BKC: 32, flush: dot, scores: pre, "
                  f"inline_scores_max_batch: {limit}, inline_BKC: {inline_bkc}}}\n")
     monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
-    import sglang_replayssm.kernels.gdn_replay as mod
-
-    chunks = []  # the BKC of each K-chunked launch
-    real = mod._gdn_replay_decode_kchunk_kernel
-
-    class Recording:
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                chunks.append(kw["BKC"])
-                return real[grid](*args, **kw)
-            return launch
-
-    monkeypatch.setattr(mod, "_gdn_replay_decode_kchunk_kernel", Recording())
+    chunks = _record_launch_kwarg(monkeypatch, "_gdn_replay_decode_kchunk_kernel", "BKC")
     whole = _count_launches(monkeypatch, "_gdn_replay_decode_kernel")
     _two_rows_past_a_flush(device, seed)
     assert bool(chunks) is want_chunked and bool(whole) is not want_chunked, (limit, inline_bkc, chunks, whole)

@@ -453,9 +453,9 @@ SIM_CASES = {  # T, history block, precision, steps
 }
 
 
-@pytest.mark.parametrize("case", list(SIM_CASES))
-def test_speculative_simulation(device, seed, launch, case):
-    launch(BV=32)
+def _desync_simulation(device, seed, case):
+    """SIM_CASES[case]: three rows joining at steps 0, 1 and 3 (padded / null rows before), ``steps`` verify
+    steps with random accepts, each checked by Sim.step; flushes, wraps and desynchronised rows asserted."""
     T, Bh, prec, steps = SIM_CASES[case]
     sd, ad = PRECISIONS[prec]
     sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, Bh=Bh, T=T, **small_geom(n_slots=5))
@@ -468,6 +468,13 @@ def test_speculative_simulation(device, seed, launch, case):
             rows.append(s if t >= t0 else (-1 if t % 2 else 0))
         sim.step(rows)
     assert sim.flushes >= 3 and sim.wrapped and sim.desync_steps >= steps // 2
+    return sim, slots, steps
+
+
+@pytest.mark.parametrize("case", list(SIM_CASES))
+def test_speculative_simulation(device, seed, launch, case):
+    launch(BV=32)
+    sim, slots, _ = _desync_simulation(device, seed, case)
     wps = sim.cur["wp"][slots].tolist()
     print(case, "final wp", wps, "flushes", sim.flushes, {k: f"{v:.2e}" for k, v in sim.max_errs.items()})
 
@@ -737,18 +744,8 @@ def test_split_flush_simulation(device, seed, launch, monkeypatch):
     """40 verify steps with random accepts, commits, wraps and desynchronised rows under ``flush: split``."""
     launch(always=True, BV=32, flush="split", scores="pre")
     grids = _fold_launches(monkeypatch)
-    T, Bh, prec, steps = SIM_CASES["T3-B6-s32a32"]
-    sd, ad = PRECISIONS[prec]
-    sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, Bh=Bh, T=T, **small_geom(n_slots=5))
-    slots, starts = [3, 1, 4], [0, 1, 3]
-    for t in range(steps):
-        rows = []
-        for s, t0 in zip(slots, starts):
-            if t == t0:
-                sim.activate(s)
-            rows.append(s if t >= t0 else (-1 if t % 2 else 0))
-        sim.step(rows)
-    assert sim.flushes >= 3 and sim.wrapped and len(grids) == steps
+    _, _, steps = _desync_simulation(device, seed, "T3-B6-s32a32")
+    assert len(grids) == steps
 
 
 # ----------------------------------------------------------------------------------
