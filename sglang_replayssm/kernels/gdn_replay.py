@@ -150,6 +150,9 @@ GDN_DEFAULT_LAUNCH: Dict[str, Any] = {
     # V tile for those small batches (0: BV). A bf16 state wants BV 32 at batch >= 32 but 16 at batch 1
     # (eval/results/kernel-variants-h200/bf16-state/)
     "inline_BV": 0,
+    # warps per program for those small batches (0: num_warps). The K-chunked fp32 entry's batch 1 (whole tile,
+    # BV 16) took 4.6 us on 2 warps against 4.9 on 1 (eval/results/kernel-variants-h200/kchunk/round2/, "w2")
+    "inline_num_warps": 0,
     # K chunk of the checkpoint tile (power of two >= 16; 0: the whole [BV, K] tile in registers). With a chunk
     # the output pass streams the tile and a flush row re-reads it (_gdn_replay_decode_kchunk_kernel);
     # num_stages pipelines the chunk loop; v_tiles must be 1 and flush "rank1_fold" is not offered there
@@ -760,7 +763,7 @@ def gdn_launch_params(HV: int, Hk: int, K: int, V: int, L: int, state_dtype=None
         where = "gdn_decode launch config"
         check_dot_precision(cfg["dot_precision"], where)
         check_choices(cfg, {"flush": _FLUSH_MODES, "cast": _CAST_MODES, "scores": _SCORE_MODES}, where)
-        check_ints(cfg, ("maxnreg", "inline_scores_max_batch", "inline_BV", "BKC"), where, 0)
+        check_ints(cfg, ("maxnreg", "inline_scores_max_batch", "inline_BV", "BKC", "inline_num_warps"), where, 0)
         check_ints(cfg, ("BV", "v_tiles", "num_warps", "num_stages", "scores_num_warps"), where, 1)
         check_ints(cfg, ("inline_BKC",), where, -1)
         check_ints(cfg, ("prefetch",), where, 0)
@@ -910,6 +913,7 @@ def gdn_replay_decode(
     small = B <= cfg["inline_scores_max_batch"]  # host-side, per graph batch
     BV = max(16, min(cfg["inline_BV"] if small and cfg["inline_BV"] else cfg["BV"], next_pow2(V)))
     BKC = cfg["inline_BKC"] if small and cfg["inline_BKC"] >= 0 else cfg["BKC"]
+    num_warps = cfg["inline_num_warps"] if small and cfg["inline_num_warps"] else cfg["num_warps"]
     LP = max(16, next_pow2(max(L - 1, 1)))
     n_tiles = triton.cdiv(V, BV)
     v_tiles = min(cfg["v_tiles"], n_tiles)
@@ -946,7 +950,7 @@ def gdn_replay_decode(
             NUM_STAGES=cfg["num_stages"], USE_L2NORM=use_l2, PRE_SCORES=pre, FLUSH=cfg["flush"],
             DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
             CAST_BITS=cfg["cast"] == "bits" or interpreting(), PREFETCH=cfg["prefetch"],
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **register_cap(cfg),
+            num_warps=num_warps, num_stages=cfg["num_stages"], **register_cap(cfg),
         )
         return out
     _gdn_replay_decode_kernel[grid](
@@ -965,6 +969,6 @@ def gdn_replay_decode(
         USE_L2NORM=use_l2, PRE_SCORES=pre, FLUSH=cfg["flush"],
         DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
         EVEN_V=V % (BV * v_tiles) == 0, CAST_BITS=cfg["cast"] == "bits" or interpreting(),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **register_cap(cfg),
+        num_warps=num_warps, num_stages=cfg["num_stages"], **register_cap(cfg),
     )
     return out

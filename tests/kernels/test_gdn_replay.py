@@ -913,6 +913,19 @@ def test_inline_bv_is_the_tile_of_small_batches(device, seed, tmp_path, monkeypa
     assert tiles and set(tiles) == {want_bv}, (limit, tiles)
 
 
+@pytest.mark.parametrize("limit,want_warps", [(1, 1), (2, 2)])
+def test_inline_num_warps_are_the_warps_of_small_batches(device, seed, tmp_path, monkeypatch, limit, want_warps):
+    """``inline_num_warps`` replaces num_warps for batches of at most ``inline_scores_max_batch`` rows only; the
+    launches stay on the oracle."""
+    f = tmp_path / f"cfg-warps-{limit}.yaml"
+    f.write_text("gdn_decode:\n  default: {BV: 32, inline_BV: 16, num_warps: 1, inline_num_warps: 2, scores: pre, "
+                 f"inline_scores_max_batch: {limit}}}\n")
+    monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
+    warps = _record_launch_kwarg(monkeypatch, "_gdn_replay_decode_kernel", "num_warps")
+    _two_rows_past_a_flush(device, seed)  # batch 2 on every step
+    assert warps and set(warps) == {want_warps}, (limit, warps)
+
+
 def test_inline_bv_must_be_a_power_of_two(tmp_path, monkeypatch):
     f = tmp_path / "cfg.yaml"
     f.write_text("gdn_decode:\n  default: {inline_BV: 24}\n")
