@@ -32,7 +32,7 @@ from eval import ab_report, models, report
 TARGET_MODELS = {"mamba2": "nemotron-h-8b", "gdn": "qwen3-next-80b-a3b-e64"}
 DECODE_STEP_KEYS = ("nemotron_h_decode_step_speedup_bs256", "nemotron_h_decode_step_speedup_bs1",
                     "gdn_decode_step_speedup_bs256", "upstream_decode_step_speedup_bs256")
-# not targets either: SGLang's own decode throughput at a full batch (its scheduler log, see steady_decode_tok_s)
+# not targets either: SGLang's own decode throughput at a full batch (its scheduler log, see steady_decode_rates)
 STEADY_KEYS = ("nemotron_h_steady_decode_speedup_bs256", "nemotron_h_steady_decode_speedup_bs1",
                "gdn_steady_decode_speedup_bs256", "gdn_steady_vs_upstream_bs256")
 DECODE_TARGETS = {"nemotron_h_speedup_bs256": 1.4, "nemotron_h_speedup_bs1": 0.98,
@@ -222,11 +222,6 @@ def steady_decode_rates(log: Path) -> Dict[int, float]:
             if m:
                 vals.setdefault(int(m.group(1)), []).append(float(m.group(2)))
     return {bs: statistics.median(v) for bs, v in vals.items()}
-
-
-def steady_decode_tok_s(log: Path, batch: int) -> Optional[float]:
-    """:func:`steady_decode_rates` at one batch size (None without such lines)."""
-    return steady_decode_rates(log).get(batch)
 
 
 def _server_log(result_file: Path, label: str) -> Optional[Path]:

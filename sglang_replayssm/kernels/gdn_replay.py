@@ -52,7 +52,9 @@ S_ck q^ and S_ck k^ chunk by chunk; a flush row reads its tile a second time, fr
 and stores the new checkpoint chunk by chunk), so the registers no longer hold a
 [BV, K] tile and a larger BV fits (offline sm_90a, BV 32 x BKC 32: 168 registers, no
 spills, about a third of the whole-tile kernel's issue bound;
-eval/results/gdn-decode-sass-offline-kchunk.md). Untimed on a GPU so far.
+eval/results/gdn-decode-sass-offline-kchunk.md). On the H200 BV 32 x BKC 32 with the tensor-core
+flush is the fastest at batch 32 and above (eval/results/kernel-variants-h200/README.md); the H200
+file runs it for an fp32 state.
 
 Per decode program and step it reads: the S_ck tile (BV*K state-dtype elements), the
 d slice of the w cached positions (BV*w, state dtype), the w cached g (fp32), the
@@ -723,7 +725,7 @@ def _gdn_replay_decode_kchunk_kernel(
         # S_{w-1} = e^G S_ck + sum_j c_j d_j k^_j^T, then alpha S_{w-1} + d_w k^T, chunk by chunk
         for kc in tl.range(0, K, BKC, num_stages=NUM_STAGES):
             mask_c = (kc + o_c) < K
-            p_s = s_head + o_v[:, None] * stride_s2 + (kc + o_c)[None, :]
+            p_s = p_tile + kc
             s = tl.load(p_s, mask=mask_v[:, None] & mask_c[None, :], other=0).to(tl.float32)
             k_c = tl.load(k_row + kc + o_c, mask=mask_c, other=0).to(tl.float32) * rk
             if L > 1:
@@ -933,9 +935,8 @@ def gdn_replay_decode(
         )
     else:
         scores = g_ring  # unused placeholder pointer
-    if BKC:
-        _gdn_replay_decode_kchunk_kernel[(n_tiles, B, HV)](
-            mixed_qkv, a, b, A_log, dt_bias,
+    # the two decode kernels take the same runtime arguments and share most compile-time ones
+    args = (mixed_qkv, a, b, A_log, dt_bias,
             state, d_ring, k_ring, g_ring,
             state_indices, write_pos, out3, scores,
             float(scale), null,
@@ -945,30 +946,14 @@ def gdn_replay_decode(
             d_ring.stride(0), d_ring.stride(1), d_ring.stride(2),
             k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
             g_ring.stride(0), g_ring.stride(1),
-            out3.stride(0), out3.stride(1),
-            HK=Hk, HV=HV, K=K, V=V, L=L, BK=BK, BV=BV, BKC=min(BKC, BK), LP=LP,
-            NUM_STAGES=cfg["num_stages"], USE_L2NORM=use_l2, PRE_SCORES=pre, FLUSH=cfg["flush"],
-            DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
-            CAST_BITS=cfg["cast"] == "bits" or interpreting(), PREFETCH=cfg["prefetch"],
-            num_warps=num_warps, num_stages=cfg["num_stages"], **register_cap(cfg),
-        )
-        return out
-    _gdn_replay_decode_kernel[grid](
-        mixed_qkv, a, b, A_log, dt_bias,
-        state, d_ring, k_ring, g_ring,
-        state_indices, write_pos, out3, scores,
-        float(scale), null,
-        state_indices.stride(0), write_pos.stride(0),
-        mixed_qkv.stride(0), a.stride(0), b.stride(0),
-        state.stride(0), state.stride(1), state.stride(2),
-        d_ring.stride(0), d_ring.stride(1), d_ring.stride(2),
-        k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
-        g_ring.stride(0), g_ring.stride(1),
-        out3.stride(0), out3.stride(1),
-        HK=Hk, HV=HV, K=K, V=V, L=L, BK=BK, BV=BV, LP=LP, V_TILES=v_tiles, NUM_STAGES=cfg["num_stages"],
-        USE_L2NORM=use_l2, PRE_SCORES=pre, FLUSH=cfg["flush"],
-        DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
-        EVEN_V=V % (BV * v_tiles) == 0, CAST_BITS=cfg["cast"] == "bits" or interpreting(),
-        num_warps=num_warps, num_stages=cfg["num_stages"], **register_cap(cfg),
-    )
+            out3.stride(0), out3.stride(1))
+    common = dict(HK=Hk, HV=HV, K=K, V=V, L=L, BK=BK, BV=BV, LP=LP, NUM_STAGES=cfg["num_stages"],
+                  USE_L2NORM=use_l2, PRE_SCORES=pre, FLUSH=cfg["flush"],
+                  DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
+                  CAST_BITS=cfg["cast"] == "bits" or interpreting(),
+                  num_warps=num_warps, num_stages=cfg["num_stages"], **register_cap(cfg))
+    if BKC:
+        _gdn_replay_decode_kchunk_kernel[(n_tiles, B, HV)](*args, BKC=min(BKC, BK), PREFETCH=cfg["prefetch"], **common)
+    else:
+        _gdn_replay_decode_kernel[grid](*args, V_TILES=v_tiles, EVEN_V=V % (BV * v_tiles) == 0, **common)
     return out
