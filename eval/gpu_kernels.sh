@@ -2,7 +2,7 @@
 # One GPU-host call for the kernel suite: CUDA tests, then the benchmark vs SGLang's stock kernels.
 # Usage (repo root on the GPU host, offline SGLang bundle carried in .sglang-bundle/):
 #   GIT_COMMIT=<sha> OUT=<dir> bash eval/gpu_kernels.sh [--quick]
-# Writes $OUT/gpu-tests.log, $OUT/bench.log, $OUT/kernels-h200.{json,md,png}, and (SPEC=0 skips it)
+# Writes $OUT/gpu-tests.log (per-shard pytest summaries, failures, the total), $OUT/bench.log, $OUT/kernels-h200.{json,md,png}, and (SPEC=0 skips it)
 # $OUT/spec-bench.log, $OUT/spec-kernels-h200.{json,md,png}.
 set -uo pipefail
 OUT="${OUT:-eval/results}"
@@ -14,7 +14,33 @@ python3 - <<'PY' | tee -a "$OUT/gpu-info.txt"
 import torch, triton
 print("torch", torch.__version__, "triton", triton.__version__, "device", torch.cuda.get_device_name())
 PY
-timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -x -p no:cacheprovider tests/kernels 2>&1 | tail -40 > "$OUT/gpu-tests.log"
+# The CUDA tests' time is Triton compiles on the host's CPU cores: TEST_JOBS pytest processes side by side, each
+# every TEST_JOBS-th test (REPLAYSSM_TEST_SHARD, tests/conftest.py) of TEST_PATHS (tests/kernels); TEST_JOBS=0 skips them.
+jobs="${TEST_JOBS:-12}"
+: > "$OUT/gpu-tests.log"
+if [ "$jobs" -gt 0 ]; then
+  T="$(mktemp -d /tmp/gpu-tests.XXXXXX)"
+  for ((i = 0; i < jobs; i++)); do
+    REPLAYSSM_TEST_SHARD="$i/$jobs" timeout "${TEST_TIMEOUT:-240}" \
+      python3 -m pytest -q -rfE -p no:cacheprovider ${TEST_PATHS:-tests/kernels} >"$T/shard-$i.log" 2>&1 &
+  done
+  wait
+  for ((i = 0; i < jobs; i++)); do
+    { echo "# shard $i/$jobs: $(tail -1 "$T/shard-$i.log")"; grep -E "^(FAILED|ERROR) " "$T/shard-$i.log"; } >> "$OUT/gpu-tests.log"
+  done
+  python3 - "$T" "$jobs" <<'PY' | tee -a "$OUT/gpu-tests.log"
+import pathlib, re, sys
+tot, cut = {}, 0
+for i in range(int(sys.argv[2])):
+    last = (pathlib.Path(sys.argv[1]) / f"shard-{i}.log").read_text().strip().splitlines()[-1:] or [""]
+    found = re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?)", last[0])
+    cut += not found
+    for n, k in found:
+        tot[k] = tot.get(k, 0) + int(n)
+print("# all shards:", ", ".join(f"{v} {k}" for k, v in tot.items()) or "no summary",
+      f"({cut} shards without a pytest summary: cut by TEST_TIMEOUT)" if cut else "")
+PY
+fi
 echo "== gpu tests: $(tail -1 "$OUT/gpu-tests.log")"
 timeout "${BENCH_TIMEOUT:-420}" python3 -m eval.bench_kernels --out "$OUT/kernels-h200.json" "$@" 2>&1 | tee "$OUT/bench.log" | tail -60
 # the speculative-verify benchmark (skip with SPEC=0)

@@ -25,7 +25,28 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: real model geometries; minutes in the CPU interpreter")
 
 
+def _test_shard():
+    """REPLAYSSM_TEST_SHARD=i/n keeps every n-th collected test from the i-th (0-based): eval/gpu_kernels.sh runs
+    n pytest processes side by side on the GPU host, whose test time is Triton compiles on the CPU cores."""
+    spec = os.environ.get("REPLAYSSM_TEST_SHARD", "").strip()
+    if not spec:
+        return None
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        i, n = -1, 0
+    if not 0 <= i < n:
+        raise pytest.UsageError(f"REPLAYSSM_TEST_SHARD must be i/n with 0 <= i < n, got {spec!r}")
+    return i, n
+
+
 def pytest_collection_modifyitems(config, items):
+    shard = _test_shard()
+    if shard is not None:
+        i, n = shard
+        keep = [item for k, item in enumerate(items) if k % n == i]
+        config.hook.pytest_deselected(items=[item for k, item in enumerate(items) if k % n != i])
+        items[:] = keep
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs CUDA")
