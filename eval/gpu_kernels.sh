@@ -2,7 +2,8 @@
 # One GPU-host call for the kernel suite: CUDA tests, then the benchmark vs SGLang's stock kernels.
 # Usage (repo root on the GPU host, offline SGLang bundle carried in .sglang-bundle/):
 #   GIT_COMMIT=<sha> OUT=<dir> bash eval/gpu_kernels.sh [--quick]
-# Writes $OUT/gpu-tests.log (per-shard pytest summaries, failures, the total), $OUT/bench.log, $OUT/kernels-h200.{json,md,png}, and (SPEC=0 skips it)
+# Writes $OUT/gpu-tests.log (per-shard pytest summaries, failures, the total, the slowest tests),
+# $OUT/gpu-test-times.txt (every test's time; KERNEL_BENCH=0 stops after the tests), $OUT/bench.log, $OUT/kernels-h200.{json,md,png}, and (SPEC=0 skips it)
 # $OUT/spec-bench.log, $OUT/spec-kernels-h200.{json,md,png}.
 set -uo pipefail
 OUT="${OUT:-eval/results}"
@@ -21,7 +22,8 @@ jobs="${TEST_JOBS:-12}"
 if [ "$jobs" -gt 0 ]; then
   T="$(mktemp -d /tmp/gpu-tests.XXXXXX)"
   for ((i = 0; i < jobs; i++)); do
-    REPLAYSSM_TEST_SHARD="$i/$jobs" timeout "${TEST_TIMEOUT:-240}" \
+    # SIGINT at the limit: pytest stops and still prints its summary
+    REPLAYSSM_TEST_SHARD="$i/$jobs" REPLAYSSM_TEST_TIMES="$T/times-$i.txt" timeout -s INT -k 20 "${TEST_TIMEOUT:-240}" \
       python3 -m pytest -q -rfE -p no:cacheprovider ${TEST_PATHS:-tests/kernels} >"$T/shard-$i.log" 2>&1 &
   done
   wait
@@ -29,19 +31,26 @@ if [ "$jobs" -gt 0 ]; then
     { echo "# shard $i/$jobs: $(tail -1 "$T/shard-$i.log")"; grep -E "^(FAILED|ERROR) " "$T/shard-$i.log"; } >> "$OUT/gpu-tests.log"
   done
   python3 - "$T" "$jobs" <<'PY' | tee -a "$OUT/gpu-tests.log"
-import pathlib, re, sys
-tot, cut = {}, 0
+import collections, pathlib, re, sys
+t, tot, cut = pathlib.Path(sys.argv[1]), collections.Counter(), 0
 for i in range(int(sys.argv[2])):
-    last = (pathlib.Path(sys.argv[1]) / f"shard-{i}.log").read_text().strip().splitlines()[-1:] or [""]
-    found = re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?)", last[0])
-    cut += not found
-    for n, k in found:
-        tot[k] = tot.get(k, 0) + int(n)
-print("# all shards:", ", ".join(f"{v} {k}" for k, v in tot.items()) or "no summary",
-      f"({cut} shards without a pytest summary: cut by TEST_TIMEOUT)" if cut else "")
+    log = (t / f"shard-{i}.log").read_text()
+    found = re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?)", (log.strip().splitlines() or [""])[-1])
+    if found and "KeyboardInterrupt" not in log:
+        tot.update({k: int(n) for n, k in found})
+    else:  # cut by TEST_TIMEOUT: count the tests that finished (REPLAYSSM_TEST_TIMES)
+        cut += 1
+        times = t / f"times-{i}.txt"
+        tot.update(line.split()[1] for line in (times.read_text().splitlines() if times.exists() else []))
+print("# all shards:", ", ".join(f"{v} {k}" for k, v in tot.items()) or "no test finished",
+      f"({cut} shards cut by TEST_TIMEOUT)" if cut else "")
 PY
+  echo "# slowest tests (call time in s; setup and compiles of module-level fixtures not included):" >> "$OUT/gpu-tests.log"
+  cat "$T"/times-*.txt 2>/dev/null | sort -rn | head -25 >> "$OUT/gpu-tests.log"
+  cat "$T"/times-*.txt > "$OUT/gpu-test-times.txt" 2>/dev/null
 fi
-echo "== gpu tests: $(tail -1 "$OUT/gpu-tests.log")"
+echo "== gpu tests: $(grep '^# all shards' "$OUT/gpu-tests.log")"
+[ "${KERNEL_BENCH:-1}" = "0" ] && exit 0  # KERNEL_BENCH=0: the tests only
 timeout "${BENCH_TIMEOUT:-420}" python3 -m eval.bench_kernels --out "$OUT/kernels-h200.json" "$@" 2>&1 | tee "$OUT/bench.log" | tail -60
 # the speculative-verify benchmark (skip with SPEC=0)
 if [ "${SPEC:-1}" != "0" ]; then

@@ -26,8 +26,10 @@ def pytest_configure(config):
 
 
 def _test_shard():
-    """REPLAYSSM_TEST_SHARD=i/n keeps every n-th collected test from the i-th (0-based): eval/gpu_kernels.sh runs
-    n pytest processes side by side on the GPU host, whose test time is Triton compiles on the CPU cores."""
+    """REPLAYSSM_TEST_SHARD=i/n keeps the i-th (0-based) of n contiguous blocks of the collected tests:
+    eval/gpu_kernels.sh runs n pytest processes side by side on the GPU host, whose test time is Triton compiles
+    on the CPU cores (contiguous blocks keep a test's parametrisations, which share compiled kernels, in one
+    process)."""
     spec = os.environ.get("REPLAYSSM_TEST_SHARD", "").strip()
     if not spec:
         return None
@@ -44,12 +46,21 @@ def pytest_collection_modifyitems(config, items):
     shard = _test_shard()
     if shard is not None:
         i, n = shard
-        keep = [item for k, item in enumerate(items) if k % n == i]
-        config.hook.pytest_deselected(items=[item for k, item in enumerate(items) if k % n != i])
-        items[:] = keep
+        lo, hi = len(items) * i // n, len(items) * (i + 1) // n
+        config.hook.pytest_deselected(items=items[:lo] + items[hi:])
+        items[:] = items[lo:hi]
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs CUDA")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_runtest_logreport(report):
+    """REPLAYSSM_TEST_TIMES=<file>: append each test's call time and outcome as it finishes (a GPU-host run
+    cut by its time limit still says where the time went)."""
+    path = os.environ.get("REPLAYSSM_TEST_TIMES")
+    if path and report.when == "call":
+        with open(path, "a") as f:
+            f.write(f"{report.duration:8.2f} {report.outcome:7s} {report.nodeid}\n")
