@@ -61,7 +61,7 @@ def mamba2_verify_ref(state, x_ring, B_ring, dt_ring, x, dt, A, B, C, state_indi
             w_h = s_h[:, :, None] * torch.exp(A_h[:, None, None] * mu[:, None, :]) * bc_h  # [H, w, T]
             y = y + torch.einsum("hkp,hkt->htp", Xh, w_h)
         bc_w = torch.einsum("hmn,htn->hmt", Bw, Cw)  # [H, m, s]
-        causal = torch.ones(T, T, dtype=torch.bool).tril().T  # [m, s]: m <= s
+        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril().T  # [m, s]: m <= s
         expo = torch.where(causal, A_h[:, None, None] * (mu[:, None, :] - mu[:, :, None]), torch.zeros(()))
         w_w = torch.where(causal, d_win[:, :, None] * torch.exp(expo) * bc_w, torch.zeros(()))
         y = y + torch.einsum("hmp,hms->hsp", Xw, w_w)
