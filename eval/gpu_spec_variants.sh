@@ -37,6 +37,7 @@ if [ ${#variants[@]} -eq 0 ] && [ "$BENCH" = kernels ]; then
   # before the row's scalars and history (146 registers, 13 warps per SM); 2 also loads each chunk one pass ahead
   # (192 registers, 10 warps per SM). And the same K-chunked tile for a bf16 state (whole tile, BV 32, cvt now).
   # GDN rows only, fp32 and bf16 state.
+  # Timed at 97df991 (kernel-variants-h200/prefetch/): all slower than packaged; kept as the reproducible record.
   K=HV32_HK16_K128_V128_L16
   variants=("packaged="
             "pf1=gdn_decode: {${K}_Sfp32: {prefetch: 1}}"
@@ -53,6 +54,7 @@ elif [ ${#variants[@]} -eq 0 ]; then
   # 374 non-flush); estimate in eval/results/verify-sass-offline-round5.md: 425-440 us per layer amortised.
   # Offline sm_90a the verify kernel keeps 168 registers (20 spilled; 255 without the cap, 8 warps per SM).
   # Batch 1 keeps the in-kernel rank-1 fold (inline_scores_max_batch).
+  # Timed at 97df991 (spec-variants-h200/round5/): split 483 vs 460 us (its verify kernel spills at the cap).
   variants=("packaged="
             "split=gdn_verify: {default: {flush: split}}"
             "split-nocap=gdn_verify: {default: {flush: split, maxnreg: 0}}")
