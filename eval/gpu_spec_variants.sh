@@ -46,18 +46,18 @@ if [ ${#variants[@]} -eq 0 ] && [ "$BENCH" = kernels ]; then
             "bf16-kc-pf1=gdn_decode: {${K}_Sbf16: {BKC: 32, flush: dot, inline_BKC: 0, prefetch: 1}}")
   [ ${#flags[@]} -eq 0 ] && flags=(--quick --family gdn --dtypes fp32 bf16 --time-budget-s 60)
 elif [ ${#variants[@]} -eq 0 ]; then
-  # Round 5 candidates (GDN only; Mamba2 as packaged, its run-to-run reference) on top of the packaged H200 file
-  # (round 4, eval/results/spec-variants-h200/round4/: the tensor-core window reduction lost 44-59%; GDN 460 us
-  # per layer at batch 256, 426 needed for Qwen3-Next's 1.9x). `flush: split` folds the flush rows' history in a
-  # separate launch (_gdn_verify_fold_kernel, tl.dot tf32x3) before the verify launch, which then has no fold
-  # branch (its flush rows lose the rank-1 loop's chain of dependent loads: 794 us per all-flush step against
-  # 374 non-flush); estimate in eval/results/verify-sass-offline-round5.md: 425-440 us per layer amortised.
-  # Offline sm_90a the verify kernel keeps 168 registers (20 spilled; 255 without the cap, 8 warps per SM).
-  # Batch 1 keeps the in-kernel rank-1 fold (inline_scores_max_batch).
-  # Timed at 97df991 (spec-variants-h200/round5/): split 483 vs 460 us (its verify kernel spills at the cap).
+  # Round 5b (GDN only; Mamba2 as packaged, its run-to-run reference). Round 5 (97df991,
+  # eval/results/spec-variants-h200/round5/) timed `flush: split` with a verify kernel compiled without its fold
+  # branch: the flush step gained 5% but that kernel spilled 20 registers at the 168 cap and every non-flush
+  # step lost 11% (483 vs 460 us). Now the fold launch (_gdn_verify_fold_kernel) also writes the cursor the
+  # verify launch reads, a flush row's being an empty history where its window starts, so the verify kernel is
+  # the packaged one (offline sm_90a: the same 3912 SASS, 168 registers, no spills) and never enters its fold
+  # branch. Estimate: the all-flush step about 700 us (fold about 350 + an empty-history verify) against 784,
+  # about 445 us per layer amortised against 460. Fold tile variants beside the default (BV 32, 4 warps).
   variants=("packaged="
             "split=gdn_verify: {default: {flush: split}}"
-            "split-nocap=gdn_verify: {default: {flush: split, maxnreg: 0}}")
+            "split-f64=gdn_verify: {default: {flush: split, fold_BV: 64}}"
+            "split-w2=gdn_verify: {default: {flush: split, fold_num_warps: 2}}")
 fi
 [ ${#flags[@]} -eq 0 ] && flags=(--quick --dtypes fp32 --time-budget-s 60)  # --quick times batch 1/32/256
 rc=0

@@ -92,8 +92,9 @@ re-normalised with the same fp32 formula as the current token.  The flush fold
 is w exact fp32 rank-1 updates (``flush: rank1``, default) or one ``tl.dot`` [BV, LP] x
 [LP, K] with ``dot_precision`` "tf32x3" / "ieee" (``flush: dot``; plain tf32 is
 refused), or (``flush: split``, above ``inline_scores_max_batch``) that same dot in a launch of its own,
-``_gdn_verify_fold_kernel``, before the verify launch, which then runs the flush rows as empty-history rows
-of the folded checkpoint and carries no fold code.  The window d_i stay fp32 inside the solve; the only roundings are the
+``_gdn_verify_fold_kernel``, before the verify launch; the fold launch also writes the cursor the verify
+launch reads (a flush row's: an empty history where its window starts), so the unchanged verify kernel runs
+the flush rows as empty-history rows of the folded checkpoint and never enters its fold branch.  The window d_i stay fp32 inside the solve; the only roundings are the
 stores (out, ring d in the state dtype, the checkpoint).  Measured in the CPU
 interpreter (tests/kernels/test_gdn_verify.py: fp32 state, fp32 or bf16 activations,
 random realistic gates, 40-step simulations with random accepts, Qwen3-Next
@@ -140,8 +141,8 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = {
     "num_stages": 1,
     # flush fold: "rank1" (exact fp32 CUDA-core FMAs), "dot" (tl.dot, dot_precision) or "split": above
     # inline_scores_max_batch a separate fold launch (_gdn_verify_fold_kernel: tl.dot, dot_precision) folds the
-    # flush rows' history into their checkpoints before the verify launch, which then runs every row without a
-    # fold branch (flush rows as empty-history rows of the folded checkpoint); smaller batches fold in the
+    # flush rows' history into their checkpoints before the verify launch and hands it a cursor that makes them
+    # empty-history rows of the folded checkpoint (its fold branch is never taken); smaller batches fold in the
     # verify launch with "rank1" (one launch)
     "flush": "rank1",
     "fold_BV": 32,  # flush: split: value rows per fold program (power of two)
@@ -268,7 +269,7 @@ def _fold_history_dot(s, eG, c, d_hist, k_head, stride_k2, ph, valid, o_k, mask_
 @triton.jit
 def _gdn_verify_fold_kernel(
     state, d_ring, k_ring, g_ring,
-    state_indices, wp, origin, flush, null_slot,
+    state_indices, wp, origin, flush, w_eff, org_eff, null_slot,
     stride_idx, stride_wp, stride_org, stride_fl,
     stride_s0, stride_s1, stride_s2,
     stride_d0, stride_d1, stride_d2,
@@ -280,7 +281,11 @@ def _gdn_verify_fold_kernel(
 ):
     """``flush: split``: the flush fold of :func:`_gdn_verify_kernel` as its own launch, run before it. A
     flush row with a non-empty history stores S_c = e^G S_ck + sum_{j<w} c_j d_j k^_j^T (state dtype) as its
-    checkpoint; every other row, and a padded or null one, writes nothing. Grid (cdiv(V, BV), B, HV)."""
+    checkpoint. Every live row also writes the cursor that the verify launch reads for its slot (w_eff, org_eff;
+    the slot's own cursor stays for the other layers and the commit): a flush row's history is now in the
+    checkpoint, so it becomes an empty history starting where the window starts (0, org + w); a verify row
+    keeps (w, org). The verify launch then skips its fold branch (w = 0) and runs the unchanged kernel. Padded
+    and null rows write nothing. Grid (cdiv(V, BV), B, HV)."""
     i_v = tl.program_id(0)
     i_n = tl.program_id(1).to(tl.int64)
     i_hv = tl.program_id(2)
@@ -289,6 +294,9 @@ def _gdn_verify_fold_kernel(
     if (slot < 0) | (slot == null_slot):
         return
     w, org, is_flush = _spec_cursor(wp, origin, flush, slot, stride_wp, stride_org, stride_fl, R, T)
+    if (i_v == 0) & (i_hv == 0):
+        tl.store(w_eff + slot, tl.where(is_flush, 0, w))
+        tl.store(org_eff + slot, tl.where(is_flush, (org + w) % R, org))
     if is_flush & (w > 0):
         o_k = tl.arange(0, BK)
         mask_k = o_k < K
@@ -330,7 +338,7 @@ def _gdn_verify_kernel(
     BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, TP: tl.constexpr,
     USE_L2NORM: tl.constexpr, ROUND_BETA: tl.constexpr, FLUSH_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, PER_TOKEN: tl.constexpr, SCORES_PRE: tl.constexpr,
-    REDUCE_DOT: tl.constexpr, FOLD_HERE: tl.constexpr,
+    REDUCE_DOT: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_n = tl.program_id(1).to(tl.int64)
@@ -404,13 +412,8 @@ def _gdn_verify_kernel(
     # (verify rows; zero on flush rows, whose history is folded into s instead)
     hq = tl.zeros([LP, TP], dtype=tl.float32)
     hk = tl.zeros([LP, TP], dtype=tl.float32)
-    if not FOLD_HERE:
-        # flush: split: _gdn_verify_fold_kernel has folded the flush rows' history into the checkpoint that s
-        # holds (e^G_x, c_x below make it an empty-history row); verify rows as in the branch below
-        if not SCORES_PRE:
-            hq, hk = _history_key_scores(k_head, stride_k2, org, w, R, q_hat, k_hat, o_j, o_k, mask_k,
-                                         LP, TP, USE_L2NORM, EPS)
-    elif is_flush:
+    if is_flush:
+        # (flush: split passes the cursor of _gdn_verify_fold_kernel, which has folded already: w = 0 here)
         # ---- flush: S_c = e^G S_ck + sum_j c_j d_j k^_j^T becomes the checkpoint ----
         if w > 0:
             if FLUSH_DOT:
@@ -677,10 +680,14 @@ def gdn_verify(
     else:
         sc = out  # never read
     split = cfg["flush"] == "split" and B > cfg["inline_scores_max_batch"]  # host-side, per graph batch
+    wp_v, org_v = wp, origin  # the cursor the verify launch reads
     if split:
         fold_BV = max(16, min(cfg["fold_BV"], next_pow2(V)))
+        # the verify launch's cursor per slot, written by the fold launch for its live rows (scratch: inside a
+        # CUDA graph from the graph's pool)
+        wp_v, org_v = torch.empty((2, S), dtype=torch.int32, device=dev).unbind(0)
         _gdn_verify_fold_kernel[(triton.cdiv(V, fold_BV), B, HV)](
-            state, d_ring, k_ring, g_ring, state_indices, wp, origin, flush, null,
+            state, d_ring, k_ring, g_ring, state_indices, wp, origin, flush, wp_v, org_v, null,
             state_indices.stride(0), wp.stride(0), origin.stride(0), flush.stride(0),
             state.stride(0), state.stride(1), state.stride(2),
             d_ring.stride(0), d_ring.stride(1), d_ring.stride(2),
@@ -694,9 +701,9 @@ def gdn_verify(
     _gdn_verify_kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias,
         state, d_ring, k_ring, g_ring,
-        state_indices, wp, origin, flush, out, sc,
+        state_indices, wp_v, org_v, flush, out, sc,
         float(scale), null,
-        state_indices.stride(0), wp.stride(0), origin.stride(0), flush.stride(0),
+        state_indices.stride(0), wp_v.stride(0), org_v.stride(0), flush.stride(0),
         mixed_qkv.stride(0), mixed_qkv.stride(1),
         a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         state.stride(0), state.stride(1), state.stride(2),
@@ -707,7 +714,7 @@ def gdn_verify(
         sc.stride(0) if scores_pre else 0, sc.stride(1) if scores_pre else 0,
         HK=Hk, HV=HV, K=K, V=V, R=R, T=T, BK=BK, BV=BV, LP=LP, TP=TP,
         USE_L2NORM=bool(use_qk_l2norm), ROUND_BETA=bool(round_beta), FLUSH_DOT=cfg["flush"] == "dot",
-        PER_TOKEN=cfg["reduce"] == "token", SCORES_PRE=scores_pre, REDUCE_DOT=cfg["reduce"] == "dot", FOLD_HERE=not split,
+        PER_TOKEN=cfg["reduce"] == "token", SCORES_PRE=scores_pre, REDUCE_DOT=cfg["reduce"] == "dot",
         DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **register_cap(cfg),
