@@ -8,7 +8,7 @@
 #   make bench-spec     GPU host: spec-verify kernels vs SGLang's verify + commit -> eval/results/
 #   make ab             GPU host: A/B of stock SGLang vs the patched launcher on real servers -> eval/results/
 #   make e2e-summary    parity/decode/spec summaries from the A/B results under eval/results/e2e-h200/
-#   make gpu-test       GPU host: the test suite on CUDA
+#   make gpu-test       GPU host: the kernel tests on CUDA, in GPU_TEST_JOBS side-by-side shards
 #   make carry-size     will the tree + CARRY (default .sglang-bundle) fit the device tool's 64 MiB?
 
 PYTHON ?= python3
@@ -63,8 +63,12 @@ bench-spec:
 	GIT_COMMIT=$$(git rev-parse HEAD 2>/dev/null || echo $${GIT_COMMIT:-unknown}) \
 	$(GPU_PY) -m eval.bench_spec --out eval/results/spec-kernels-h200.json
 
+# the CUDA tests' time is Triton compiles: GPU_TEST_JOBS pytest processes side by side (eval/gpu_kernels.sh, tests only)
+GPU_TEST_JOBS ?= 16
+GPU_TEST_OUT ?= /tmp/replayssm-gpu-tests
 gpu-test:
-	$(GPU_PY) -m pytest -q tests/kernels
+	KERNEL_BENCH=0 TEST_JOBS=$(GPU_TEST_JOBS) TEST_TIMEOUT=$${TEST_TIMEOUT:-1800} OUT=$(GPU_TEST_OUT) bash eval/gpu_kernels.sh
+	@! grep -q "^FAILED\|^ERROR\|cut by TEST_TIMEOUT" $(GPU_TEST_OUT)/gpu-tests.log
 
 # A/B harness (eval/ab.py): noise floor (stock vs stock) and stock vs patched, same flags
 AB_MODEL ?= nemotron-h-8b
