@@ -31,20 +31,18 @@ while [ $# -gt 0 ]; do
   variants+=("$1"); shift
 done
 if [ ${#variants[@]} -eq 0 ] && [ "$BENCH" = kernels ]; then
-  # Without named variants: on top of the packaged K-chunked GDN tile (fp32 state: BV 32, BKC 32, dot flush;
-  # eval/results/kernel-variants-h200/README.md), launch option `prefetch` (offline sm_90a,
-  # eval/results/gdn-decode-sass-offline-prefetch.md): 1 issues the first chunk's loads right after the slot load,
-  # before the row's scalars and history (146 registers, 13 warps per SM); 2 also loads each chunk one pass ahead
-  # (192 registers, 10 warps per SM). And the same K-chunked tile for a bf16 state (whole tile, BV 32, cvt now).
-  # GDN rows only, fp32 and bf16 state.
-  # Timed at 97df991 (kernel-variants-h200/prefetch/): all slower than packaged; kept as the reproducible record.
+  # Without named variants (GDN rows, fp32 state): launch option `l2_hints` on the packaged K-chunked tile (BV 32,
+  # BKC 32, dot flush; the prefetch round before, kernel-variants-h200/prefetch/, lost). At batch 256 its flush
+  # step moves its bytes at 62% of copy bandwidth, the other steps at 82-85% (kernels-h200.json, 76ab56a). A flush
+  # row re-reads its tile expecting L2, with about 34 MB of tiles plus the flush stores in flight against 50 MB of
+  # L2. 1: the flush stores evict_first, 2: the output pass's tile loads evict_last, 3: both (offline sm_90a: 128
+  # registers in all, the hints in the PTX; eval/results/gdn-decode-sass-offline-prefetch.md).
   K=HV32_HK16_K128_V128_L16
   variants=("packaged="
-            "pf1=gdn_decode: {${K}_Sfp32: {prefetch: 1}}"
-            "pf2=gdn_decode: {${K}_Sfp32: {prefetch: 2}}"
-            "bf16-kc=gdn_decode: {${K}_Sbf16: {BKC: 32, flush: dot, inline_BKC: 0}}"
-            "bf16-kc-pf1=gdn_decode: {${K}_Sbf16: {BKC: 32, flush: dot, inline_BKC: 0, prefetch: 1}}")
-  [ ${#flags[@]} -eq 0 ] && flags=(--quick --family gdn --dtypes fp32 bf16 --time-budget-s 60)
+            "l2h1=gdn_decode: {${K}_Sfp32: {l2_hints: 1}}"
+            "l2h2=gdn_decode: {${K}_Sfp32: {l2_hints: 2}}"
+            "l2h3=gdn_decode: {${K}_Sfp32: {l2_hints: 3}}")
+  [ ${#flags[@]} -eq 0 ] && flags=(--quick --family gdn --dtypes fp32 --time-budget-s 60)
 elif [ ${#variants[@]} -eq 0 ]; then
   # Round 5b (GDN only; Mamba2 as packaged, its run-to-run reference). Round 5 (97df991,
   # eval/results/spec-variants-h200/round5/) timed `flush: split` with a verify kernel compiled without its fold

@@ -165,6 +165,9 @@ GDN_DEFAULT_LAUNCH: Dict[str, Any] = {
     # with BKC > 0: 1 issues the first chunk's loads before the row's scalars and history; 2 also loads each chunk
     # one pass ahead of its reduction (0: each chunk loaded in its own pass)
     "prefetch": 0,
+    # with BKC > 0, L2 eviction hints (a bit mask): 1 streams the flush pass's checkpoint stores out of L2
+    # ("evict_first"), 2 keeps the output pass's tile loads ("evict_last") for a flush row's second read of its tile
+    "l2_hints": 0,
     # flush rebuild: "rank1" (fp32 CUDA-core FMAs), "rank1_fold" (the same FMAs in one fused pass, fewer
     # instructions: see _flush_state_fold) or "dot" (tensor cores, dot_precision)
     "flush": "rank1",
@@ -624,6 +627,7 @@ def _gdn_replay_decode_kchunk_kernel(
     BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, LP: tl.constexpr, NUM_STAGES: tl.constexpr,
     USE_L2NORM: tl.constexpr, PRE_SCORES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, CAST_BITS: tl.constexpr, PREFETCH: tl.constexpr,
+    TILE_EVICT: tl.constexpr, STORE_EVICT: tl.constexpr,
 ):
     """The decode step of ``_gdn_replay_decode_kernel`` (same math, same writes) with the checkpoint
     tile streamed in K chunks of BKC columns (launch option ``BKC`` > 0): the output pass accumulates
@@ -634,7 +638,11 @@ def _gdn_replay_decode_kchunk_kernel(
 
     PREFETCH (launch option ``prefetch``): 1 issues the first chunk's loads as soon as the slot is
     known, before the row's scalars and history (their round trips overlap); 2 also issues each
-    chunk's loads one pass of the output loop ahead of its reduction (a register double buffer)."""
+    chunk's loads one pass of the output loop ahead of its reduction (a register double buffer).
+
+    TILE_EVICT / STORE_EVICT (launch option ``l2_hints``): L2 eviction hints of the output pass's tile loads
+    ("evict_last": keep them for a flush row's second read) and of the flush pass's checkpoint stores
+    ("evict_first": stream them out); "" leaves the default."""
     i_v = tl.program_id(0)
     i_n = tl.program_id(1).to(tl.int64)
     i_hv = tl.program_id(2)
@@ -659,7 +667,7 @@ def _gdn_replay_decode_kchunk_kernel(
     k_row = row + HK * K + i_hk * K
     p_tile = s_head + o_v[:, None] * stride_s2 + o_c[None, :]  # chunk 0 of the checkpoint tile
     if PREFETCH:
-        s_next = tl.load(p_tile, mask=mask_v[:, None] & (o_c < K)[None, :], other=0)
+        s_next = tl.load(p_tile, mask=mask_v[:, None] & (o_c < K)[None, :], other=0, eviction_policy=TILE_EVICT)
 
     # ---- per (row, v-head) scalars and the history, as in _gdn_replay_decode_kernel ----
     q = tl.load(q_row + o_k, mask=mask_k, other=0).to(tl.float32)
@@ -707,9 +715,11 @@ def _gdn_replay_decode_kchunk_kernel(
         if PREFETCH == 2:
             s = s_next.to(tl.float32)
             # the next chunk (all masked past the last one)
-            s_next = tl.load(p_tile + kc + BKC, mask=mask_v[:, None] & ((kc + BKC + o_c) < K)[None, :], other=0)
+            s_next = tl.load(p_tile + kc + BKC, mask=mask_v[:, None] & ((kc + BKC + o_c) < K)[None, :], other=0,
+                             eviction_policy=TILE_EVICT)
         else:
-            s = tl.load(p_tile + kc, mask=mask_v[:, None] & ((kc + o_c) < K)[None, :], other=0).to(tl.float32)
+            s = tl.load(p_tile + kc, mask=mask_v[:, None] & ((kc + o_c) < K)[None, :], other=0,
+                        eviction_policy=TILE_EVICT).to(tl.float32)
         acc_q, acc_k = _chunk_dots(acc_q, acc_k, s, q_row, k_row, kc, o_c, K)
     sq = acc_q * rq
     sk = acc_k * rk
@@ -739,7 +749,7 @@ def _gdn_replay_decode_kchunk_kernel(
             else:
                 s_prev = s
             s_new = _cast_store(alpha * s_prev + d_cur[:, None] * k_c[None, :], s_head.dtype.element_ty, CAST_BITS)
-            tl.store(p_s, s_new, mask=mask_v[:, None] & mask_c[None, :])
+            tl.store(p_s, s_new, mask=mask_v[:, None] & mask_c[None, :], eviction_policy=STORE_EVICT)
     else:
         tl.store(d_head + w * stride_d2 + o_v, _cast_store(d_cur, d_head.dtype.element_ty, CAST_BITS), mask=mask_v)
 
@@ -768,12 +778,13 @@ def gdn_launch_params(HV: int, Hk: int, K: int, V: int, L: int, state_dtype=None
         check_ints(cfg, ("maxnreg", "inline_scores_max_batch", "inline_BV", "BKC", "inline_num_warps"), where, 0)
         check_ints(cfg, ("BV", "v_tiles", "num_warps", "num_stages", "scores_num_warps"), where, 1)
         check_ints(cfg, ("inline_BKC",), where, -1)
-        check_ints(cfg, ("prefetch",), where, 0)
-        if cfg["prefetch"] > 2:
-            raise ValueError(f"gdn_decode launch config: prefetch must be 0, 1 or 2, got {cfg['prefetch']}")
-        if cfg["prefetch"] and cfg["BKC"] <= 0 and cfg["inline_BKC"] <= 0:
-            raise ValueError("gdn_decode launch config: prefetch applies to the K-chunked tile only (BKC > 0 or "
-                             f"inline_BKC > 0), got prefetch {cfg['prefetch']} with BKC {cfg['BKC']}")
+        check_ints(cfg, ("prefetch", "l2_hints"), where, 0)
+        for name, top in (("prefetch", 2), ("l2_hints", 3)):
+            if cfg[name] > top:
+                raise ValueError(f"gdn_decode launch config: {name} must be 0 to {top}, got {cfg[name]}")
+            if cfg[name] and cfg["BKC"] <= 0 and cfg["inline_BKC"] <= 0:
+                raise ValueError(f"gdn_decode launch config: {name} applies to the K-chunked tile only (BKC > 0 or "
+                                 f"inline_BKC > 0), got {name} {cfg[name]} with BKC {cfg['BKC']}")
         for name in ("BV", "inline_BV", "BKC", "inline_BKC"):
             if cfg[name] > 0 and cfg[name] & (cfg[name] - 1):
                 raise ValueError(f"gdn_decode launch config: {name} must be a power of two, got {cfg[name]}")
@@ -953,7 +964,10 @@ def gdn_replay_decode(
                   CAST_BITS=cfg["cast"] == "bits" or interpreting(),
                   num_warps=num_warps, num_stages=cfg["num_stages"], **register_cap(cfg))
     if BKC:
-        _gdn_replay_decode_kchunk_kernel[(n_tiles, B, HV)](*args, BKC=min(BKC, BK), PREFETCH=cfg["prefetch"], **common)
+        hints = cfg["l2_hints"]
+        _gdn_replay_decode_kchunk_kernel[(n_tiles, B, HV)](
+            *args, BKC=min(BKC, BK), PREFETCH=cfg["prefetch"], TILE_EVICT="evict_last" if hints & 2 else "",
+            STORE_EVICT="evict_first" if hints & 1 else "", **common)
     else:
         _gdn_replay_decode_kernel[grid](*args, V_TILES=v_tiles, EVEN_V=V % (BV * v_tiles) == 0, **common)
     return out
