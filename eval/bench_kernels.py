@@ -29,7 +29,9 @@ What is compared, per (geometry, state dtype, batch), all rows in one batch:
 ReplaySSM kernels are timed per cursor phase w (all rows in the same phase) and
 amortised over the flush cycle, t = ((L-1)·mean(t_nonflush) + t_flush) / L (the plain
 mean when all L phases are timed), and cross-checked with one graph that walks the
-phases 0..L-1 in order (``t_cycle_us``).  Timing: CUDA-graph replays of a sequence of
+phases 0..L-1 in order (``t_cycle_us``).  At batches >= L also one launch with row i at phase
+i % L (``t_mixed_us``, ``speedup_mixed``): what a server's desynchronised requests run, 1/L
+of the rows flushing in every step; reported beside the amortised figures, not as a target.  Timing: CUDA-graph replays of a sequence of
 launches that rotates among several disjoint slot sets so that the state touched per
 replay is several times the L2 (slots are a random permutation of 1..S-1, S >= 2b+1),
 median over many replays.  Bytes: see ``*_bytes`` below (unique bytes each kernel must
@@ -40,6 +42,7 @@ the same run).
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib
 import importlib.util
 import math
@@ -178,6 +181,21 @@ def gdn_replay_bytes(b: int, HV: int, Hk: int, K: int, V: int, L: int, w: int, s
                                gdn_stock_bytes(b, HV, Hk, K, V, state_bytes, act_bytes), extra_row_bytes)
 
 
+def mixed_wpos(batch: int, L: int, device):
+    """The cursor of the mixed launch (phase index L of the work objects): row i at phase i % L, so a batch of
+    at least L rows mixes every phase, 1/L of them flushing, as desynchronised requests do in a server."""
+    import torch
+
+    return torch.arange(batch, dtype=torch.int32, device=device) % L
+
+
+def mixed_bytes(per_phase: Callable[[int], Dict[str, int]], L: int, batch: int) -> float:
+    """Bytes of the mixed launch: each row at its own phase, i.e. the row-weighted mean of ``per_phase`` (which
+    counts all rows at one phase)."""
+    counts = collections.Counter(i % L for i in range(batch))
+    return sum(n * per_phase(w)["total"] for w, n in counts.items()) / batch
+
+
 def amortised_bytes(per_phase: Callable[[int], Dict[str, int]], L: int) -> Dict[str, float]:
     """Mean over the L phases of a flush cycle of ``per_phase(w)`` (each key)."""
     rows = [per_phase(w) for w in range(L)]
@@ -226,8 +244,8 @@ FAIRNESS_NOTES = [
     "Not in any kernel time: the per-forward cursor bookkeeping (upstream: gather/where/unique/scatter on "
     "write_pos once per step, shared by all layers; ours will have its own).",
     "ReplaySSM times are per-phase (all rows at the same write_pos) amortised over the L-step flush cycle; "
-    "t_cycle_us is an independent in-order cycle measurement.  Rows desynchronised in phase would mix flush and "
-    "non-flush programs within one launch.",
+    "t_cycle_us is an independent in-order cycle measurement.  t_mixed_us (batches >= L) times one launch with row "
+    "i at phase i % L, flush and non-flush programs mixed as in a server; the targets read the amortised times.",
     "Bytes are unique DRAM bytes per launch (L2 re-reads and the output_only B.C scratch not counted).",
 ]
 
@@ -488,7 +506,7 @@ class Mamba2Work(bc.CaseWork):
             dt_raw = torch.empty((batch, H), dtype=act, device=device).normal_(0.0, 0.5, generator=gen)
             self.sets.append(dict(idx=idx, x=x.view(batch, H, P), B=Bm.view(batch, G, N), C=Cm.view(batch, G, N),
                                   dt=dt_raw[:, :, None].expand(-1, -1, P), dt_h=dt_raw, xbc=xbc))
-        self.wpos = [torch.full((batch,), w, dtype=torch.int32, device=device) for w in range(L)]
+        self.wpos = [torch.full((batch,), w, dtype=torch.int32, device=device) for w in range(L)] + [mixed_wpos(batch, L, device)]
         self.out = torch.empty((batch, H, P), dtype=act, device=device)
         self.state_row_bytes = H * P * N * self.state.element_size()
 
@@ -535,7 +553,7 @@ class GDNWork(bc.CaseWork):
             a = torch.empty((batch, HV), dtype=act, device=device).normal_(0.0, 1.0, generator=gen)
             bb = torch.empty((batch, HV), dtype=act, device=device).normal_(0.0, 1.0, generator=gen)
             self.sets.append(dict(idx=idx, mq=mq, a=a, b=bb))
-        self.wpos = [torch.full((batch,), w, dtype=torch.int32, device=device) for w in range(L)]
+        self.wpos = [torch.full((batch,), w, dtype=torch.int32, device=device) for w in range(L)] + [mixed_wpos(batch, L, device)]
         self.force_flush = torch.zeros((batch,), dtype=torch.int32, device=device)
         self.out = torch.empty((batch, 1, HV, V), dtype=act, device=device)
         self.state_row_bytes = HV * V * K * self.state.element_size()
@@ -751,9 +769,10 @@ def check_gdn(stock_fn, upstream_fn, ours_fn, geom, L: int, batch: int, device: 
 # ---------------------------------------------------------------------------------
 def _replay_timing(timer: Timer, make_fn: Callable[[int, int], Callable], n_sets: int, L: int,
                    phases: Sequence[int], min_launches: int, bytes_fn: Callable[[int], Dict[str, int]],
-                   copy_bw: Optional[float], with_cycle: bool = True) -> Dict[str, Any]:
+                   copy_bw: Optional[float], with_cycle: bool = True, batch: int = 0) -> Dict[str, Any]:
     """Per-phase times (all rows at phase w), their flush-cycle amortisation and the
-    in-order cycle graph, with bytes and bandwidth."""
+    in-order cycle graph, with bytes and bandwidth; with ``batch`` >= L also the mixed launch
+    (``make_fn(s, L)``: row i at phase i % L, see :func:`mixed_wpos`)."""
     n_launch = max(n_sets, min_launches)
     phase_us: Dict[int, float] = {}
     phase_detail: Dict[int, Dict[str, Any]] = {}
@@ -785,6 +804,13 @@ def _replay_timing(timer: Timer, make_fn: Callable[[int, int], Callable], n_sets
     }
     out["GBps"] = gbps(out["bytes_amort"], t_amort)
     out["bw_fraction"] = report.ratio(out["GBps"], copy_bw)
+    if L > 1 and batch >= L:
+        m = timer([make_fn(i % n_sets, L) for i in range(n_launch)])
+        nb = mixed_bytes(bytes_fn, L, batch)
+        out["t_mixed_us"] = m["us"]
+        out["mixed"] = {"us": m["us"], "bytes": nb, "GBps": gbps(nb, m["us"]),
+                        "bw_fraction": report.ratio(gbps(nb, m["us"]), copy_bw), "reps": m["reps"],
+                        "launches": m["launches"], "method": m["method"], "spread": m.get("spread")}
     return out
 
 
@@ -813,7 +839,7 @@ def run_mamba2_case(name, geom, batch, L, sdtype, device, stock: Stock, ours, ti
         for r in routes:
             res = _replay_timing(timer, lambda s, ph, r=r: w.ours_fn(ours, s, ph, r), n_sets, L, phases,
                                  min_launches, lambda ph: mamba2_replay_bytes(batch, H, P, N, G, L, ph, sb), copy_bw,
-                                 with_cycle=True)
+                                 with_cycle=True, batch=batch)
             res["name"] = f"sglang_replayssm mamba2_replay_decode route={r}"
             case["kernels"][f"replay_{r}"] = res
     case["finite"] = w.finite()
@@ -839,12 +865,12 @@ def run_gdn_case(name, geom, batch, L, sdtype, device, stock: Stock, ours, timer
         res = _replay_timing(timer, lambda s, ph: w.upstream_fn(stock.gdn_upstream, s, ph), n_sets, L, phases,
                              min_launches,
                              lambda ph: gdn_replay_bytes(batch, HV, Hk, K, V, L, ph, sb, d_bytes=sb, k_bytes=sb,
-                                                         extra_row_bytes=4), copy_bw)
+                                                         extra_row_bytes=4), copy_bw, batch=batch)
         res["name"] = "sglang fused_recurrent_gdn_replayssm_decode (--enable-linear-replayssm)"
         case["kernels"]["upstream_replay"] = res
     if ours is not None:
         res = _replay_timing(timer, lambda s, ph: w.ours_fn(ours, s, ph), n_sets, L, phases, min_launches,
-                             lambda ph: gdn_replay_bytes(batch, HV, Hk, K, V, L, ph, sb), copy_bw)
+                             lambda ph: gdn_replay_bytes(batch, HV, Hk, K, V, L, ph, sb), copy_bw, batch=batch)
         res["name"] = "sglang_replayssm gdn_replay_decode"
         case["kernels"]["replay"] = res
     case["finite"] = w.finite()
@@ -870,10 +896,14 @@ def _case_summary(case: Dict[str, Any]) -> None:
     case["speedup"] = report.ratio(stock_t, best.get("t_amort_us"))
     case["bw_fraction"] = best.get("bw_fraction")
     case["GBps"] = best.get("GBps")
+    # the mixed launch (rows at every phase, as in a server; not a target, which reads the amortised times)
+    case["t_ours_mixed_us"] = best.get("t_mixed_us")
+    case["speedup_mixed"] = report.ratio(stock_t, best.get("t_mixed_us"))
     up = ks.get("upstream_replay")
     if up is not None:
         case["upstream_speedup"] = report.ratio(stock_t, up.get("t_amort_us"))
         case["vs_upstream"] = report.ratio(up.get("t_amort_us"), best.get("t_amort_us"))
+        case["vs_upstream_mixed"] = report.ratio(up.get("t_mixed_us"), best.get("t_mixed_us"))
 
 
 # ---------------------------------------------------------------------------------
@@ -885,10 +915,15 @@ def build_summary(cases: List[Dict[str, Any]], mamba2_geoms: Sequence[str], gdn_
                          "definitions": {
                              "speedup": "stock t_us / ReplaySSM t_amort_us (best route for Mamba2)",
                              "vs_upstream": "upstream ReplaySSM t_amort_us / ours t_amort_us (>1: ours faster)",
-                             "bw_fraction": "ReplaySSM amortised model bytes / t_amort / measured copy bandwidth"}}
+                             "bw_fraction": "ReplaySSM amortised model bytes / t_amort / measured copy bandwidth",
+                             "speedup_mixed": "stock t_us / ReplaySSM t_mixed_us: one launch with row i at phase "
+                                              "i % L (batch >= L; not a target)",
+                             "vs_upstream_mixed": "upstream t_mixed_us / ours t_mixed_us"}}
     for fam, prefix, dt, bs, c in bc.summary_cells(cases, {"mamba2": mamba2_geoms, "gdn": gdn_geoms}, headline):
         s[f"{prefix}_decode_speedup_bs{bs}_{dt}"] = c.get("speedup") if c else None
         s[f"{prefix}_decode_bw_fraction_bs{bs}_{dt}"] = c.get("bw_fraction") if c else None
+        if bs > 1:  # the mixed launch needs batch >= L
+            s[f"{prefix}_decode_speedup_mixed_bs{bs}_{dt}"] = c.get("speedup_mixed") if c else None
         s[f"{prefix}_stock_bw_fraction_bs{bs}_{dt}"] = (
             c["kernels"].get("stock", {}).get("bw_fraction") if c else None)
         if fam == "mamba2":
@@ -896,8 +931,11 @@ def build_summary(cases: List[Dict[str, Any]], mamba2_geoms: Sequence[str], gdn_
         if fam == "gdn":
             s[f"{prefix}_decode_vs_upstream_bs{bs}_{dt}"] = c.get("vs_upstream") if c else None
             s[f"{prefix}_upstream_speedup_bs{bs}_{dt}"] = c.get("upstream_speedup") if c else None
+            if bs > 1:
+                s[f"{prefix}_decode_vs_upstream_mixed_bs{bs}_{dt}"] = c.get("vs_upstream_mixed") if c else None
     s["by_geometry"] = bc.by_geometry(
-        cases, ("speedup", "best_route", "bw_fraction", "vs_upstream", "upstream_speedup", "t_ours_us"),
+        cases, ("speedup", "best_route", "bw_fraction", "vs_upstream", "upstream_speedup", "t_ours_us",
+                "speedup_mixed", "vs_upstream_mixed", "t_ours_mixed_us"),
         extra=lambda c: {"t_stock_us": c["kernels"].get("stock", {}).get("t_us")})
     return s
 
@@ -942,7 +980,8 @@ def markdown_report(result: Dict[str, Any]) -> List[tuple]:
                            c.get("best_route") or "—", report.fmt(c.get("speedup"), 2),
                            report.fmt(best.get("t_nonflush_mean_us"), 1), report.fmt(best.get("t_flush_us"), 1),
                            report.fmt(best.get("GBps"), 0), report.fmt(c.get("bw_fraction"), pct=True),
-                           report.fmt(st.get("GBps"), 0), report.fmt(st.get("bw_fraction"), pct=True)])
+                           report.fmt(st.get("GBps"), 0), report.fmt(st.get("bw_fraction"), pct=True),
+                           report.fmt(best.get("t_mixed_us"), 1), report.fmt(c.get("speedup_mixed"), 2)])
         else:
             r, up = ks.get("replay", {}), ks.get("upstream_replay", {})
             g_rows.append([c["geometry"], c["state_dtype"], c["batch"], report.fmt(st.get("t_us"), 1),
@@ -952,18 +991,24 @@ def markdown_report(result: Dict[str, Any]) -> List[tuple]:
                            report.fmt(r.get("t_nonflush_mean_us"), 1), report.fmt(r.get("t_flush_us"), 1),
                            report.fmt(r.get("GBps"), 0), report.fmt(c.get("bw_fraction"), pct=True),
                            report.fmt(up.get("GBps"), 0), report.fmt(st.get("GBps"), 0),
-                           report.fmt(st.get("bw_fraction"), pct=True)])
+                           report.fmt(st.get("bw_fraction"), pct=True), report.fmt(r.get("t_mixed_us"), 1),
+                           report.fmt(up.get("t_mixed_us"), 1), report.fmt(c.get("speedup_mixed"), 2),
+                           report.fmt(c.get("vs_upstream_mixed"), 2)])
     if m_rows:
         sections.append(("Mamba2 decode (µs per launch; ReplaySSM amortised over the flush cycle)",
                          report.markdown_table(["geometry", "state", "bs", "stock", "ours OO", "ours S&O", "best",
                                                 "speedup", "best non-flush", "best flush", "ours GB/s", "ours %copy",
-                                                "stock GB/s", "stock %copy"], m_rows)))
+                                                "stock GB/s", "stock %copy", "best mixed", "mixed vs stock"],
+                                               m_rows)))
     if g_rows:
-        sections.append(("GDN decode (µs per launch; ReplaySSM amortised over the flush cycle)",
+        sections.append(("GDN decode (µs per launch; ReplaySSM amortised over the flush cycle; mixed: one launch "
+                         "with row i at phase i % L, batches >= L)",
                          report.markdown_table(["geometry", "state", "bs", "stock", "upstream RS", "ours",
                                                 "ours vs stock", "ours vs upstream", "upstream vs stock",
                                                 "ours non-flush", "ours flush", "ours GB/s", "ours %copy",
-                                                "upstream GB/s", "stock GB/s", "stock %copy"], g_rows)))
+                                                "upstream GB/s", "stock GB/s", "stock %copy", "ours mixed",
+                                                "upstream mixed", "mixed: ours vs stock", "mixed: ours vs upstream"],
+                                               g_rows)))
     return sections + bc.summary_sections(result.get("summary", {}), result.get("notes") or [])
 
 

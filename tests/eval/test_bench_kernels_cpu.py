@@ -140,6 +140,17 @@ def test_amortised_bytes_closed_form():
 # --------------------------------------------------------------------------------
 # amortisation, bandwidth, slot sets
 # --------------------------------------------------------------------------------
+def test_mixed_launch_cursor_and_bytes():
+    """The mixed launch: row i at phase i % L; its bytes the row-weighted mean of the per-phase bytes."""
+    import torch
+
+    assert bk.mixed_wpos(7, 3, "cpu").tolist() == [0, 1, 2, 0, 1, 2, 0]
+    per_phase = lambda w: {"total": 100 * (w + 1)}  # noqa: E731
+    assert bk.mixed_bytes(per_phase, 3, 7) == pytest.approx((3 * 100 + 2 * 200 + 2 * 300) / 7)
+    assert bk.mixed_bytes(per_phase, 4, 8) == pytest.approx(250.0)  # whole cycles: the plain mean
+    assert bk.mixed_wpos(4, 4, "cpu").dtype == torch.int32
+
+
 def test_amortise_all_phases_is_plain_mean():
     L = 16
     times = {w: 10.0 + w for w in range(L - 1)}
@@ -306,7 +317,7 @@ def test_cpu_end_to_end(tmp_path):
     out = tmp_path / "kernels-cpu.json"
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO), GIT_COMMIT="test-commit")
     r = subprocess.run([sys.executable, "-m", "eval.bench_kernels", "--device", "cpu", "--out", str(out),
-                        "--dtypes", "fp32", "--batches", "2"],
+                        "--dtypes", "fp32", "--batches", "4"],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     res = json.loads(out.read_text())
@@ -323,6 +334,12 @@ def test_cpu_end_to_end(tmp_path):
         ours = [v for k, v in c["kernels"].items() if k.startswith("replay")]
         assert ours and all(v["t_amort_us"] > 0 and v["t_cycle_us"] > 0 for v in ours)
         assert all(set(v["phase_us"]) == {str(w) for w in bk.quick_phases(c["L"])} for v in ours)
+        # batch 4 >= L 4: the mixed launch (row i at phase i % L) was timed, with its row-weighted bytes
+        assert c["batch"] >= c["L"]
+        for v in [v for k, v in c["kernels"].items() if k != "stock"]:
+            assert v["t_mixed_us"] > 0 and v["mixed"]["us"] == v["t_mixed_us"]
+            assert v["mixed"]["bytes"] == pytest.approx(v["bytes_amort"])  # batch a whole number of cycles
+        assert c["speedup_mixed"] > 0 or not res["stock"]["available"][c["family"]]
         if res["stock"]["available"][c["family"]]:
             assert c["kernels"]["stock"]["t_us"] > 0 and c["speedup"] > 0
     assert {k for k in fams["mamba2"]["kernels"] if k.startswith("replay")} == {
