@@ -67,8 +67,10 @@ bench-spec:
 GPU_TEST_JOBS ?= 16
 GPU_TEST_OUT ?= /tmp/replayssm-gpu-tests
 gpu-test:
-	KERNEL_BENCH=0 TEST_JOBS=$(GPU_TEST_JOBS) TEST_TIMEOUT=$${TEST_TIMEOUT:-1800} OUT=$(GPU_TEST_OUT) bash eval/gpu_kernels.sh
-	@! grep -q "^FAILED\|^ERROR\|cut by TEST_TIMEOUT" $(GPU_TEST_OUT)/gpu-tests.log
+	KERNEL_BENCH=0 TEST_JOBS=$(GPU_TEST_JOBS) TEST_TIMEOUT=$${TEST_TIMEOUT:-1800} OUT=$(GPU_TEST_OUT) GPU_PY=$(GPU_PY) \
+		bash eval/gpu_kernels.sh
+	@! grep -q "^FAILED\|^ERROR\|cut by TEST_TIMEOUT\| failed\| errors" $(GPU_TEST_OUT)/gpu-tests.log
+	@grep -q "^# all shards: [1-9][0-9]* passed" $(GPU_TEST_OUT)/gpu-tests.log
 
 # A/B harness (eval/ab.py): noise floor (stock vs stock) and stock vs patched, same flags
 AB_MODEL ?= nemotron-h-8b

@@ -995,10 +995,11 @@ def markdown_report(result: Dict[str, Any]) -> List[tuple]:
                            report.fmt(up.get("t_mixed_us"), 1), report.fmt(c.get("speedup_mixed"), 2),
                            report.fmt(c.get("vs_upstream_mixed"), 2)])
     if m_rows:
-        sections.append(("Mamba2 decode (µs per launch; ReplaySSM amortised over the flush cycle)",
+        sections.append(("Mamba2 decode (µs per launch; ReplaySSM amortised over the flush cycle; mixed: one launch "
+                         "with row i at phase i % L, batches >= L, of the route best amortised)",
                          report.markdown_table(["geometry", "state", "bs", "stock", "ours OO", "ours S&O", "best",
                                                 "speedup", "best non-flush", "best flush", "ours GB/s", "ours %copy",
-                                                "stock GB/s", "stock %copy", "best mixed", "mixed vs stock"],
+                                                "stock GB/s", "stock %copy", "best route mixed", "mixed vs stock"],
                                                m_rows)))
     if g_rows:
         sections.append(("GDN decode (µs per launch; ReplaySSM amortised over the flush cycle; mixed: one launch "

@@ -10,13 +10,15 @@ OUT="${OUT:-eval/results}"
 mkdir -p "$OUT"
 if [ -f .sglang-bundle/bootstrap.sh ]; then source .sglang-bundle/bootstrap.sh; fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+PY="${GPU_PY:-python3}"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu-info.txt"
-python3 - <<'PY' | tee -a "$OUT/gpu-info.txt"
+"$PY" - <<'PY' | tee -a "$OUT/gpu-info.txt"
 import torch, triton
 print("torch", torch.__version__, "triton", triton.__version__, "device", torch.cuda.get_device_name())
 PY
 # The CUDA tests' time is Triton compiles on the host's CPU cores: TEST_JOBS pytest processes side by side, each
-# every TEST_JOBS-th test (REPLAYSSM_TEST_SHARD, tests/conftest.py) of TEST_PATHS (tests/kernels); TEST_JOBS=0 skips them.
+# one contiguous block of the tests of TEST_PATHS (tests/kernels; REPLAYSSM_TEST_SHARD, tests/conftest.py);
+# TEST_JOBS=0 skips them.
 jobs="${TEST_JOBS:-12}"
 : > "$OUT/gpu-tests.log"
 if [ "$jobs" -gt 0 ]; then
@@ -24,37 +26,41 @@ if [ "$jobs" -gt 0 ]; then
   for ((i = 0; i < jobs; i++)); do
     # SIGINT at the limit: pytest stops and still prints its summary
     REPLAYSSM_TEST_SHARD="$i/$jobs" REPLAYSSM_TEST_TIMES="$T/times-$i.txt" timeout -s INT -k 20 "${TEST_TIMEOUT:-240}" \
-      python3 -m pytest -q -rfE -p no:cacheprovider ${TEST_PATHS:-tests/kernels} >"$T/shard-$i.log" 2>&1 &
+      "$PY" -m pytest -q -rfE -p no:cacheprovider ${TEST_PATHS:-tests/kernels} >"$T/shard-$i.log" 2>&1 &
   done
   wait
   for ((i = 0; i < jobs; i++)); do
     { echo "# shard $i/$jobs: $(tail -1 "$T/shard-$i.log")"; grep -E "^(FAILED|ERROR) " "$T/shard-$i.log"; } >> "$OUT/gpu-tests.log"
   done
-  python3 - "$T" "$jobs" <<'PY' | tee -a "$OUT/gpu-tests.log"
+  "$PY" - "$T" "$jobs" <<'PY' | tee -a "$OUT/gpu-tests.log"
 import collections, pathlib, re, sys
 t, tot, cut = pathlib.Path(sys.argv[1]), collections.Counter(), 0
 for i in range(int(sys.argv[2])):
     log = (t / f"shard-{i}.log").read_text()
-    found = re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?)", (log.strip().splitlines() or [""])[-1])
+    summary = [line for line in log.splitlines() if re.search(r"\d+ (passed|failed|skipped|deselected|errors?)", line)]
+    found = re.findall(r"(\d+) (passed|failed|skipped|deselected|error)s?", summary[-1] if summary else "")
     if found and "KeyboardInterrupt" not in log:
-        tot.update({k: int(n) for n, k in found})
+        tot.update({k + "s" * (k == "error"): int(n) for n, k in found})
     else:  # cut by TEST_TIMEOUT: count the tests that finished (REPLAYSSM_TEST_TIMES)
         cut += 1
         times = t / f"times-{i}.txt"
         tot.update(line.split()[1] for line in (times.read_text().splitlines() if times.exists() else []))
 tot.pop("deselected", None)  # each shard deselects the others' tests
-print("# all shards:", ", ".join(f"{v} {k}" for k, v in tot.items()) or "no test finished",
+order = ["passed", "failed", "errors", "skipped"]
+print("# all shards:", ", ".join(f"{tot[k]} {k}" for k in sorted(tot, key=lambda k: (order + [k]).index(k)))
+      or "no test finished",
       f"({cut} shards cut by TEST_TIMEOUT)" if cut else "")
 PY
   echo "# slowest tests (call time in s; setup and compiles of module-level fixtures not included):" >> "$OUT/gpu-tests.log"
   cat "$T"/times-*.txt 2>/dev/null | sort -rn | head -25 >> "$OUT/gpu-tests.log"
   cat "$T"/times-*.txt > "$OUT/gpu-test-times.txt" 2>/dev/null
+  rm -rf "$T"
 fi
 echo "== gpu tests: $(grep '^# all shards' "$OUT/gpu-tests.log")"
 [ "${KERNEL_BENCH:-1}" = "0" ] && exit 0  # KERNEL_BENCH=0: the tests only
-timeout "${BENCH_TIMEOUT:-420}" python3 -m eval.bench_kernels --out "$OUT/kernels-h200.json" "$@" 2>&1 | tee "$OUT/bench.log" | tail -60
+timeout "${BENCH_TIMEOUT:-420}" "$PY" -m eval.bench_kernels --out "$OUT/kernels-h200.json" "$@" 2>&1 | tee "$OUT/bench.log" | tail -60
 # the speculative-verify benchmark (skip with SPEC=0)
 if [ "${SPEC:-1}" != "0" ]; then
-  timeout "${SPEC_TIMEOUT:-300}" python3 -m eval.bench_spec --out "$OUT/spec-kernels-h200.json" "$@" 2>&1 \
+  timeout "${SPEC_TIMEOUT:-300}" "$PY" -m eval.bench_spec --out "$OUT/spec-kernels-h200.json" "$@" 2>&1 \
     | tee "$OUT/spec-bench.log" | tail -40
 fi

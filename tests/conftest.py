@@ -29,7 +29,8 @@ def _test_shard():
     """REPLAYSSM_TEST_SHARD=i/n keeps the i-th (0-based) of n contiguous blocks of the collected tests:
     eval/gpu_kernels.sh runs n pytest processes side by side on the GPU host, whose test time is Triton compiles
     on the CPU cores (contiguous blocks keep a test's parametrisations, which share compiled kernels, in one
-    process)."""
+    process). It cuts the collection before pytest's own -k / -m deselection, so shards of a filtered run are
+    uneven."""
     spec = os.environ.get("REPLAYSSM_TEST_SHARD", "").strip()
     if not spec:
         return None

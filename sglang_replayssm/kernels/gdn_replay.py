@@ -165,8 +165,9 @@ GDN_DEFAULT_LAUNCH: Dict[str, Any] = {
     # with BKC > 0: 1 issues the first chunk's loads before the row's scalars and history; 2 also loads each chunk
     # one pass ahead of its reduction (0: each chunk loaded in its own pass)
     "prefetch": 0,
-    # with BKC > 0, L2 eviction hints (a bit mask): 1 streams the flush pass's checkpoint stores out of L2
-    # ("evict_first"), 2 keeps the output pass's tile loads ("evict_last") for a flush row's second read of its tile
+    # with BKC > 0, L2 eviction hints (a bit mask): 1 marks the flush pass's accesses to the checkpoint (the tile's
+    # second read, its last use, and the stores) "evict_first"; 2 marks the output pass's tile loads "evict_last",
+    # kept for a flush row's second read (a compile-time policy: every row's loads, flush row or not)
     "l2_hints": 0,
     # flush rebuild: "rank1" (fp32 CUDA-core FMAs), "rank1_fold" (the same FMAs in one fused pass, fewer
     # instructions: see _flush_state_fold) or "dot" (tensor cores, dot_precision)
@@ -641,8 +642,8 @@ def _gdn_replay_decode_kchunk_kernel(
     chunk's loads one pass of the output loop ahead of its reduction (a register double buffer).
 
     TILE_EVICT / STORE_EVICT (launch option ``l2_hints``): L2 eviction hints of the output pass's tile loads
-    ("evict_last": keep them for a flush row's second read) and of the flush pass's checkpoint stores
-    ("evict_first": stream them out); "" leaves the default."""
+    ("evict_last": keep them for a flush row's second read; every row's loads carry it) and of the flush pass's
+    second read and stores ("evict_first": the tile's last use); "" leaves the default."""
     i_v = tl.program_id(0)
     i_n = tl.program_id(1).to(tl.int64)
     i_hv = tl.program_id(2)
@@ -736,7 +737,8 @@ def _gdn_replay_decode_kchunk_kernel(
         for kc in tl.range(0, K, BKC, num_stages=NUM_STAGES):
             mask_c = (kc + o_c) < K
             p_s = p_tile + kc
-            s = tl.load(p_s, mask=mask_v[:, None] & mask_c[None, :], other=0).to(tl.float32)
+            s = tl.load(p_s, mask=mask_v[:, None] & mask_c[None, :], other=0,
+                        eviction_policy=STORE_EVICT).to(tl.float32)
             k_c = tl.load(k_row + kc + o_c, mask=mask_c, other=0).to(tl.float32) * rk
             if L > 1:
                 if FLUSH == "dot":

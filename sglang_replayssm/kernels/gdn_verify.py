@@ -94,7 +94,7 @@ is w exact fp32 rank-1 updates (``flush: rank1``, default) or one ``tl.dot`` [BV
 refused), or (``flush: split``, above ``inline_scores_max_batch``) that same dot in a launch of its own,
 ``_gdn_verify_fold_kernel``, before the verify launch; the fold launch also writes the cursor the verify
 launch reads (a flush row's: an empty history where its window starts), so the unchanged verify kernel runs
-the flush rows as empty-history rows of the folded checkpoint and never enters its fold branch.  The window d_i stay fp32 inside the solve; the only roundings are the
+the flush rows as empty-history rows of the folded checkpoint and skips its fold (w = 0).  The window d_i stay fp32 inside the solve; the only roundings are the
 stores (out, ring d in the state dtype, the checkpoint).  Measured in the CPU
 interpreter (tests/kernels/test_gdn_verify.py: fp32 state, fp32 or bf16 activations,
 random realistic gates, 40-step simulations with random accepts, Qwen3-Next
@@ -142,7 +142,7 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = {
     # flush fold: "rank1" (exact fp32 CUDA-core FMAs), "dot" (tl.dot, dot_precision) or "split": above
     # inline_scores_max_batch a separate fold launch (_gdn_verify_fold_kernel: tl.dot, dot_precision) folds the
     # flush rows' history into their checkpoints before the verify launch and hands it a cursor that makes them
-    # empty-history rows of the folded checkpoint (its fold branch is never taken); smaller batches fold in the
+    # empty-history rows of the folded checkpoint (its fold is skipped: w = 0); smaller batches fold in the
     # verify launch with "rank1" (one launch)
     "flush": "rank1",
     "fold_BV": 32,  # flush: split: value rows per fold program (power of two)

@@ -64,3 +64,23 @@ def test_gpu_kernels_script_sums_its_shards(tmp_path):
     times = (out / "gpu-test-times.txt").read_text().splitlines()
     assert len(times) == passed and all(t.split()[1] == "passed" for t in times), times
     assert not (out / "kernels-h200.json").exists()
+
+
+def test_gpu_kernels_script_counts_a_cut_shard(tmp_path):
+    """A shard stopped by TEST_TIMEOUT (SIGINT) is reported as cut, with the tests it finished counted from its
+    per-test times; `make gpu-test`'s check then fails on the log."""
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), KERNEL_BENCH="0", TEST_JOBS="1", TEST_TIMEOUT="3", TEST_PATHS=SLICE[1],
+               PATH=f"{pathlib.Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    env.pop("REPLAYSSM_TEST_SHARD", None)
+    env.pop("REPLAYSSM_TEST_TIMES", None)
+    r = subprocess.run(["bash", "eval/gpu_kernels.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    log = (out / "gpu-tests.log").read_text()
+    total = [line for line in log.splitlines() if line.startswith("# all shards:")]
+    assert total and "(1 shards cut by TEST_TIMEOUT)" in total[0], log
+    finished = len((out / "gpu-test-times.txt").read_text().splitlines())
+    n = len([line for line in _collected() if line.startswith(SLICE[1])])
+    assert finished < n, (finished, n)  # the slice takes far longer than 3 s in the interpreter
+    assert (f"{finished} passed" in total[0]) if finished else ("no test finished" in total[0]), total
