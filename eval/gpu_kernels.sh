@@ -8,9 +8,12 @@
 set -uo pipefail
 OUT="${OUT:-eval/results}"
 mkdir -p "$OUT"
-if [ -f .sglang-bundle/bootstrap.sh ]; then source .sglang-bundle/bootstrap.sh; fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY="${GPU_PY:-python3}"
+# the offline SGLang bundle (../shared/device) where SGLang is not installed
+if [ -f .sglang-bundle/bootstrap.sh ] && ! "$PY" -c "import sglang" 2>/dev/null; then
+  source .sglang-bundle/bootstrap.sh
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu-info.txt"
 "$PY" - <<'PY' | tee -a "$OUT/gpu-info.txt"
 import torch, triton
