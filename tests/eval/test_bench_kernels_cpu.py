@@ -194,11 +194,18 @@ def _fake_case(family, geom, dt, bs, stock_us, ours_us, up_us=None):
     if family == "mamba2":
         c["kernels"]["replay_output_only"] = {"t_amort_us": ours_us, "GBps": 3000.0, "bw_fraction": 0.75,
                                               "t_nonflush_mean_us": ours_us * 0.9, "t_flush_us": ours_us * 2}
-        c["kernels"]["replay_state_and_output"] = {"t_amort_us": ours_us * 1.5, "GBps": 2000.0, "bw_fraction": 0.5}
+        c["kernels"]["replay_state_and_output"] = {"t_amort_us": ours_us * 1.5, "GBps": 2000.0, "bw_fraction": 0.5,
+                                                   "t_mixed_us": ours_us * 0.5}  # fastest mixed, not the best route
+        if bs > 1:
+            c["kernels"]["replay_output_only"]["t_mixed_us"] = ours_us * 0.8
     else:
         c["kernels"]["replay"] = {"t_amort_us": ours_us, "GBps": 3000.0, "bw_fraction": 0.7}
         if up_us is not None:
             c["kernels"]["upstream_replay"] = {"t_amort_us": up_us, "GBps": float("nan")}
+        if bs > 1:  # the mixed launch (batch >= L)
+            c["kernels"]["replay"]["t_mixed_us"] = ours_us * 0.8
+            if up_us is not None:
+                c["kernels"]["upstream_replay"]["t_mixed_us"] = up_us * 0.9
     bk._case_summary(c)
     return c
 
@@ -234,6 +241,23 @@ def test_case_summary_picks_best_route():
     missing = {"family": "gdn", "kernels": {"replay": {"t_amort_us": 5.0}}}
     bk._case_summary(missing)
     assert missing["speedup"] is None and missing["t_ours_us"] == 5.0
+    assert missing["speedup_mixed"] is None and missing["t_ours_mixed_us"] is None
+
+
+def test_case_summary_mixed_launch():
+    """The mixed figures read the route that is best amortised (Mamba2: output_only, not the faster mixed
+    state_and_output), and are absent below batch L."""
+    c = _fake_case("mamba2", "g", "fp32", 256, 100.0, 60.0)
+    assert math.isclose(c["t_ours_mixed_us"], 48.0) and math.isclose(c["speedup_mixed"], 100.0 / 48.0)
+    g = _fake_case("gdn", "g", "fp32", 256, 80.0, 50.0, up_us=60.0)
+    assert math.isclose(g["speedup_mixed"], 80.0 / 40.0) and math.isclose(g["vs_upstream_mixed"], 54.0 / 40.0)
+    g1 = _fake_case("gdn", "g", "fp32", 1, 80.0, 50.0, up_us=60.0)
+    assert g1["speedup_mixed"] is None and g1["vs_upstream_mixed"] is None
+    s = _fake_result()["summary"]
+    assert math.isclose(s["gdn_decode_speedup_mixed_bs256_fp32"], 80.0 / 40.0)
+    assert math.isclose(s["gdn_decode_vs_upstream_mixed_bs256_fp32"], 54.0 / 40.0)
+    assert math.isclose(s["mamba2_decode_speedup_mixed_bs256_fp32"], 100.0 / 48.0)
+    assert not any(k.endswith(("mixed_bs1_fp32", "mixed_bs1_bf16")) for k in s)
 
 
 def test_summary_keys():
