@@ -31,8 +31,8 @@ amortised over the flush cycle, t = ((L-1)·mean(t_nonflush) + t_flush) / L (the
 mean when all L phases are timed), and cross-checked with one graph that walks the
 phases 0..L-1 in order (``t_cycle_us``).  At batches >= L also one launch with row i at phase
 i % L (``t_mixed_us``, ``speedup_mixed``): what a server's desynchronised requests run, 1/L
-of the rows flushing in every step; reported beside the amortised figures, not as a target.  Timing: CUDA-graph replays of a sequence of
-launches that rotates among several disjoint slot sets so that the state touched per
+of the rows flushing in every step; reported beside the amortised figures, not as a target.
+Timing: CUDA-graph replays of a sequence of launches that rotates among several disjoint slot sets so that the state touched per
 replay is several times the L2 (slots are a random permutation of 1..S-1, S >= 2b+1),
 median over many replays.  Bytes: see ``*_bytes`` below (unique bytes each kernel must
 move; achieved GB/s and the fraction of the device-to-device copy bandwidth measured in
@@ -187,6 +187,15 @@ def mixed_wpos(batch: int, L: int, device):
     import torch
 
     return torch.arange(batch, dtype=torch.int32, device=device) % L
+
+
+def phase_wpos(batch: int, L: int, device) -> list:
+    """The cursors the work objects launch with: index w < L puts every row at phase w, index L is the mixed
+    launch's (:func:`mixed_wpos`)."""
+    import torch
+
+    return [torch.full((batch,), w, dtype=torch.int32, device=device) for w in range(L)] + [
+        mixed_wpos(batch, L, device)]
 
 
 def mixed_bytes(per_phase: Callable[[int], Dict[str, int]], L: int, batch: int) -> float:
@@ -506,7 +515,7 @@ class Mamba2Work(bc.CaseWork):
             dt_raw = torch.empty((batch, H), dtype=act, device=device).normal_(0.0, 0.5, generator=gen)
             self.sets.append(dict(idx=idx, x=x.view(batch, H, P), B=Bm.view(batch, G, N), C=Cm.view(batch, G, N),
                                   dt=dt_raw[:, :, None].expand(-1, -1, P), dt_h=dt_raw, xbc=xbc))
-        self.wpos = [torch.full((batch,), w, dtype=torch.int32, device=device) for w in range(L)] + [mixed_wpos(batch, L, device)]
+        self.wpos = phase_wpos(batch, L, device)
         self.out = torch.empty((batch, H, P), dtype=act, device=device)
         self.state_row_bytes = H * P * N * self.state.element_size()
 
@@ -553,7 +562,7 @@ class GDNWork(bc.CaseWork):
             a = torch.empty((batch, HV), dtype=act, device=device).normal_(0.0, 1.0, generator=gen)
             bb = torch.empty((batch, HV), dtype=act, device=device).normal_(0.0, 1.0, generator=gen)
             self.sets.append(dict(idx=idx, mq=mq, a=a, b=bb))
-        self.wpos = [torch.full((batch,), w, dtype=torch.int32, device=device) for w in range(L)] + [mixed_wpos(batch, L, device)]
+        self.wpos = phase_wpos(batch, L, device)
         self.force_flush = torch.zeros((batch,), dtype=torch.int32, device=device)
         self.out = torch.empty((batch, 1, HV, V), dtype=act, device=device)
         self.state_row_bytes = HV * V * K * self.state.element_size()

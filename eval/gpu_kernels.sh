@@ -3,8 +3,8 @@
 # Usage (repo root on the GPU host, offline SGLang bundle carried in .sglang-bundle/):
 #   GIT_COMMIT=<sha> OUT=<dir> bash eval/gpu_kernels.sh [--quick]
 # Writes $OUT/gpu-tests.log (per-shard pytest summaries, failures, the total, the slowest tests),
-# $OUT/gpu-test-times.txt (every test's time; KERNEL_BENCH=0 stops after the tests), $OUT/bench.log, $OUT/kernels-h200.{json,md,png}, and (SPEC=0 skips it)
-# $OUT/spec-bench.log, $OUT/spec-kernels-h200.{json,md,png}.
+# $OUT/gpu-test-times.txt (every test's time; KERNEL_BENCH=0 stops after the tests), $OUT/bench.log,
+# $OUT/kernels-h200.{json,md,png}, and (SPEC=0 skips it) $OUT/spec-bench.log, $OUT/spec-kernels-h200.{json,md,png}.
 set -uo pipefail
 OUT="${OUT:-eval/results}"
 mkdir -p "$OUT"

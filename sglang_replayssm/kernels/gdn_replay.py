@@ -628,7 +628,7 @@ def _gdn_replay_decode_kchunk_kernel(
     BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, LP: tl.constexpr, NUM_STAGES: tl.constexpr,
     USE_L2NORM: tl.constexpr, PRE_SCORES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, CAST_BITS: tl.constexpr, PREFETCH: tl.constexpr,
-    TILE_EVICT: tl.constexpr, STORE_EVICT: tl.constexpr,
+    TILE_EVICT: tl.constexpr, FLUSH_EVICT: tl.constexpr,
 ):
     """The decode step of ``_gdn_replay_decode_kernel`` (same math, same writes) with the checkpoint
     tile streamed in K chunks of BKC columns (launch option ``BKC`` > 0): the output pass accumulates
@@ -641,7 +641,7 @@ def _gdn_replay_decode_kchunk_kernel(
     known, before the row's scalars and history (their round trips overlap); 2 also issues each
     chunk's loads one pass of the output loop ahead of its reduction (a register double buffer).
 
-    TILE_EVICT / STORE_EVICT (launch option ``l2_hints``): L2 eviction hints of the output pass's tile loads
+    TILE_EVICT / FLUSH_EVICT (launch option ``l2_hints``): L2 eviction hints of the output pass's tile loads
     ("evict_last": keep them for a flush row's second read; every row's loads carry it) and of the flush pass's
     second read and stores ("evict_first": the tile's last use); "" leaves the default."""
     i_v = tl.program_id(0)
@@ -738,7 +738,7 @@ def _gdn_replay_decode_kchunk_kernel(
             mask_c = (kc + o_c) < K
             p_s = p_tile + kc
             s = tl.load(p_s, mask=mask_v[:, None] & mask_c[None, :], other=0,
-                        eviction_policy=STORE_EVICT).to(tl.float32)
+                        eviction_policy=FLUSH_EVICT).to(tl.float32)
             k_c = tl.load(k_row + kc + o_c, mask=mask_c, other=0).to(tl.float32) * rk
             if L > 1:
                 if FLUSH == "dot":
@@ -751,7 +751,7 @@ def _gdn_replay_decode_kchunk_kernel(
             else:
                 s_prev = s
             s_new = _cast_store(alpha * s_prev + d_cur[:, None] * k_c[None, :], s_head.dtype.element_ty, CAST_BITS)
-            tl.store(p_s, s_new, mask=mask_v[:, None] & mask_c[None, :], eviction_policy=STORE_EVICT)
+            tl.store(p_s, s_new, mask=mask_v[:, None] & mask_c[None, :], eviction_policy=FLUSH_EVICT)
     else:
         tl.store(d_head + w * stride_d2 + o_v, _cast_store(d_cur, d_head.dtype.element_ty, CAST_BITS), mask=mask_v)
 
@@ -969,7 +969,7 @@ def gdn_replay_decode(
         hints = cfg["l2_hints"]
         _gdn_replay_decode_kchunk_kernel[(n_tiles, B, HV)](
             *args, BKC=min(BKC, BK), PREFETCH=cfg["prefetch"], TILE_EVICT="evict_last" if hints & 2 else "",
-            STORE_EVICT="evict_first" if hints & 1 else "", **common)
+            FLUSH_EVICT="evict_first" if hints & 1 else "", **common)
     else:
         _gdn_replay_decode_kernel[grid](*args, V_TILES=v_tiles, EVEN_V=V % (BV * v_tiles) == 0, **common)
     return out

@@ -94,9 +94,9 @@ is w exact fp32 rank-1 updates (``flush: rank1``, default) or one ``tl.dot`` [BV
 refused), or (``flush: split``, above ``inline_scores_max_batch``) that same dot in a launch of its own,
 ``_gdn_verify_fold_kernel``, before the verify launch; the fold launch also writes the cursor the verify
 launch reads (a flush row's: an empty history where its window starts), so the unchanged verify kernel runs
-the flush rows as empty-history rows of the folded checkpoint and skips its fold (w = 0).  The window d_i stay fp32 inside the solve; the only roundings are the
-stores (out, ring d in the state dtype, the checkpoint).  Measured in the CPU
-interpreter (tests/kernels/test_gdn_verify.py: fp32 state, fp32 or bf16 activations,
+the flush rows as empty-history rows of the folded checkpoint and skips its fold (w = 0).  The window d_i
+stay fp32 inside the solve; the only roundings are the stores (out, ring d in the state dtype, the
+checkpoint).  Measured in the CPU interpreter (tests/kernels/test_gdn_verify.py: fp32 state, fp32 or bf16 activations,
 random realistic gates, 40-step simulations with random accepts, Qwen3-Next
 geometry) against an fp64 sequential oracle: outputs <= 4e-7 (|o| <~ 1), flushed
 checkpoints <= 2e-6 (|S| <~ 5); the fork's GDN spec tests allow atol 2e-3 (its UT
