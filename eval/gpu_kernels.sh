@@ -3,7 +3,8 @@
 # Usage (repo root on the GPU host, offline SGLang bundle carried in .sglang-bundle/):
 #   GIT_COMMIT=<sha> OUT=<dir> bash eval/gpu_kernels.sh [--quick]
 # Writes $OUT/gpu-tests.log (per-shard pytest summaries, failures, the total, the slowest tests),
-# $OUT/gpu-test-times.txt (every test's time; KERNEL_BENCH=0 stops after the tests), $OUT/bench.log,
+# $OUT/gpu-test-times.txt (every test's time; KERNEL_BENCH=0 stops after the tests), $OUT/gpu-shard-logs.tgz
+# (each shard's full pytest output), $OUT/bench.log,
 # $OUT/kernels-h200.{json,md,png}, and (SPEC=0 skips it) $OUT/spec-bench.log, $OUT/spec-kernels-h200.{json,md,png}.
 set -uo pipefail
 OUT="${OUT:-eval/results}"
@@ -27,8 +28,10 @@ jobs="${TEST_JOBS:-12}"
 if [ "$jobs" -gt 0 ]; then
   T="$(mktemp -d /tmp/gpu-tests.XXXXXX)"
   for ((i = 0; i < jobs; i++)); do
-    # SIGINT at the limit: pytest stops and still prints its summary
-    REPLAYSSM_TEST_SHARD="$i/$jobs" REPLAYSSM_TEST_TIMES="$T/times-$i.txt" timeout -s INT -k 20 "${TEST_TIMEOUT:-240}" \
+    # SIGINT at the limit: pytest stops and still prints its summary. TEST_THREADS torch CPU threads per shard
+    # (the fp64 oracles run on the CPU; torch's default, one thread per core in every shard, oversubscribes it)
+    OMP_NUM_THREADS="${TEST_THREADS:-1}" REPLAYSSM_TEST_SHARD="$i/$jobs" REPLAYSSM_TEST_TIMES="$T/times-$i.txt" \
+      timeout -s INT -k 20 "${TEST_TIMEOUT:-240}" \
       "$PY" -m pytest -q -rfE -p no:cacheprovider ${TEST_PATHS:-tests/kernels} >"$T/shard-$i.log" 2>&1 &
   done
   wait
@@ -57,6 +60,7 @@ PY
   echo "# slowest tests (call time in s; setup and compiles of module-level fixtures not included):" >> "$OUT/gpu-tests.log"
   cat "$T"/times-*.txt 2>/dev/null | sort -rn | head -25 >> "$OUT/gpu-tests.log"
   cat "$T"/times-*.txt > "$OUT/gpu-test-times.txt" 2>/dev/null
+  tar czf "$OUT/gpu-shard-logs.tgz" -C "$T" .  # every shard's full pytest output (failures' tracebacks)
   rm -rf "$T"
 fi
 echo "== gpu tests: $(grep '^# all shards' "$OUT/gpu-tests.log")"

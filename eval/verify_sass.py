@@ -39,10 +39,8 @@ GEOMETRIES = {
 }
 FAMILY_KEY = {"mamba2": "mamba2_verify", "gdn": "gdn_verify"}
 KERNEL = {"mamba2": "_mamba2_verify_kernel", "gdn": "_gdn_verify_kernel"}
-# launched before the main kernel by some variants (GDN flush: split adds the fold launch)
-PRE_KERNELS = {"mamba2": ("_mamba2_verify_bc_kernel",), "gdn": ("_gdn_verify_scores_kernel", "_gdn_verify_fold_kernel")}
-# the grid axis of each pre-kernel that runs over the batch (the others: groups, tiles, heads)
-PRE_BATCH_AXIS = {"_gdn_verify_fold_kernel": 1}
+# launched before the main kernel by some variants (grid axis 0 runs over the batch)
+PRE_KERNELS = {"mamba2": ("_mamba2_verify_bc_kernel",), "gdn": ("_gdn_verify_scores_kernel",)}
 # the H200 file (one warp, per-token reductions, pre-kernels: timed 3.46x / 1.74x stock) sits at 255 registers,
 # 8 resident warps per SM; the defaults compare it with register caps, a smaller Mamba2 tile and Mamba2's
 # one-read non-flush path (the issue model cannot see its gain: more loads in flight, not fewer instructions)
@@ -164,7 +162,7 @@ def analyse(family: str, name: str, config: Dict[str, Any], T: int = 4, hist: in
             p_insns, p_labels = parse_sass(disassemble(pb["cubin"]))
             n_pre = len(p_insns) + (trips - 1) * loop_instructions(p_insns, p_labels)
             grid = list(calls[kname]["grid"]) + [1] * (3 - len(calls[kname]["grid"]))
-            grid[PRE_BATCH_AXIS.get(kname, 0)] = batch_model
+            grid[0] = batch_model
             pre_programs = grid[0] * grid[1] * grid[2]
             pre[kname] = {"regs": pr["regs"], "spill_st": pr.get("spill_st"), "spill_ld": pr.get("spill_ld"),
                          "sass_total": n_pre, "num_warps": pb["num_warps"],

@@ -91,12 +91,8 @@ e^{Gamma_i - Gamma_j} likewise come from suffix sums over g_{j+1..i}), keys are
 re-normalised with the same fp32 formula as the current token.  The flush fold
 is w exact fp32 rank-1 updates (``flush: rank1``, default) or one ``tl.dot`` [BV, LP] x
 [LP, K] with ``dot_precision`` "tf32x3" / "ieee" (``flush: dot``; plain tf32 is
-refused), or (``flush: split``, above ``inline_scores_max_batch``) that same dot in a launch of its own,
-``_gdn_verify_fold_kernel``, before the verify launch; the fold launch also writes the cursor the verify
-launch reads (a flush row's: an empty history where its window starts), so the unchanged verify kernel runs
-the flush rows as empty-history rows of the folded checkpoint and skips its fold (w = 0).  The window d_i
-stay fp32 inside the solve; the only roundings are the stores (out, ring d in the state dtype, the
-checkpoint).  Measured in the CPU interpreter (tests/kernels/test_gdn_verify.py: fp32 state, fp32 or bf16 activations,
+refused).  The window d_i stay fp32 inside the solve; the only roundings are the stores (out, ring d
+in the state dtype, the checkpoint).  Measured in the CPU interpreter (tests/kernels/test_gdn_verify.py: fp32 state, fp32 or bf16 activations,
 random realistic gates, 40-step simulations with random accepts, Qwen3-Next
 geometry) against an fp64 sequential oracle: outputs <= 4e-7 (|o| <~ 1), flushed
 checkpoints <= 2e-6 (|S| <~ 5); the fork's GDN spec tests allow atol 2e-3 (its UT
@@ -139,14 +135,8 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = {
     "BV": 16,  # value rows per program (power of two; the whole K row sits in one program)
     "num_warps": 4,
     "num_stages": 1,
-    # flush fold: "rank1" (exact fp32 CUDA-core FMAs), "dot" (tl.dot, dot_precision) or "split": above
-    # inline_scores_max_batch a separate fold launch (_gdn_verify_fold_kernel: tl.dot, dot_precision) folds the
-    # flush rows' history into their checkpoints before the verify launch and hands it a cursor that makes them
-    # empty-history rows of the folded checkpoint (its fold is skipped: w = 0); smaller batches fold in the
-    # verify launch with "rank1" (one launch)
+    # flush fold: "rank1" (exact fp32 CUDA-core FMAs) or "dot" (tl.dot, dot_precision)
     "flush": "rank1",
-    "fold_BV": 32,  # flush: split: value rows per fold program (power of two)
-    "fold_num_warps": 4,
     "dot_precision": "tf32x3",
     # the window's dots against the state tile and each other: "bcast" (one [BV, T, K] broadcast-and-sum),
     # "token" (T two-dimensional row reductions, as the decode kernel does for one token) or "dot" (tl.dot on
@@ -161,7 +151,7 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = {
     "inline_scores_max_batch": 0,
     "maxnreg": 0,  # register cap of the main kernel (0: none): fewer registers, more resident warps
 }
-_FLUSH_MODES = ("rank1", "dot", "split")
+_FLUSH_MODES = ("rank1", "dot")
 _REDUCE_MODES = ("bcast", "token", "dot")
 _SCORES_MODES = ("inline", "pre")
 
@@ -267,59 +257,6 @@ def _fold_history_dot(s, eG, c, d_hist, k_head, stride_k2, ph, valid, o_k, mask_
 
 
 @triton.jit
-def _gdn_verify_fold_kernel(
-    state, d_ring, k_ring, g_ring,
-    state_indices, wp, origin, flush, w_eff, org_eff, null_slot,
-    stride_idx, stride_wp, stride_org, stride_fl,
-    stride_s0, stride_s1, stride_s2,
-    stride_d0, stride_d1, stride_d2,
-    stride_k0, stride_k1, stride_k2,
-    stride_g0, stride_g1, stride_g2,
-    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr, T: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr,
-    USE_L2NORM: tl.constexpr, EPS: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
-    """``flush: split``: the flush fold of :func:`_gdn_verify_kernel` as its own launch, run before it. A
-    flush row with a non-empty history stores S_c = e^G S_ck + sum_{j<w} c_j d_j k^_j^T (state dtype) as its
-    checkpoint. Every live row also writes the cursor that the verify launch reads for its slot (w_eff, org_eff;
-    the slot's own cursor stays for the other layers and the commit): a flush row's history is now in the
-    checkpoint, so it becomes an empty history starting where the window starts (0, org + w); a verify row
-    keeps (w, org). The verify launch then skips its fold branch (w = 0) and runs the unchanged kernel. Padded
-    and null rows write nothing. Grid (cdiv(V, BV), B, HV)."""
-    i_v = tl.program_id(0)
-    i_n = tl.program_id(1).to(tl.int64)
-    i_hv = tl.program_id(2)
-    i_hk = i_hv // (HV // HK)
-    slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
-    if (slot < 0) | (slot == null_slot):
-        return
-    w, org, is_flush = _spec_cursor(wp, origin, flush, slot, stride_wp, stride_org, stride_fl, R, T)
-    if (i_v == 0) & (i_hv == 0):
-        tl.store(w_eff + slot, tl.where(is_flush, 0, w))
-        tl.store(org_eff + slot, tl.where(is_flush, (org + w) % R, org))
-    if is_flush & (w > 0):
-        o_k = tl.arange(0, BK)
-        mask_k = o_k < K
-        o_v = i_v * BV + tl.arange(0, BV)
-        mask_v = o_v < V
-        o_j = tl.arange(0, LP)
-        valid = o_j < w
-        ph = (org + o_j) % R
-        s_head = state + slot * stride_s0 + i_hv * stride_s1
-        d_head = d_ring + slot * stride_d0 + i_hv * stride_d1
-        p_s = s_head + o_v[:, None] * stride_s2 + o_k[None, :]
-        mask_s = mask_v[:, None] & mask_k[None, :]
-        s = tl.load(p_s, mask=mask_s, other=0).to(tl.float32)
-        g_hist = tl.load(g_ring + slot * stride_g0 + i_hv * stride_g1 + ph * stride_g2, mask=valid, other=0.0)
-        d_hist = tl.load(d_head + ph[None, :] * stride_d2 + o_v[:, None], mask=mask_v[:, None] & valid[None, :],
-                         other=0).to(tl.float32)
-        c, eG = _history_weights(g_hist, w, LP)
-        s = _fold_history_dot(s, eG, c, d_hist, k_ring + slot * stride_k0 + i_hk * stride_k1, stride_k2, ph, valid,
-                              o_k, mask_k, USE_L2NORM, EPS, DOT_PRECISION)
-        tl.store(p_s, _cast_rtne(s, s_head.dtype.element_ty), mask=mask_s)
-
-
-@triton.jit
 def _gdn_verify_kernel(
     qkv, a, b, A_log, dt_bias,
     state, d_ring, k_ring, g_ring,
@@ -413,7 +350,6 @@ def _gdn_verify_kernel(
     hq = tl.zeros([LP, TP], dtype=tl.float32)
     hk = tl.zeros([LP, TP], dtype=tl.float32)
     if is_flush:
-        # (flush: split passes the cursor of _gdn_verify_fold_kernel, which has folded already: w = 0 here)
         # ---- flush: S_c = e^G S_ck + sum_j c_j d_j k^_j^T becomes the checkpoint ----
         if w > 0:
             if FLUSH_DOT:
@@ -529,11 +465,10 @@ def gdn_verify_launch_params(HV: int, Hk: int, K: int, V: int, R: int, T: int, s
         where = f"gdn_verify launch config [{key}]"
         check_dot_precision(cfg["dot_precision"], where)
         check_choices(cfg, {"flush": _FLUSH_MODES, "reduce": _REDUCE_MODES, "scores": _SCORES_MODES}, where)
-        check_ints(cfg, ("BV", "num_warps", "num_stages", "scores_num_warps", "fold_BV", "fold_num_warps"), where, 1)
+        check_ints(cfg, ("BV", "num_warps", "num_stages", "scores_num_warps"), where, 1)
         check_ints(cfg, ("inline_scores_max_batch", "maxnreg"), where, 0)
-        for name in ("BV", "fold_BV"):
-            if cfg[name] & (cfg[name] - 1):
-                raise ValueError(f"{where}: {name} must be a power of two, got {cfg[name]}")
+        if cfg["BV"] & (cfg["BV"] - 1):
+            raise ValueError(f"{where}: BV must be a power of two, got {cfg['BV']}")
         _CFG_CACHE[ck] = cfg
     return cfg
 
@@ -679,31 +614,13 @@ def gdn_verify(
         )
     else:
         sc = out  # never read
-    split = cfg["flush"] == "split" and B > cfg["inline_scores_max_batch"]  # host-side, per graph batch
-    wp_v, org_v = wp, origin  # the cursor the verify launch reads
-    if split:
-        fold_BV = max(16, min(cfg["fold_BV"], next_pow2(V)))
-        # the verify launch's cursor per slot, written by the fold launch for its live rows (scratch: inside a
-        # CUDA graph from the graph's pool)
-        wp_v, org_v = torch.empty((2, S), dtype=torch.int32, device=dev).unbind(0)
-        _gdn_verify_fold_kernel[(triton.cdiv(V, fold_BV), B, HV)](
-            state, d_ring, k_ring, g_ring, state_indices, wp, origin, flush, wp_v, org_v, null,
-            state_indices.stride(0), wp.stride(0), origin.stride(0), flush.stride(0),
-            state.stride(0), state.stride(1), state.stride(2),
-            d_ring.stride(0), d_ring.stride(1), d_ring.stride(2),
-            k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
-            g_ring.stride(0), g_ring.stride(1), g_ring.stride(2),
-            HK=Hk, HV=HV, K=K, V=V, R=R, T=T, BK=BK, BV=fold_BV, LP=LP,
-            USE_L2NORM=bool(use_qk_l2norm), EPS=L2NORM_EPS, DOT_PRECISION=cfg["dot_precision"],
-            num_warps=cfg["fold_num_warps"], num_stages=1,
-        )
     grid = (triton.cdiv(V, BV), B, HV)
     _gdn_verify_kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias,
         state, d_ring, k_ring, g_ring,
-        state_indices, wp_v, org_v, flush, out, sc,
+        state_indices, wp, origin, flush, out, sc,
         float(scale), null,
-        state_indices.stride(0), wp_v.stride(0), org_v.stride(0), flush.stride(0),
+        state_indices.stride(0), wp.stride(0), origin.stride(0), flush.stride(0),
         mixed_qkv.stride(0), mixed_qkv.stride(1),
         a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         state.stride(0), state.stride(1), state.stride(2),

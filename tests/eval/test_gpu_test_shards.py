@@ -5,6 +5,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import tarfile
 
 import pytest
 
@@ -73,6 +74,10 @@ def test_gpu_kernels_script_sums_its_shards(tmp_path):
     assert "deselected" not in total and "cut by" not in total
     times = (out / "gpu-test-times.txt").read_text().splitlines()
     assert len(times) == passed and all(t.split()[1] == "passed" for t in times), times
+    with tarfile.open(out / "gpu-shard-logs.tgz") as tar:  # every shard's full output comes back in one file
+        logs = {m.name.lstrip("./"): tar.extractfile(m).read().decode() for m in tar.getmembers() if m.isfile()}
+    assert {f"shard-{i}.log" for i in range(3)} <= set(logs), sorted(logs)
+    assert all("passed" in logs[f"shard-{i}.log"] for i in range(3)), logs
     assert not (out / "kernels-h200.json").exists()
 
 

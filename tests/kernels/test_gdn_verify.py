@@ -642,11 +642,11 @@ def test_real_geometry_qwen3_next(device, seed, launch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("entries", [None, dict(BV=16, num_warps=1, reduce="token", scores="pre", maxnreg=168,
-                                                flush="split")], ids=["packaged", "split"])
+                                                flush="dot")], ids=["packaged", "dot"])
 @pytest.mark.parametrize("prec", ["s32-a16b", "s16b-a16b"])
 def test_qwen3_next_batch16_gpu(device, seed, launch, prec, entries):
-    """40 verify + commit steps at batch 16 with the packaged launch config, and with the H200 entry's split
-    flush (the fold launch's tl.dot in tf32x3 runs only on a GPU) (CUDA only)."""
+    """40 verify + commit steps at batch 16 with the packaged launch config, and with the H200 entry's flush
+    fold as one tl.dot (tf32x3 runs only on a GPU; the interpreter computes it in fp32) (CUDA only)."""
     if entries:
         launch(always=True, **entries)
     sd, ad = PRECISIONS[prec]
@@ -687,65 +687,6 @@ def test_dot_flush_variant(device, seed, launch, precision):
     sim.seed_history(4, 2, 7)  # verify
     sim.step([1, 2, 4])
     assert sim.flushes == 2
-
-
-def _fold_launches(monkeypatch):
-    """Grids of the split-flush fold launches (the kernel still runs)."""
-    import sglang_replayssm.kernels.gdn_verify as mod
-
-    grids, real = [], mod._gdn_verify_fold_kernel
-
-    class Recording:
-        def __getitem__(self, grid):
-            grids.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(mod, "_gdn_verify_fold_kernel", Recording())
-    return grids
-
-
-@pytest.mark.parametrize("scores", ["inline", "pre"])
-@pytest.mark.parametrize("prec", ["s32-a16b", "s16b-a16b"])
-def test_split_flush_variant(device, seed, launch, monkeypatch, scores, prec):
-    """``flush: split``: a separate launch folds the flush rows' history into their checkpoints, then the verify
-    launch runs them as empty-history rows; flush rows that wrap the ring, an empty-history flush row, verify
-    rows, a padded and a null row in one batch, every output, ring write and checkpoint on the reference and
-    the oracle (Sim.step), and the fold ran as its own launch."""
-    launch(always=True, BV=16, num_warps=4, flush="split", fold_BV=16, fold_num_warps=2, scores=scores)
-    grids = _fold_launches(monkeypatch)
-    sd, ad = PRECISIONS[prec]
-    sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, Bh=6, T=2, **small_geom(Hk=2, HV=4, n_slots=7))
-    sim.seed_history(1, 6, 3)  # flush: R = 8, w = 6 (history wraps)
-    sim.seed_history(2, 5, 0)  # flush
-    sim.seed_history(4, 2, 7)  # verify, wraps
-    sim.seed_history(5, 0, 2, flush=1)  # flush with an empty history: the checkpoint must stay
-    sim.step([1, -1, 2, 4, 0, 5])
-    assert sim.flushes == 2
-    assert len(grids) == 1 and grids[0][1] == 6, grids
-
-
-@pytest.mark.parametrize("limit,want_fold", [(2, True), (3, False)])
-def test_split_flush_small_batches_fold_in_the_verify_launch(device, seed, launch, monkeypatch, limit, want_fold):
-    """Batches of at most ``inline_scores_max_batch`` rows fold in the verify launch (rank-1, one launch); both
-    stay on the oracle through a 12-step simulation with flushes."""
-    launch(always=True, BV=16, num_warps=4, flush="split", scores="pre", inline_scores_max_batch=limit)
-    grids = _fold_launches(monkeypatch)
-    sim = Sim(device, seed, state_dtype=F32, act_dtype=BF16, Bh=4, T=2, **small_geom(n_slots=5))
-    slots = [3, 1, 4]
-    for s in slots:
-        sim.activate(s)
-    for _ in range(12):
-        sim.step(slots)
-    assert sim.flushes >= 2
-    assert bool(grids) is want_fold, (limit, grids)
-
-
-def test_split_flush_simulation(device, seed, launch, monkeypatch):
-    """40 verify steps with random accepts, commits, wraps and desynchronised rows under ``flush: split``."""
-    launch(always=True, BV=32, flush="split", scores="pre")
-    grids = _fold_launches(monkeypatch)
-    _, _, steps = _desync_simulation(device, seed, "T3-B6-s32a32")
-    assert len(grids) == steps
 
 
 # ----------------------------------------------------------------------------------
@@ -828,8 +769,8 @@ def test_validation_out(device, bad_out):
 
 def test_launch_config_validation(tmp_path, monkeypatch):
     for body, what in (("dot_precision: tf32", "tf32"), ("BV: 24", "BV"), ("flush: fancy", "flush"),
-                       ("num_warps: 0", "num_warps"), ("BLOCK_Q: 4", "unknown"), ("fold_BV: 24", "fold_BV"),
-                       ("fold_num_warps: 0", "fold_num_warps")):
+                       ("num_warps: 0", "num_warps"), ("BLOCK_Q: 4", "unknown"),
+                       ("flush: split", "flush"), ("fold_BV: 32", "unknown")):
         f = tmp_path / f"cfg_{what}.yaml"
         f.write_text("gdn_verify:\n  default:\n    " + body + "\n")
         monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
