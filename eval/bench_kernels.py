@@ -181,12 +181,25 @@ def gdn_replay_bytes(b: int, HV: int, Hk: int, K: int, V: int, L: int, w: int, s
                                gdn_stock_bytes(b, HV, Hk, K, V, state_bytes, act_bytes), extra_row_bytes)
 
 
-def mixed_wpos(batch: int, L: int, device):
+MIXED_ORDERS = ("modulo", "flush-first", "flush-last")
+MIXED_ORDER = "modulo"  # --mixed-order
+
+
+def mixed_wpos(batch: int, L: int, device, order: Optional[str] = None):
     """The cursor of the mixed launch (phase index L of the work objects): row i at phase i % L, so a batch of
-    at least L rows mixes every phase, 1/L of them flushing, as desynchronised requests do in a server."""
+    at least L rows mixes every phase, 1/L of them flushing, as desynchronised requests do in a server.
+    ``order`` (default MIXED_ORDER, --mixed-order) arranges the same phases: "modulo" as above, "flush-first"
+    sorted by phase descending (the flush rows' programs launch first within each head), "flush-last" ascending
+    (they launch last)."""
     import torch
 
-    return torch.arange(batch, dtype=torch.int32, device=device) % L
+    order = order or MIXED_ORDER
+    if order not in MIXED_ORDERS:
+        raise ValueError(f"mixed order must be one of {MIXED_ORDERS}, got {order!r}")
+    w = torch.arange(batch, dtype=torch.int32) % L
+    if order != "modulo":
+        w = torch.sort(w, descending=order == "flush-first").values
+    return w.to(device)
 
 
 def phase_wpos(batch: int, L: int, device) -> list:
@@ -1069,11 +1082,16 @@ def parse_args(argv=None):
     ap.add_argument("--time-budget-s", type=float, default=None,
                     help="stop starting new cases after this many seconds (default 330 on cuda)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mixed-order", choices=MIXED_ORDERS, default="modulo",
+                    help="row order of the mixed launch's phases: modulo (row i at phase i %% L), flush-first "
+                         "or flush-last (the same phases sorted so the flush rows come first / last)")
     return ap.parse_args(argv)
 
 
 def main(argv=None) -> int:
+    global MIXED_ORDER
     args = parse_args(argv)
+    MIXED_ORDER = args.mixed_order
     t_start = time.time()
     device = bc.start_device(args.device)
     if device is None:
@@ -1117,7 +1135,7 @@ def main(argv=None) -> int:
         log(f"!! our {k} kernel not importable: {e}")
 
     result = bc.result_header(
-        device, args.quick, {"L": L}, phases=phases, batches=batches, dtypes=dtypes,
+        device, args.quick, {"L": L, "mixed_order": MIXED_ORDER}, phases=phases, batches=batches, dtypes=dtypes,
         geometries={"mamba2": m_geoms, "gdn": g_geoms}, stock=stock.info(),
         ours={"errors": ours["errors"], "launch": ours_launch_info()},
         timing_method="CUDA graph replay, events, median", target_ms=target_ms, min_launches=min_launches,

@@ -149,6 +149,11 @@ def test_mixed_launch_cursor_and_bytes():
     assert bk.mixed_bytes(per_phase, 3, 7) == pytest.approx((3 * 100 + 2 * 200 + 2 * 300) / 7)
     assert bk.mixed_bytes(per_phase, 4, 8) == pytest.approx(250.0)  # whole cycles: the plain mean
     assert bk.mixed_wpos(4, 4, "cpu").dtype == torch.int32
+    # the same phases, flush rows (phase L - 1) first or last
+    assert bk.mixed_wpos(7, 3, "cpu", "flush-first").tolist() == [2, 2, 1, 1, 0, 0, 0]
+    assert bk.mixed_wpos(7, 3, "cpu", "flush-last").tolist() == [0, 0, 0, 1, 1, 2, 2]
+    with pytest.raises(ValueError, match="mixed order"):
+        bk.mixed_wpos(7, 3, "cpu", "random")
 
 
 def test_amortise_all_phases_is_plain_mean():
