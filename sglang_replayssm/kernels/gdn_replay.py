@@ -163,11 +163,12 @@ GDN_DEFAULT_LAUNCH: Dict[str, Any] = {
     # fastest on the whole tile (5.7 vs 7.3 us at Qwen3-Next, eval/results/kernel-variants-h200/kchunk/)
     "inline_BKC": -1,
     # with BKC > 0: 1 issues the first chunk's loads before the row's scalars and history; 2 also loads each chunk
-    # one pass ahead of its reduction (0: each chunk loaded in its own pass)
+    # one pass ahead of its reduction (0: each chunk loaded in its own pass; H200: 3% and 20% slower)
     "prefetch": 0,
     # with BKC > 0, L2 eviction hints (a bit mask): 1 marks the flush pass's accesses to the checkpoint (the tile's
     # second read, its last use, and the stores) "evict_first"; 2 marks the output pass's tile loads "evict_last",
-    # kept for a flush row's second read (a compile-time policy: every row's loads, flush row or not)
+    # kept for a flush row's second read (a compile-time policy: every row's loads, flush row or not). H200: all
+    # three within 0.6% of no hints (eval/results/kernel-variants-h200/l2hints/)
     "l2_hints": 0,
     # flush rebuild: "rank1" (fp32 CUDA-core FMAs), "rank1_fold" (the same FMAs in one fused pass, fewer
     # instructions: see _flush_state_fold) or "dot" (tensor cores, dot_precision)
