@@ -13,8 +13,8 @@
 # SGLANG_REPLAYSSM_KERNEL_CONFIG=$PWD/.replayssm-picked.yaml).
 #
 # BENCH=kernels times the standard-decode kernels instead (eval/bench_kernels.py against SGLang's decode kernels;
-# files kernels-<name>.*, packed into $OUT/kernels-variants.tgz; no pick: read the tables; without flags: GDN rows,
-# fp32 state, batch 1/32/256).
+# files kernels-<name>.*, packed into $OUT/kernels-variants.tgz; no pick: read the tables; with neither variants nor
+# flags: GDN rows, fp32 state, batch 1/32/256; named variants without flags: both families, fp32, batch 1/32/256).
 set -uo pipefail
 BENCH="${BENCH:-spec}"
 case "$BENCH" in spec|kernels) ;; *) echo "BENCH must be spec or kernels, got '$BENCH'" >&2; exit 2;; esac
@@ -32,7 +32,7 @@ while [ $# -gt 0 ]; do
 done
 if [ ${#variants[@]} -eq 0 ]; then
   # No open candidates: the packaged file alone (a run-to-run reference). The last rounds, all lost and not
-  # packaged: standard decode (GDN, fp32 state) launch option `l2_hints` 1/2/3 within 0.5% of the packaged
+  # packaged: standard decode (GDN, fp32 state) launch option `l2_hints` 1/2/3 within 0.6% of the packaged
   # kernel at batch 256 (eval/results/kernel-variants-h200/l2hints/); speculative verify `flush: split` (a
   # fold launch before the verify launch) 463.6 against 459.7 us per layer, then removed
   # (eval/results/spec-variants-h200/round5b/). Name variants on the command line to time new ones.

@@ -237,16 +237,6 @@ def _gdn_verify_scores_kernel(
 
 
 @triton.jit
-def _spec_cursor(wp, origin, flush, slot, stride_wp, stride_org, stride_fl, R: tl.constexpr, T: tl.constexpr):
-    """(w, origin, flush) of a live slot; w and origin clamped for memory safety only (the commit rule keeps
-    w + T <= R)."""
-    w = tl.load(wp + slot * stride_wp).to(tl.int32)
-    org = tl.load(origin + slot * stride_org).to(tl.int32)
-    is_flush = tl.load(flush + slot * stride_fl) != 0
-    return tl.minimum(tl.maximum(w, 0), R - T), tl.minimum(tl.maximum(org, 0), R - 1), is_flush
-
-
-@triton.jit
 def _fold_history_dot(s, eG, c, d_hist, k_head, stride_k2, ph, valid, o_k, mask_k,
                       USE_L2NORM: tl.constexpr, EPS: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """S_c = e^G s + sum_j c_j d_j k^_j^T as one tl.dot [BV, LP] x [LP, BK]: s [BV, BK] fp32, d_hist [BV, LP]
@@ -285,7 +275,7 @@ def _gdn_verify_kernel(
     slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
     if (slot < 0) | (slot == null_slot):
         return  # padded / null row: nothing is written
-    # as _spec_cursor, written out: through the helper ptxas emits 8 more instructions for this kernel
+    # the slot's cursor (w history tokens from ring position org; flush: fold the history first)
     w = tl.load(wp + slot * stride_wp).to(tl.int32)
     org = tl.load(origin + slot * stride_org).to(tl.int32)
     is_flush = tl.load(flush + slot * stride_fl) != 0

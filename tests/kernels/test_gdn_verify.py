@@ -645,8 +645,9 @@ def test_real_geometry_qwen3_next(device, seed, launch):
                                                 flush="dot")], ids=["packaged", "dot"])
 @pytest.mark.parametrize("prec", ["s32-a16b", "s16b-a16b"])
 def test_qwen3_next_batch16_gpu(device, seed, launch, prec, entries):
-    """40 verify + commit steps at batch 16 with the packaged launch config, and with the H200 entry's flush
-    fold as one tl.dot (tf32x3 runs only on a GPU; the interpreter computes it in fp32) (CUDA only)."""
+    """40 verify + commit steps at batch 16 with the packaged launch config, and with the H200 entry changed to
+    the dot flush (the fold as one tl.dot in tf32x3, which runs only on a GPU; the interpreter computes it in
+    fp32) (CUDA only)."""
     if entries:
         launch(always=True, **entries)
     sd, ad = PRECISIONS[prec]
@@ -770,8 +771,8 @@ def test_validation_out(device, bad_out):
 def test_launch_config_validation(tmp_path, monkeypatch):
     for body, what in (("dot_precision: tf32", "tf32"), ("BV: 24", "BV"), ("flush: fancy", "flush"),
                        ("num_warps: 0", "num_warps"), ("BLOCK_Q: 4", "unknown"),
-                       ("flush: split", "flush"), ("fold_BV: 32", "unknown")):
-        f = tmp_path / f"cfg_{what}.yaml"
+                       ("flush: split", "split"), ("fold_BV: 32", "fold_BV")):
+        f = tmp_path / f"cfg_{body.split(':')[0]}_{what}.yaml"  # one file per case (configs are cached by path)
         f.write_text("gdn_verify:\n  default:\n    " + body + "\n")
         monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
         with pytest.raises(ValueError, match=what):
