@@ -1,7 +1,8 @@
 # sglang-replayssm
 #   make test           CPU-only: creates .venv (torch, triton 3.6 interpreter, SGLang 0.5.17 --no-deps
 #                       + what its server modules import), downloads SGLang 0.5.15/0.5.23 wheels to check
-#                       patch targets against, runs pytest (kernels in TRITON_INTERPRET=1).
+#                       patch targets against, runs pytest (kernels in TRITON_INTERPRET=1) in TEST_JOBS
+#                       side-by-side processes (default 2; tests/run_shards.sh).
 #   make doctor         versions, config, and every patch target: resolved / patched / missing
 #   make serve          GPU host: launch the patched server (built-in tiny model unless MODEL=...)
 #   make bench-kernels  GPU host: kernel benchmark vs SGLang's stock kernels -> eval/results/
@@ -41,8 +42,10 @@ $(WHEEL_CACHE)/%/.done:
 	$(PYTHON) -m pip download -q --no-deps -d $(WHEEL_CACHE)/$* sglang==$*
 	touch $@
 
+# TEST_JOBS pytest processes side by side, each every TEST_JOBS-th test (tests/run_shards.sh); 1: one process
+TEST_JOBS ?= 2
 test: venv sglang-wheels
-	REPLAYSSM_TEST_SGLANG_WHEELS=$(WHEEL_CACHE) $(PY) -m pytest -q $(PYTEST_ARGS)
+	REPLAYSSM_TEST_SGLANG_WHEELS=$(WHEEL_CACHE) PY=$(PY) TEST_JOBS=$(TEST_JOBS) bash tests/run_shards.sh $(PYTEST_ARGS)
 
 doctor: venv
 	$(PY) -m sglang_replayssm doctor

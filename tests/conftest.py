@@ -26,11 +26,13 @@ def pytest_configure(config):
 
 
 def _test_shard():
-    """REPLAYSSM_TEST_SHARD=i/n keeps the i-th (0-based) of n contiguous blocks of the collected tests:
-    eval/gpu_kernels.sh runs n pytest processes side by side on the GPU host, whose test time is Triton compiles
-    on the CPU cores (contiguous blocks keep a test's parametrisations, which share compiled kernels, in one
-    process). It cuts the collection before pytest's own -k / -m deselection, so shards of a filtered run are
-    uneven."""
+    """REPLAYSSM_TEST_SHARD=i/n keeps the i-th (0-based) of n shards of the collected tests, by
+    REPLAYSSM_TEST_SHARD_ORDER: "blocks" (default), n contiguous blocks: eval/gpu_kernels.sh runs n pytest
+    processes side by side on the GPU host, whose test time is Triton compiles on the CPU cores (contiguous blocks
+    keep a test's parametrisations, which share compiled kernels, in one process); "stride", every n-th test from
+    the i-th: `make test` (tests/run_shards.sh) on the CPU, where the interpreter compiles nothing and the slow
+    kernel tests sit together in a few files. It cuts the collection before pytest's own -k / -m deselection, so
+    shards of a filtered run are uneven."""
     spec = os.environ.get("REPLAYSSM_TEST_SHARD", "").strip()
     if not spec:
         return None
@@ -40,16 +42,22 @@ def _test_shard():
         i, n = -1, 0
     if not 0 <= i < n:
         raise pytest.UsageError(f"REPLAYSSM_TEST_SHARD must be i/n with 0 <= i < n, got {spec!r}")
-    return i, n
+    order = os.environ.get("REPLAYSSM_TEST_SHARD_ORDER", "").strip() or "blocks"
+    if order not in ("blocks", "stride"):
+        raise pytest.UsageError(f"REPLAYSSM_TEST_SHARD_ORDER must be blocks or stride, got {order!r}")
+    return i, n, order
 
 
 def pytest_collection_modifyitems(config, items):
     shard = _test_shard()
     if shard is not None:
-        i, n = shard
-        lo, hi = len(items) * i // n, len(items) * (i + 1) // n
-        config.hook.pytest_deselected(items=items[:lo] + items[hi:])
-        items[:] = items[lo:hi]
+        i, n, order = shard
+        if order == "stride":
+            keep = set(range(i, len(items), n))
+        else:
+            keep = set(range(len(items) * i // n, len(items) * (i + 1) // n))
+        config.hook.pytest_deselected(items=[it for k, it in enumerate(items) if k not in keep])
+        items[:] = [it for k, it in enumerate(items) if k in keep]
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs CUDA")
