@@ -14,6 +14,11 @@ fi
 if [ "$jobs" -eq 1 ]; then
   exec "$PY" -m pytest -q "$@"
 fi
+# the CPU cores shared out: torch / BLAS threads per shard (unless set), so that the shards do not oversubscribe
+threads=$(( $(nproc 2>/dev/null || echo "$jobs") / jobs ))
+[ "$threads" -ge 1 ] || threads=1
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$threads}" OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-$threads}" \
+  MKL_NUM_THREADS="${MKL_NUM_THREADS:-$threads}"
 L="$(mktemp -d /tmp/replayssm-test-shards.XXXXXX)"
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$L"' EXIT
 pids=()
@@ -22,7 +27,7 @@ for ((i = 1; i < jobs; i++)); do
     "$PY" -m pytest -q -p no:cacheprovider "$@" >"$L/shard-$i.log" 2>&1 &
   pids+=("$!")
 done
-echo "== shard 0/$jobs (shards 1..$((jobs - 1)) run beside it; their output follows)"
+echo "== shard 0/$jobs (shards 1..$((jobs - 1)) run beside it, their output follows; $OMP_NUM_THREADS CPU thread(s) each)"
 REPLAYSSM_TEST_SHARD="0/$jobs" REPLAYSSM_TEST_SHARD_ORDER=stride "$PY" -m pytest -q "$@"
 rcs=("$?")
 for ((i = 1; i < jobs; i++)); do
