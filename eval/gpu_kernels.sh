@@ -27,10 +27,14 @@ jobs="${TEST_JOBS:-12}"
 : > "$OUT/gpu-tests.log"
 if [ "$jobs" -gt 0 ]; then
   T="$(mktemp -d /tmp/gpu-tests.XXXXXX)"
+  threads="${TEST_THREADS:-$(( $(nproc 2>/dev/null || echo "$jobs") / jobs ))}"
+  [ "$threads" -ge 1 ] || threads=1
   for ((i = 0; i < jobs; i++)); do
-    # SIGINT at the limit: pytest stops and still prints its summary. TEST_THREADS torch CPU threads per shard
-    # (the fp64 oracles run on the CPU; torch's default, one thread per core in every shard, oversubscribes it)
-    OMP_NUM_THREADS="${TEST_THREADS:-1}" REPLAYSSM_TEST_SHARD="$i/$jobs" REPLAYSSM_TEST_TIMES="$T/times-$i.txt" \
+    # SIGINT at the limit: pytest stops and still prints its summary. TEST_THREADS torch / BLAS CPU threads per
+    # shard, default the cores shared out as tests/run_shards.sh does (the fp64 oracles run on the CPU; torch's
+    # default, one thread per core in every shard, oversubscribes it)
+    OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads" MKL_NUM_THREADS="$threads" \
+      REPLAYSSM_TEST_SHARD="$i/$jobs" REPLAYSSM_TEST_TIMES="$T/times-$i.txt" \
       timeout -s INT -k 20 "${TEST_TIMEOUT:-240}" \
       "$PY" -m pytest -q -rfE -p no:cacheprovider ${TEST_PATHS:-tests/kernels} >"$T/shard-$i.log" 2>&1 &
   done
