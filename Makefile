@@ -53,8 +53,9 @@ doctor: venv
 # ---- GPU host targets (python3 with torch+CUDA; SGLang from pip or the offline bundle) ----
 GPU_PY ?= python3
 MODEL ?=
-# the replay decode/verify seams as run on the H200; SERVE_ARGS= serves with the launch checks only
-SERVE_ARGS ?= --replayssm-staged true
+# the launcher's default is the replay decode/verify path; SERVE_ARGS='--replayssm-staged false' serves
+# with the launch checks only (SGLang's own SSM kernels)
+SERVE_ARGS ?=
 serve:
 	$(GPU_PY) -m sglang_replayssm serve $(if $(MODEL),--model $(MODEL),) $(SERVE_ARGS)
 

@@ -3,7 +3,8 @@
 One command starts, one after another and with identical SGLang flags,
 
 * ``python -m sglang.launch_server ...``            (arm ``stock``)
-* ``python -m sglang_replayssm.launch_server ...``  (arm ``patched``)
+* ``python -m sglang_replayssm.launch_server ...``  (arm ``staged``: the replay path, the launcher's default;
+  arm ``patched`` adds ``--replayssm-staged false``, the launch checks over SGLang's own kernels)
 
 waits for ``/health``, drives each with SGLang's own ``sglang.bench_serving`` (token-id
 prompts: ``--dataset-name random-ids --tokenize-prompt``; one run per batch size with
@@ -13,14 +14,14 @@ accept length), ``/metrics`` and the GPU's peak memory (``nvidia-smi``), and sto
 server (SIGTERM to its process group, SIGKILL after a grace period), also on failure.
 
     python -m eval.ab --model nemotron-h-8b --batch 1,32,128,256
-    python -m eval.ab --model tiny-nemotron-h --arms stock,stock,patched   # + noise floor
+    python -m eval.ab --model tiny-nemotron-h --arms stock,stock,staged    # + noise floor
     python -m eval.ab --model tiny-qwen3-next --spec nextn --sim-acc-len 2.5
     python -m eval.ab --render eval/results/ab-....json                   # re-draw md/png
     python -m eval.ab --list-models
 
 ``--arms`` lists the servers in order; every later arm is compared with the first one
-(``stock,stock,patched`` gives ``stock-vs-stock``, the noise floor, and
-``stock-vs-patched``).  Results: ``<out-dir>/ab-<model>[-<spec>]-<a>-vs-<b>.{json,md,png}``.
+(``stock,stock,staged`` gives ``stock-vs-stock``, the noise floor, and
+``stock-vs-staged``).  Results: ``<out-dir>/ab-<model>[-<spec>]-<a>-vs-<b>.{json,md,png}``.
 
 Models: a built-in geometry (``eval/models.py``; ``--load-format dummy`` with scaled random
 weights from ``eval/weights.py``, the same seed on every server) or a model directory.
@@ -64,9 +65,9 @@ SCHEMA = "replayssm-ab/1"
 
 STOCK_MODULE = "sglang.launch_server"
 PATCHED_MODULE = "sglang_replayssm.launch_server"
-# stock: plain SGLang; patched: our launcher (applied seams only); staged: our launcher with
-# ``--replayssm-staged true`` (the decode/verify seams still under GPU validation);
-# upstream: plain SGLang with its own GDN replay kernel (``--enable-linear-replayssm``)
+# stock: plain SGLang; patched: our launcher with ``--replayssm-staged false`` (the launch checks only,
+# SGLang's own SSM kernels); staged: our launcher as users run it (its default: the replay-ring seams,
+# decode and verify); upstream: plain SGLang with its own GDN replay kernel (``--enable-linear-replayssm``)
 ARM_KINDS = ("stock", "patched", "staged", "upstream")
 STOCK_KINDS = ("stock", "upstream")  # plain SGLang launcher, no replayssm plugin
 SPEC_ALGOS = {"none": None, "nextn": "NEXTN", "eagle": "EAGLE"}
@@ -143,7 +144,7 @@ def arm_launch(args, kind: str) -> Tuple[str, List[str]]:
     if kind in STOCK_KINDS:
         return args.stock_module, (["--enable-linear-replayssm"] if kind == "upstream" else [])
     extra = [x for e in (args.patched_arg or []) for x in shlex.split(e)]
-    return args.patched_module, extra + (["--replayssm-staged", "true"] if kind == "staged" else [])
+    return args.patched_module, extra + (["--replayssm-staged", "false"] if kind == "patched" else [])
 
 
 def parse_batches(text: str, flag: str = "--batch") -> List[int]:
@@ -1234,8 +1235,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("what to run")
     g.add_argument("--model", default="tiny-nemotron-h", help="built-in geometry (--list-models) or a model dir")
-    g.add_argument("--arms", default="stock,patched", help="servers in order, each stock, patched, staged (patched + "
-                   "--replayssm-staged true) or upstream (stock + --enable-linear-replayssm), optionally :nospec "
+    g.add_argument("--arms", default="stock,staged", help="servers in order, each stock, staged (our launcher as "
+                   "users run it: the replay path), patched (our launcher with --replayssm-staged false: launch checks "
+                   "only) or upstream (stock + --enable-linear-replayssm), optionally :nospec "
                    "(a --spec run's non-speculative baseline); a patched or staged arm may end in @FILE, a kernel "
                    "launch-config YAML that replaces the packaged one for that server only (label <arm>-<file "
                    "stem>; make one with python -m eval.config_variant); later arms are compared with the first")

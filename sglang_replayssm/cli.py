@@ -22,7 +22,7 @@ def doctor(as_json: bool = False, apply_patches: bool = False) -> int:
     from . import __version__
     from .config import ConfigError, from_env
     from .launch_server import entry_point_registered
-    from .patches import all_patches, apply, status, verify
+    from .patches import active_patches, all_patches, apply, staged_patches, status, verify
     from .patches.registry import sglang_version
 
     info = {
@@ -40,6 +40,7 @@ def doctor(as_json: bool = False, apply_patches: bool = False) -> int:
     except Exception as e:  # pragma: no cover
         info["cuda"] = f"unknown ({e})"
     rc = 0
+    cfg = None
     try:
         cfg = from_env()
         info["config"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.as_dict().items()}
@@ -47,21 +48,21 @@ def doctor(as_json: bool = False, apply_patches: bool = False) -> int:
     except ConfigError as e:
         info["config_error"] = str(e)
         rc = 1
-    patches = all_patches()
+    # what a server with this config applies: the launch checks, and the seams unless staged is false
+    seams_on = cfg.staged if cfg is not None else True
     if apply_patches:
         try:
-            apply(patches)
-            verify(patches)
+            active = active_patches(seams_on)
+            apply(active)
+            verify(active)
         except Exception as e:
             info["apply_error"] = str(e)
             rc = 1
-    rows = status(patches)
+    rows = status(all_patches())
     info["targets"] = [{"target": t, "state": s, "detail": d} for t, s, d in rows]
-    from .patches import staged_patches
-
     staged = status(staged_patches())
     info["staged_targets"] = [{"target": t, "state": s, "detail": d} for t, s, d in staged]
-    if any(s == "missing" for _, s, _ in rows):
+    if any(s == "missing" for _, s, _ in rows) or (seams_on and any(s == "missing" for _, s, _ in staged)):
         rc = 1
     if as_json:
         print(json.dumps(info, indent=2))
@@ -80,7 +81,8 @@ def doctor(as_json: bool = False, apply_patches: bool = False) -> int:
     print(f"  patch targets ({len(rows)}):")
     for t, s, d in rows:
         print(f"    [{s:<8}] {t}" + (f"  -- {d}" if d and s != "resolved" and s != "patched" else ""))
-    print(f"  staged targets, applied only with --replayssm-staged true ({len(staged)}):")
+    print(f"  replay-ring seams, applied unless --replayssm-staged false ({len(staged)}"
+          + ("" if seams_on else "; off in this config") + "):")
     for t, s, d in staged:
         print(f"    [{s:<8}] {t}" + (f"  -- {d}" if s == "missing" else ""))
     print("  status:", "OK" if rc == 0 else "PROBLEMS FOUND")

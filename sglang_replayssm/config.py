@@ -117,10 +117,9 @@ SETTINGS: Tuple[Setting, ...] = (
             "auto (solved from memory like non-speculative SGLang, at most the decode CUDA-graph batch; the "
             "launcher's default when --max-running-requests is not given) or sglang (SGLang's own: 48 under "
             "speculative decoding unless --max-running-requests; the default for plugin-only use)", "MODE"),
-    Setting("staged", _parse_bool, "EXPERIMENTAL: also apply the staged seams (ring pool, Mamba2/GDN decode and "
-            "verify, spec commit, slot lifecycle). Run on an H200 with CUDA graphs and the overlap scheduler, NEXTN on "
-            "both real geometries; tiny models also with CUDA graphs off, the radix cache (no_buffer), forced "
-            "retraction and a bf16 state (default off)", "BOOL"),
+    Setting("staged", _parse_bool, "apply the replay-ring seams: ring pool, Mamba2/GDN decode and verify, spec "
+            "commit, slot lifecycle (default on). false keeps SGLang's own SSM kernels and state pool and applies "
+            "only the launch checks, for an A/B inside one install", "BOOL"),
     Setting("log_level", _choice(LOG_LEVELS), "log level of the sglang_replayssm logger (default info)", "LEVEL"),
     Setting("kernel_config", _parse_path, "YAML file of tuned kernel launch configs "
             "(default: the packaged file for the detected GPU)", "PATH"),
@@ -138,7 +137,7 @@ class ReplaySSMConfig:
     ssm_types: Tuple[str, ...] = SSM_TYPES
     spec: bool = True
     spec_max_running: str = "sglang"
-    staged: bool = False
+    staged: bool = True
     log_level: str = "info"
     kernel_config: Optional[str] = None
     source: Dict[str, str] = field(default_factory=dict, compare=False)

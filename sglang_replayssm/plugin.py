@@ -30,14 +30,12 @@ def setup_logging(cfg: ReplaySSMConfig) -> None:
 
 def activate(cfg: ReplaySSMConfig) -> list:
     """Apply and verify every registered patch in this process; returns newly patched targets."""
-    from .patches import all_patches, apply, staged_patches, verify
+    from .patches import active_patches, apply, verify
 
-    patches = all_patches()
-    if cfg.staged:
-        patches += staged_patches()
-        logger.warning("sglang_replayssm: --replayssm-staged: applying the staged decode/verify seams, which are "
-                       "run on an H200 with CUDA graphs and the overlap scheduler, NEXTN included (tiny models also "
-                       "with graphs off, the radix cache, forced retraction and a bf16 state)")
+    patches = active_patches(cfg.staged)
+    if not cfg.staged:
+        logger.info("sglang_replayssm: --replayssm-staged false: launch checks only; SGLang's own SSM kernels "
+                    "and state pool serve every request")
     newly = apply(patches)
     verify(patches)
     # the launch-config file in force (kernels/common.config_file), named without querying the GPU here

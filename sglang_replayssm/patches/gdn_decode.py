@@ -1,8 +1,8 @@
 """Seam: Gated DeltaNet (Qwen3-Next / Qwen3.5) standard decode -> the ReplaySSM ring
 (no math; the kernel is ``kernels.gdn_replay.gdn_replay_decode``).
 
-STAGED: listed by :func:`sglang_replayssm.patches.staged_patches`, applied by the
-launcher with ``--replayssm-staged true`` (run end to end on an H200, CUDA graphs on).
+A replay-ring seam: listed by :func:`sglang_replayssm.patches.staged_patches`, applied by
+the launcher unless ``--replayssm-staged false`` (run end to end on an H200).
 
 How SGLang runs GDN decode (0.5.17; the same calls in 0.5.15 and 0.5.23)
 -----------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Seam: Mamba2 standard decode -> the ReplaySSM ring (no math; the kernel is
 ``kernels.mamba2_replay.mamba2_replay_decode``).
 
-STAGED: listed by :func:`sglang_replayssm.patches.staged_patches`, applied by the
-launcher with ``--replayssm-staged true`` (run end to end on an H200, CUDA graphs on).
+A replay-ring seam: listed by :func:`sglang_replayssm.patches.staged_patches`, applied by
+the launcher unless ``--replayssm-staged false`` (run end to end on an H200).
 
 How SGLang runs Mamba2 decode (0.5.17; the same in 0.5.15 and 0.5.23)
 ---------------------------------------------------------------------

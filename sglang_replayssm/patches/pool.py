@@ -1,7 +1,7 @@
 """Seam: SGLang's hybrid state pool -- ReplaySSM ring state per mamba slot (no math).
 
-STAGED: listed by :func:`sglang_replayssm.patches.staged_patches`, applied by the
-launcher with ``--replayssm-staged true`` (run end to end on an H200, CUDA graphs on).
+A replay-ring seam: listed by :func:`sglang_replayssm.patches.staged_patches`, applied by
+the launcher unless ``--replayssm-staged false`` (run end to end on an H200).
 
 Interface for the decode seams (keep stable)
 --------------------------------------------

@@ -115,9 +115,10 @@ def test_arms_and_phases():
 def test_arm_launchers():
     args = ab.build_parser().parse_args(["--patched-arg", "--replayssm-buffer-len 8"])
     assert ab.arm_launch(args, "stock") == (ab.STOCK_MODULE, [])
-    assert ab.arm_launch(args, "patched") == (ab.PATCHED_MODULE, ["--replayssm-buffer-len", "8"])
-    assert ab.arm_launch(args, "staged") == (ab.PATCHED_MODULE,
-                                              ["--replayssm-buffer-len", "8", "--replayssm-staged", "true"])
+    # staged: the launcher as users run it (the replay path is its default); patched: seams off
+    assert ab.arm_launch(args, "staged") == (ab.PATCHED_MODULE, ["--replayssm-buffer-len", "8"])
+    assert ab.arm_launch(args, "patched") == (ab.PATCHED_MODULE,
+                                               ["--replayssm-buffer-len", "8", "--replayssm-staged", "false"])
     assert ab.arm_launch(args, "upstream") == (ab.STOCK_MODULE, ["--enable-linear-replayssm"])
 
 

@@ -41,8 +41,17 @@ def test_doctor_lists_targets_resolved():
     assert "sglang                   0.5.17" in r.stdout
     assert "[resolved] sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool._init_mamba_pool" in r.stdout
     r = run(["-m", "sglang_replayssm", "doctor", "--apply"], env=clean_env(SGLANG_REPLAYSSM_BUFFER_LEN="4"))
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     assert "[patched ] sglang.srt.server_args.ServerArgs.check_server_args" in r.stdout
     assert "buffer_len       4" in r.stdout
+    # the replay-ring seams are part of what a default config applies ...
+    assert "[patched ] sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool._init_mamba_pool" in r.stdout
+    # ... and stay unapplied with staged false, where only the launch checks run
+    r = run(["-m", "sglang_replayssm", "doctor", "--apply"], env=clean_env(SGLANG_REPLAYSSM_STAGED="0"))
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    assert "[patched ] sglang.srt.server_args.ServerArgs.check_server_args" in r.stdout
+    assert "[resolved] sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool._init_mamba_pool" in r.stdout
+    assert "off in this config" in r.stdout
 
 
 def test_serve_command_for_builtin_model():

@@ -54,18 +54,20 @@ print(json.dumps({t: s for t, s, _ in status(staged_patches())}))
 """
 
 
-def test_staged_seams_only_with_the_experimental_setting():
-    """Default: the staged seams stay unapplied in every process; SGLANG_REPLAYSSM_STAGED=1 applies
-    and verifies all of them (those of another SGLang version stay skipped)."""
-    r = run_py(STAGED_PROBE, env=clean_env(SGLANG_REPLAYSSM_ENABLE="1"))
+def test_replay_seams_on_by_default_and_off_with_staged_false():
+    """Enabled with defaults: every replay-ring seam of this SGLang version is applied and verified in
+    the process (those of another version stay skipped); SGLANG_REPLAYSSM_STAGED=0 leaves them all
+    unapplied and applies the launch checks alone."""
+    r = run_py(STAGED_PROBE, env=clean_env(SGLANG_REPLAYSSM_ENABLE="1", SGLANG_REPLAYSSM_STAGED="0"))
     assert r.returncode == 0, r.stderr[-3000:]
     off = last_json(r.stdout)
     assert off and set(off.values()) <= {"resolved", "skipped"} and "resolved" in off.values()
+    assert "--replayssm-staged false: launch checks only" in r.stderr
+    assert "1 patch(es) verified" in r.stderr
     cfg = Path(__file__).resolve().parents[2] / "sglang_replayssm" / "kernels" / "configs" / "h200.yaml"
-    r = run_py(STAGED_PROBE, env=clean_env(SGLANG_REPLAYSSM_ENABLE="1", SGLANG_REPLAYSSM_STAGED="1",
-                                           SGLANG_REPLAYSSM_KERNEL_CONFIG=str(cfg)))
+    r = run_py(STAGED_PROBE, env=clean_env(SGLANG_REPLAYSSM_ENABLE="1", SGLANG_REPLAYSSM_KERNEL_CONFIG=str(cfg)))
     assert r.returncode == 0, r.stderr[-3000:]
     on = last_json(r.stdout)
     assert {t for t, s in on.items() if s == "patched"} == {t for t, s in off.items() if s == "resolved"}
-    assert "applying the staged decode/verify seams" in r.stderr
+    assert "staged=True" in r.stderr and "launch checks only" not in r.stderr
     assert f"kernel config {cfg}," in r.stderr  # the launch-config file in force is named in every process

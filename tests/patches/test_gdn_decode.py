@@ -490,7 +490,7 @@ def test_registry_apply_verify_unapply(sgl):
                        gdn.TARGET_VERIFY_TARGET}
     staged = {p.target for p in staged_patches()}
     assert targets <= staged
-    assert not staged & {p.target for p in all_patches()}, "staged seams must not be active in servers"
+    assert not staged & {p.target for p in all_patches()}, "seams must stay apart from the launch checks"
     B, D = sgl.gb.GDNAttnBackend, sgl.gb.GDNKernelDispatcher
     orig = {"fd": B.__dict__["forward_decode"], "fe": B.__dict__["forward_extend"], "pd": D.__dict__["packed_decode"],
             "tv": D.__dict__["target_verify"]}

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from sglang_replayssm.kernels.materialize import gdn_materialize_ref, mamba2_materialize_ref
-from sglang_replayssm.patches import all_patches, staged_patches
+from sglang_replayssm.patches import active_patches, all_patches, staged_patches
 from sglang_replayssm.patches import lifecycle
 from sglang_replayssm.patches import pool as pool_seam
 from sglang_replayssm.patches.registry import apply, applicable, is_patched, unapply_all, verify
@@ -273,10 +273,12 @@ def test_virtual_slot_ids_are_translated(patched, monkeypatch):
 # registry and other releases
 # --------------------------------------------------------------------------------------
 
-def test_staged_not_active_and_one_patch_per_version():
+def test_seam_switchable_and_one_patch_per_version():
     staged = {p.target for p in staged_patches()}
-    active = {p.target for p in all_patches()}
-    assert lifecycle.RELEASE_TARGET in staged and lifecycle.RELEASE_TARGET not in active
+    checks = {p.target for p in all_patches()}
+    assert lifecycle.RELEASE_TARGET in staged and lifecycle.RELEASE_TARGET not in checks
+    assert lifecycle.RELEASE_TARGET in {p.target for p in active_patches(True)}
+    assert lifecycle.RELEASE_TARGET not in {p.target for p in active_patches(False)}
     for v in ("0.5.15", "0.5.17", "0.5.23"):
         assert len(applicable(lifecycle.PATCHES, v)) == 1, v
 

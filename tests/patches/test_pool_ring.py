@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from sglang_replayssm import models
-from sglang_replayssm.patches import all_patches, staged_patches
+from sglang_replayssm.patches import active_patches, all_patches, staged_patches
 from sglang_replayssm.patches import pool as pool_seam
 from sglang_replayssm.patches.registry import applicable, apply, sglang_version, status, unapply_all, verify
 from sglang_wheels import wheel_for
@@ -382,11 +382,13 @@ def test_idempotent_apply_and_full_unapply():
     assert [s for t, s, _ in status(pool_seam.PATCHES) if t in live] == ["resolved"] * len(live)
 
 
-def test_pool_patches_are_staged_not_active():
+def test_pool_patches_are_seams_off_with_staged_false():
     staged = {p.target for p in staged_patches()}
-    active = {p.target for p in all_patches()}
+    checks = {p.target for p in all_patches()}
+    on, off = ({p.target for p in active_patches(s)} for s in (True, False))
     for p in pool_seam.PATCHES:
-        assert p.target in staged and p.target not in active
+        assert p.target in staged and p.target not in checks
+        assert p.target in on and p.target not in off
 
 
 

@@ -189,7 +189,7 @@ def test_tree_verify_call_is_refused(sgl, monkeypatch):
         h.layer(LAYER_IDS[0], make_inputs([[3]], tokens_per_row=D)[0][0], fb)
 
 
-def test_spec_commit_is_staged_not_active():
+def test_spec_commit_is_a_seam_apart_from_the_checks():
     from sglang_replayssm.patches import all_patches, staged_patches
 
     staged = {p.target for p in staged_patches()}
