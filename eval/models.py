@@ -68,7 +68,15 @@ def _tiny_qwen35() -> Dict:
               "shared_expert_intermediate_size", "decoder_sparse_step", "norm_topk_prob", "mlp_only_layers"):
         cfg.pop(k, None)
     cfg.update(architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text")
+    cfg["rope_parameters"] = _qwen35_rope(cfg)
     return cfg
+
+
+def _qwen35_rope(cfg: Dict) -> Dict:
+    """Qwen3.5 configs carry RoPE as ``rope_parameters`` (SGLang 0.5.17's Qwen3_5TextConfig turns a
+    missing one into ``{}``, and its attention layer then fails on ``rope_theta``)."""
+    return {"rope_type": "default", "rope_theta": cfg["rope_theta"],
+            "partial_rotary_factor": cfg["partial_rotary_factor"]}
 
 
 _FLASHINFER_ENV = {"SGLANG_FLASHINFER_USE_TENSOR_CORE": "true"}
@@ -115,7 +123,8 @@ _GEOMETRIES: List[Geometry] = [
         source="SGLang 0.5.17 srt/configs/falcon_h1.py schema at toy size: every layer runs attention and "
                "a Mamba2 mixer in parallel (8 heads x 64, state 128)",
         env=_FLASHINFER_ENV,
-        notes="no NEXTN draft for Falcon-H1; SGLang loading it on the offline bundle is unverified",
+        notes="no NEXTN draft for Falcon-H1",
+        h200="harness: decode parity (stock/staged/patched), e2e-h200/tiny-falcon-granite",
     ),
     Geometry(
         name="tiny-granitemoehybrid", family="mamba2", size="tiny",
@@ -135,7 +144,7 @@ _GEOMETRIES: List[Geometry] = [
         source="SGLang 0.5.17 srt/configs/granitemoehybrid.py schema at toy size (Granite-4.0-H layout: "
                "Mamba2 layers with an attention layer every 4th, dense shared MLP, no routed experts)",
         env=_FLASHINFER_ENV,
-        notes="SGLang loading it on the offline bundle is unverified",
+        h200="harness: decode parity (stock/staged/patched), e2e-h200/tiny-falcon-granite",
     ),
     Geometry(
         name="nemotron-h-8b", family="mamba2", size="real",
@@ -192,6 +201,7 @@ _GEOMETRIES: List[Geometry] = [
             "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
             "linear_num_key_heads": 16, "linear_num_value_heads": 32, "tie_word_embeddings": True,
             "bos_token_id": 1, "eos_token_id": 2,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25},
         },
         attention_backend="triton",
         source="CONSTRUCTED, not a released config: the Qwen3.5 text schema (qwen3_5_text, dense gated MLP, "

@@ -86,6 +86,12 @@ def test_configs_load_in_sglangs_config_classes(name):
             assert len(c.layers_block_type) == len(cfg["hybrid_override_pattern"])
         if mt in ("qwen3_next", "qwen3_5_text"):
             assert c.layers_block_type.count("attention") == models.layer_counts(cfg)["attention"]
+            # the attention layers read RoPE through SGLang's helper (Qwen3.5 reads rope_parameters,
+            # which its config class sets to {} when the JSON has none: a KeyError at model init)
+            from sglang.srt.utils.hf_transformers.common import get_rope_config
+
+            theta, _ = get_rope_config(c)
+            assert theta == 10000000
 
 
 def test_materialize_writes_config_and_a_loadable_tokenizer(tmp_path):

@@ -312,3 +312,25 @@ def test_plots_are_written_with_a_palette(tmp_path):
     with Image.open(path) as im:
         assert im.mode == "P" and im.size[0] > 200 and im.size[1] > 200
         assert 2 < len(im.getcolors(maxcolors=report.PNG_COLORS + 1)) <= report.PNG_COLORS
+
+
+def test_greedy_mismatches_read_each_models_latest_spec_run():
+    """The recorded tiny NEXTN runs: `tiny-spec` (f415586) and `tiny-launcher-default` (9a77592) compared the
+    same models' greedy spec output with non-spec output.  greedy_mismatches sums each model's latest run only;
+    the earlier run is listed as history and counted in nothing."""
+    root = Path(__file__).parents[2] / "eval" / "results" / "e2e-h200"
+    results = e2e_summary.load_results([root / "tiny-spec", root / "tiny-launcher-default"])
+    doc = e2e_summary.spec_summary(results)
+    runs = [r for r in doc["runs"] if r["spec_vs_nonspec"]]
+    assert sorted(r["model"] for r in runs) == ["tiny-nemotron-h", "tiny-nemotron-h", "tiny-qwen3-next",
+                                                "tiny-qwen3-next"]
+    counted = [r for r in runs if r["greedy_target_run"]]
+    assert sorted(r["model"] for r in counted) == ["tiny-nemotron-h", "tiny-qwen3-next"]
+    assert all("tiny-launcher-default" in r["file"] for r in counted)
+
+    def total(rs, side):
+        return sum(r["spec_vs_nonspec"][r["arms"].split(" vs ")[side]]["token_mismatches"] for r in rs)
+
+    s = doc["summary"]
+    assert s["greedy_mismatches"] == total(counted, 0) and s["stock_greedy_mismatches"] == total(counted, 1)
+    assert total(runs, 0) > s["greedy_mismatches"]  # the repeat is not counted twice
