@@ -1468,9 +1468,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                                       if (p.get("facts") or {}).get("version")), None)
     written = []
     pairs = comparisons(run["phases"])
+    stems: set = set()
     for a, b in pairs:
         res = build_result(run, a, b, args)
         stem = result_stem(model0.name, args.spec, a["phase"]["kind"], b["phase"]["kind"], args.tag)
+        if stem in stems:  # a second arm of one kind (staged,staged or staged@FILE): named by its label
+            stem = result_stem(model0.name, args.spec, a["label"], b["label"], args.tag)
+        stems.add(stem)
         written += ab_report.write_all(res, out_dir, stem)
         log(f"{res['comparison']}: {res['summary']['verdict']}")
     if not pairs:  # one arm: its numbers alone

@@ -405,6 +405,16 @@ def test_end_to_end_with_stand_in_servers(tmp_path, concurrent):
     assert not list(tmp_path.glob("*partial.json"))
 
 
+def test_two_arms_of_one_kind_write_two_results(tmp_path):
+    """stock,patched,patched: the second comparison is named by its arm's label, not written over the first."""
+    r = _run_ab(tmp_path, "--arms", "stock,patched,patched", "--patched-arg", "--fake-flip-at 10 --fake-gap 0.5")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    first = json.loads((tmp_path / "ab-tiny-nemotron-h-stock-vs-patched.json").read_text())
+    second = json.loads((tmp_path / "ab-tiny-nemotron-h-stock-vs-patched-2.json").read_text())
+    assert first["summary"]["b"] == "patched" and second["summary"]["b"] == "patched-2"
+    assert set(first["arms"]) == {"stock", "patched"} and set(second["arms"]) == {"stock", "patched-2"}
+
+
 def test_end_to_end_failure_is_recorded_and_servers_are_stopped(tmp_path):
     r = _run_ab(tmp_path, "--arms", "stock,patched", "--patched-arg=--fake-crash", "--server-timeout", "30")
     assert r.returncode == 1
