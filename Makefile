@@ -76,7 +76,7 @@ gpu-test:
 	@! grep -q "^FAILED\|^ERROR\|cut by TEST_TIMEOUT\| failed\| errors" $(GPU_TEST_OUT)/gpu-tests.log
 	@grep -q "^# all shards: [1-9][0-9]* passed" $(GPU_TEST_OUT)/gpu-tests.log
 
-# A/B harness (eval/ab.py): noise floor (stock vs stock) and stock vs patched, same flags
+# A/B harness (eval/ab.py): noise floor (stock vs stock) and stock vs staged (the launcher's replay path), same flags
 AB_MODEL ?= nemotron-h-8b
 AB_BATCH ?= 1,32,128,256
 AB_ARMS ?= stock,stock,staged

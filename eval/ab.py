@@ -21,7 +21,9 @@ server (SIGTERM to its process group, SIGKILL after a grace period), also on fai
 
 ``--arms`` lists the servers in order; every later arm is compared with the first one
 (``stock,stock,staged`` gives ``stock-vs-stock``, the noise floor, and
-``stock-vs-staged``).  Results: ``<out-dir>/ab-<model>[-<spec>]-<a>-vs-<b>.{json,md,png}``.
+``stock-vs-staged``).  Results: ``<out-dir>/ab-<model>[-<spec>]-<a>-vs-<b>.{json,md,png}`` (the arms'
+kinds; a launch-config variant or a second comparison of the same kinds is named by the arms' labels,
+e.g. ``stock-vs-staged-sf`` or ``stock-vs-staged-2``).
 
 Models: a built-in geometry (``eval/models.py``; ``--load-format dummy`` with scaled random
 weights from ``eval/weights.py``, the same seed on every server) or a model directory.
@@ -284,6 +286,8 @@ def server_env(base: Dict[str, str], args, phase: Phase, model: ModelSpec, pytho
     if phase.kind in STOCK_KINDS:  # plain SGLang: the replayssm plugin must stay inert
         for k in [k for k in env if k.startswith("SGLANG_REPLAYSSM_")]:
             env.pop(k)
+    elif phase.kind == "staged":  # the launcher's default (seams on), whatever the caller exported
+        env.pop("SGLANG_REPLAYSSM_STAGED", None)
     if phase.kernel_config:  # this arm's launch configs, over any inherited file
         env["SGLANG_REPLAYSSM_KERNEL_CONFIG"] = phase.kernel_config
     env["PYTHONPATH"] = os.pathsep.join([*pythonpath, *(x for x in [base.get("PYTHONPATH", "")] if x)])
@@ -315,6 +319,18 @@ _RETRACTED = re.compile(r"#retracted_reqs: (\d+)")
 
 def recorded_env(env: Dict[str, str]) -> Dict[str, str]:
     return {k: v for k, v in sorted(env.items()) if k.startswith(RECORDED_ENV_PREFIXES)}
+
+
+# the replay-ring seams each arm kind must run with (eval.ab checks the servers' own log line)
+ARM_SEAMS = {"staged": True, "patched": False}
+_SEAMS_LINE = re.compile(r"sglang_replayssm active \(pid \d+\):.*?\bstaged=(True|False)\b")
+
+
+def seams_state(log_text: str) -> Any:
+    """True / False when every SGLang process of the server logged that state of the replay-ring seams,
+    ``"mixed"`` when they disagree, None when no process logged it (plain SGLang, stand-in servers)."""
+    found = {m.group(1) == "True" for m in _SEAMS_LINE.finditer(log_text)}
+    return None if not found else found.pop() if len(found) == 1 else "mixed"
 
 
 def count_retractions(log_text: str) -> int:
@@ -1099,9 +1115,17 @@ class PhaseRun:
             text = self.server.log_path.read_text(errors="replace")
             rec["random_weights_confirmed"] = weights.LOG_MARKER in text
             rec["replayssm_active"] = "sglang_replayssm active" in text
+            rec["replayssm_seams"] = seams_state(text)
             rec["retracted_reqs"] = count_retractions(text)
         except OSError:
             pass
+        want = ARM_SEAMS.get(self.phase.kind)
+        if want is not None and rec.get("replayssm_seams") not in (None, want):
+            # e.g. an inherited SGLANG_REPLAYSSM_CONFIG with ``staged: false`` under a staged arm
+            rec["status"] = "error"
+            rec["error"] = (f"arm kind {self.phase.kind} needs the replay-ring seams "
+                            f"{'on' if want else 'off'}, but the server logged staged={rec['replayssm_seams']}")
+            log(f"{self.phase.label}: {rec['error']}")
         return rec
 
 
@@ -1472,8 +1496,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     for a, b in pairs:
         res = build_result(run, a, b, args)
         stem = result_stem(model0.name, args.spec, a["phase"]["kind"], b["phase"]["kind"], args.tag)
-        if stem in stems:  # a second arm of one kind (staged,staged or staged@FILE): named by its label
+        if stem in stems or b["phase"].get("kernel_config"):
+            # a second arm of one kind (staged,staged) or a launch-config variant (staged@FILE): its label
             stem = result_stem(model0.name, args.spec, a["label"], b["label"], args.tag)
+        n = 2
+        while stem in stems:  # labels are unique, but a label may equal an earlier kind-named stem
+            stem = result_stem(model0.name, args.spec, a["label"], f"{b['label']}-{n}", args.tag)
+            n += 1
         stems.add(stem)
         written += ab_report.write_all(res, out_dir, stem)
         log(f"{res['comparison']}: {res['summary']['verdict']}")

@@ -437,15 +437,17 @@ def spec_summary(results) -> Dict[str, Any]:
                      "server_errors": {k: str(a.get("error") or "").split(";")[0]
                                        for k, a in {**(res.get("arms") or {}), **(res.get("extra_servers") or {})}.items()
                                        if a.get("status") == "error"}})
-    # greedy spec vs non-spec: each model's latest run that compared them (earlier runs are history, so a
-    # repeated run does not count its mismatches twice)
-    latest: Dict[str, Dict[str, Any]] = {}
+    # greedy spec vs non-spec: the latest replay-server run of each model and draft algorithm that compared
+    # them (earlier runs are history, so a repeated run does not count its mismatches twice)
+    latest: Dict[Tuple[Any, Any], Dict[str, Any]] = {}
     for r in runs:
-        seen = latest.get(r["model"])
-        if r["spec_vs_nonspec"] and (seen is None or str(r["started"] or "") >= str(seen["started"] or "")):
-            latest[r["model"]] = r
+        key = (r["model"], r["spec"])
+        seen = latest.get(key)
+        if r["spec_vs_nonspec"] and r["arms"].startswith("staged vs") and \
+                (seen is None or str(r["started"] or "") >= str(seen["started"] or "")):
+            latest[key] = r
     for r in runs:
-        r["greedy_target_run"] = latest.get(r["model"]) is r
+        r["greedy_target_run"] = latest.get((r["model"], r["spec"])) is r
     ours = [r["spec_vs_nonspec"].get(r["arms"].split(" vs ")[0]) for r in latest.values()]
     stock = [r["spec_vs_nonspec"].get(r["arms"].split(" vs ")[1]) for r in latest.values()]
     speed = spec_speed(results)
@@ -602,7 +604,7 @@ def write_spec(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
                      report.fmt(p.get("max_abs_logprob_diff"), 3) if isinstance(p, dict) else None,
                      "; ".join([f"{k}: {v['token_mismatches']} mismatches, first at {v['first_divergence']}"
                                 for k, v in r["spec_vs_nonspec"].items()]
-                               + (["counted in greedy_mismatches (the model's latest)"]
+                               + (["counted in greedy_mismatches (the model's latest with this draft)"]
                                   if r.get("greedy_target_run") else [])
                                + ([f"servers failed to start: {', '.join(r['server_errors'])} "
                                    f"({Path(r['file']).parent.name})"] if r.get("server_errors") else []))])

@@ -68,15 +68,15 @@ def _tiny_qwen35() -> Dict:
               "shared_expert_intermediate_size", "decoder_sparse_step", "norm_topk_prob", "mlp_only_layers"):
         cfg.pop(k, None)
     cfg.update(architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text")
-    cfg["rope_parameters"] = _qwen35_rope(cfg)
+    return _with_qwen35_rope(cfg)
+
+
+def _with_qwen35_rope(cfg: Dict) -> Dict:
+    """``cfg`` with RoPE also as ``rope_parameters``, as Qwen3.5 configs carry it (SGLang 0.5.17's
+    Qwen3_5TextConfig turns a missing one into ``{}``, and its attention layer then fails on ``rope_theta``)."""
+    cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": cfg["rope_theta"],
+                              "partial_rotary_factor": cfg["partial_rotary_factor"]}
     return cfg
-
-
-def _qwen35_rope(cfg: Dict) -> Dict:
-    """Qwen3.5 configs carry RoPE as ``rope_parameters`` (SGLang 0.5.17's Qwen3_5TextConfig turns a
-    missing one into ``{}``, and its attention layer then fails on ``rope_theta``)."""
-    return {"rope_type": "default", "rope_theta": cfg["rope_theta"],
-            "partial_rotary_factor": cfg["partial_rotary_factor"]}
 
 
 _FLASHINFER_ENV = {"SGLANG_FLASHINFER_USE_TENSOR_CORE": "true"}
@@ -105,6 +105,7 @@ _GEOMETRIES: List[Geometry] = [
                "tiny Qwen3-Next geometry without the MoE keys",
         spec_keys={"num_nextn_predict_layers": 1},
         notes="not in SGLang's mamba radix-cache archs: the harness always passes --disable-radix-cache",
+        h200="harness: decode + NEXTN parity (stock/staged/patched), e2e-h200/tiny-qwen3.5",
     ),
     Geometry(
         name="tiny-falcon-h1", family="mamba2", size="tiny",
@@ -192,7 +193,7 @@ _GEOMETRIES: List[Geometry] = [
     ),
     Geometry(
         name="qwen3.5-4b-like", family="gdn", size="real",
-        config={
+        config=_with_qwen35_rope({
             "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "torch_dtype": "bfloat16",
             "vocab_size": 248320, "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 32,
             "full_attention_interval": 4, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 256,
@@ -201,8 +202,7 @@ _GEOMETRIES: List[Geometry] = [
             "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
             "linear_num_key_heads": 16, "linear_num_value_heads": 32, "tie_word_embeddings": True,
             "bos_token_id": 1, "eos_token_id": 2,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25},
-        },
+        }),
         attention_backend="triton",
         source="CONSTRUCTED, not a released config: the Qwen3.5 text schema (qwen3_5_text, dense gated MLP, "
                "vocab 248320 as in the public Qwen3_5TextConfig defaults) at ~4.3B parameters: 32 layers "
@@ -210,6 +210,7 @@ _GEOMETRIES: List[Geometry] = [
                "hidden 2560, MLP 9728, tied embeddings",
         spec_keys={"num_nextn_predict_layers": 1},
         notes="a stand-in for a Qwen3.5-4B-class dense GDN model; replace with the released config when at hand",
+        h200="harness: decode A/B bs 1/256 (stock/staged/upstream), e2e-h200/decode-qwen3.5-4b-like*",
     ),
 ]
 

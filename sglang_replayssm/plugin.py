@@ -29,7 +29,8 @@ def setup_logging(cfg: ReplaySSMConfig) -> None:
 
 
 def activate(cfg: ReplaySSMConfig) -> list:
-    """Apply and verify every registered patch in this process; returns newly patched targets."""
+    """Apply and verify this config's patches in this process (the launch checks, plus the replay-ring
+    seams unless ``staged`` is false); returns the newly patched targets."""
     from .patches import active_patches, apply, verify
 
     patches = active_patches(cfg.staged)

@@ -210,6 +210,11 @@ def main(argv=None) -> int:
     p.add_argument("--fake-flip-at", type=int, default=-1)
     p.add_argument("--fake-gap", type=float, default=0.5)
     p.add_argument("--fake-crash", action="store_true", help="exit before becoming healthy")
+    p.add_argument("--fake-replayssm", action="store_true",
+                   help="log the plugin's activation line as sglang_replayssm.launch_server would")
+    p.add_argument("--fake-seams", choices=("auto", "on", "off"), default="auto",
+                   help="the seams state that line reports (auto: --replayssm-staged, default true)")
+    p.add_argument("--replayssm-staged", default="true")
     a, _unknown = p.parse_known_args(argv)
     print("fake sglang server:", " ".join(sys.argv[1:]), flush=True)
     if a.fake_crash:
@@ -219,6 +224,10 @@ def main(argv=None) -> int:
         print("replayssm-eval: scaled random weights (fake server)", flush=True)
     if os.environ.get("SGLANG_REPLAYSSM_ENABLE"):
         print("sglang_replayssm active (fake server)", flush=True)
+    if a.fake_replayssm:
+        seams = {"on": True, "off": False}.get(a.fake_seams, a.replayssm_staged.lower() in ("1", "true", "yes", "on"))
+        print(f"sglang_replayssm active (pid {os.getpid()}): L=16, ssm_types=mamba2,gdn, spec=True, "
+              f"staged={seams}, kernel config (fake), 1 patch(es) verified", flush=True)
     st = State()
     st.model_path, st.flip_at, st.gap, st.started = a.model_path, a.fake_flip_at, a.fake_gap, time.time()
     srv = ThreadingHTTPServer((a.host, a.port), make_handler(st))

@@ -415,6 +415,53 @@ def test_two_arms_of_one_kind_write_two_results(tmp_path):
     assert set(first["arms"]) == {"stock", "patched"} and set(second["arms"]) == {"stock", "patched-2"}
 
 
+def test_seams_state_from_the_server_log():
+    line = "[t replayssm pid=7] INFO sglang_replayssm active (pid 7): L=16, ssm_types=gdn, spec=True, staged={}, x"
+    assert ab.seams_state(line.format("True") + "\n" + line.format("True")) is True
+    assert ab.seams_state(line.format("False")) is False
+    assert ab.seams_state(line.format("True") + "\n" + line.format("False")) == "mixed"
+    assert ab.seams_state("plain SGLang log") is None
+
+
+def test_staged_arm_drops_an_inherited_seams_switch(tmp_path):
+    base = {"PATH": "/bin", "SGLANG_REPLAYSSM_STAGED": "0", "SGLANG_REPLAYSSM_BUFFER_LEN": "8"}
+    args = _args()
+    m = _model(tmp_path, "tiny-nemotron-h")
+    staged = ab.server_env(base, args, ab.Phase("staged", "staged", False, None, True, False), m, [])
+    patched = ab.server_env(base, args, ab.Phase("patched", "patched", False, None, True, False), m, [])
+    assert "SGLANG_REPLAYSSM_STAGED" not in staged and staged["SGLANG_REPLAYSSM_BUFFER_LEN"] == "8"
+    assert patched["SGLANG_REPLAYSSM_STAGED"] == "0"  # its own --replayssm-staged false decides anyway
+
+
+def test_an_arm_whose_server_ran_the_wrong_seams_is_an_error(tmp_path):
+    """The server's own log line decides: a staged arm that served with the seams off (an inherited YAML,
+    say) is recorded as an error, not compared as if it were the replay path."""
+    r = _run_ab(tmp_path, "--arms", "stock,staged,patched", "--patched-arg=--fake-replayssm")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads((tmp_path / "ab-tiny-nemotron-h-stock-vs-staged.json").read_text())
+    assert res["arms"]["staged"]["status"] == "ok" and res["arms"]["staged"]["replayssm_seams"] is True
+    res = json.loads((tmp_path / "ab-tiny-nemotron-h-stock-vs-patched.json").read_text())
+    assert res["arms"]["patched"]["status"] == "ok" and res["arms"]["patched"]["replayssm_seams"] is False
+    bad = tmp_path / "bad"
+    r = _run_ab(bad, "--arms", "stock,staged", "--patched-arg=--fake-replayssm --fake-seams off")
+    assert r.returncode == 1
+    res = json.loads((bad / "ab-tiny-nemotron-h-stock-vs-staged.json").read_text())
+    arm = res["arms"]["staged"]
+    assert arm["status"] == "error" and "needs the replay-ring seams on" in arm["error"]
+
+
+def test_a_launch_config_variant_is_named_by_its_label(tmp_path):
+    """stock,patched@FILE,patched: the variant's comparison carries its file stem, the plain arm's the kinds."""
+    cfg = tmp_path / "sf.yaml"
+    cfg.write_text("{}\n")
+    out = tmp_path / "out"
+    r = _run_ab(out, "--arms", f"stock,patched@{cfg},patched", "--patched-arg", "--fake-gap 0.5")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    variant = json.loads((out / "ab-tiny-nemotron-h-stock-vs-patched-sf.json").read_text())
+    plain = json.loads((out / "ab-tiny-nemotron-h-stock-vs-patched.json").read_text())
+    assert variant["summary"]["b"] == "patched-sf" and plain["summary"]["b"] == "patched"
+
+
 def test_end_to_end_failure_is_recorded_and_servers_are_stopped(tmp_path):
     r = _run_ab(tmp_path, "--arms", "stock,patched", "--patched-arg=--fake-crash", "--server-timeout", "30")
     assert r.returncode == 1

@@ -334,3 +334,20 @@ def test_greedy_mismatches_read_each_models_latest_spec_run():
     s = doc["summary"]
     assert s["greedy_mismatches"] == total(counted, 0) and s["stock_greedy_mismatches"] == total(counted, 1)
     assert total(runs, 0) > s["greedy_mismatches"]  # the repeat is not counted twice
+
+    # a later run whose second arm ran with the seams off (kind patched) is not the replay server's: it
+    # replaces nothing; a later EAGLE run of one model is counted beside its NEXTN run, not instead of it
+    f, res = next((f, r) for f, r in results if "tiny-launcher-default" in str(f) and
+                  r["flags"]["harness"]["spec"] == "nextn" and r["flags"]["harness"]["model"] == "tiny-nemotron-h")
+    off = copy.deepcopy(res)
+    off["started"] = "2099-01-01T00:00:00Z"
+    off["arms"][off["summary"]["b"]]["phase"]["kind"] = "patched"
+    assert e2e_summary.spec_summary(results + [(f, off)])["summary"]["greedy_mismatches"] == s["greedy_mismatches"]
+    eagle = copy.deepcopy(res)
+    eagle["started"] = "2099-01-01T00:00:00Z"
+    eagle["flags"]["harness"]["spec"] = "eagle"
+    again = e2e_summary.spec_summary(results + [(f, eagle)])["summary"]
+    b = res["summary"]["b"]
+    assert again["greedy_mismatches"] == s["greedy_mismatches"] + \
+        e2e_summary.spec_summary([(f, res)])["summary"]["greedy_mismatches"]
+    assert b in res["summary"]["spec_vs_nonspec"]

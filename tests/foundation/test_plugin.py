@@ -1,5 +1,6 @@
 """The entry-point plugin, loaded the way SGLang loads it (sglang.srt.plugins.load_plugins)."""
 
+import re
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -63,7 +64,9 @@ def test_replay_seams_on_by_default_and_off_with_staged_false():
     off = last_json(r.stdout)
     assert off and set(off.values()) <= {"resolved", "skipped"} and "resolved" in off.values()
     assert "--replayssm-staged false: launch checks only" in r.stderr
-    assert "1 patch(es) verified" in r.stderr
+    from sglang_replayssm.patches import all_patches
+
+    assert re.search(rf"staged=False, .*[^0-9]{len(all_patches())} patch\(es\) verified", r.stderr), r.stderr[-2000:]
     cfg = Path(__file__).resolve().parents[2] / "sglang_replayssm" / "kernels" / "configs" / "h200.yaml"
     r = run_py(STAGED_PROBE, env=clean_env(SGLANG_REPLAYSSM_ENABLE="1", SGLANG_REPLAYSSM_KERNEL_CONFIG=str(cfg)))
     assert r.returncode == 0, r.stderr[-3000:]
