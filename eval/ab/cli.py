@@ -1,0 +1,203 @@
+"""``python -m eval.ab``: the command line, and ``main``, the run's plan in order."""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import math
+import os
+import shlex
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from eval.ab.common import ROOT
+from eval.ab.parity import parity_prompts
+from eval.ab.plan import Phase, parse_batches, plan_phases
+from eval.ab.results import finish_record, run_record, write_results
+from eval.ab.servers import (PATCHED_MODULE, SPEC_ALGOS, STOCK_MODULE, ModelSpec, _stop_all, arm_launch, env_delta,
+                             launch_cmd, prepare_models, server_env, server_pythonpath)
+from eval.ab.workloads import bench_serving_argv, run_servers
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from eval import ab  # the package's docstring is the --help text
+
+    p = argparse.ArgumentParser(prog="python -m eval.ab", description=ab.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("what to run")
+    g.add_argument("--model", default="tiny-nemotron-h", help="built-in geometry (--list-models) or a model dir")
+    g.add_argument("--arms", default="stock,staged", help="servers in order, each stock, staged (our launcher as "
+                   "users run it: the replay path), patched (our launcher with --replayssm-staged false: launch checks "
+                   "only) or upstream (stock + --enable-linear-replayssm), optionally :nospec "
+                   "(a --spec run's non-speculative baseline); a patched or staged arm may end in @FILE, a kernel "
+                   "launch-config YAML that replaces the packaged one for that server only (label <arm>-<file "
+                   "stem>; make one with python -m eval.config_variant); later arms are compared with the first")
+    g.add_argument("--batch", default="1,8,32,64", help="bench_serving --max-concurrency values")
+    g.add_argument("--input-len", type=int, default=128)
+    g.add_argument("--output-len", type=int, default=256)
+    g.add_argument("--rounds", type=int, default=2, help="prompts per batch size = batch x rounds")
+    g.add_argument("--min-prompts", type=int, default=4)
+    g.add_argument("--warmup-requests", type=int, default=1)
+    g.add_argument("--no-bench", action="store_true", help="parity only")
+    g.add_argument("--no-parity", action="store_true", help="speed only")
+    g.add_argument("--list-models", action="store_true")
+    g.add_argument("--render", metavar="JSON", nargs="+", help="re-draw the .md/.png of result JSON files, exit")
+    g.add_argument("--dry-run", action="store_true", help="print the plan and the command lines, start nothing")
+    s = p.add_argument_group("SGLang server flags (identical on every arm)")
+    s.add_argument("--attention-backend", default=None, help="default: the geometry's (flashinfer/triton)")
+    s.add_argument("--load-format", default=None, help="default: dummy for built-in geometries")
+    s.add_argument("--sampling-backend", default="pytorch")
+    s.add_argument("--mem-fraction-static", type=float, default=0.0,
+                   help="default: 0.25 for tiny built-in geometries, 0.85 otherwise")
+    s.add_argument("--context-length", type=int, default=4096)
+    s.add_argument("--max-running-requests", type=int, default=0, help="0: SGLang decides (reported)")
+    s.add_argument("--cuda-graph", choices=("on", "off"), default="on")
+    s.add_argument("--radix-cache", choices=("on", "off"), default="off",
+                   help="on: radix cache with SGLang's no_buffer mamba strategy and --disable-overlap-schedule "
+                        "(SGLang 0.5.17 runs no_buffer only without the overlap scheduler)")
+    s.add_argument("--cuda-graph-max-bs", type=int, default=0, help="default: the largest --batch")
+    s.add_argument("--prefill-graph", choices=("default", "off"), default="off")
+    s.add_argument("--server-arg", action="append", help="extra SGLang flags for every server (shell-split)")
+    s.add_argument("--patched-arg", action="append", help="extra flags for the patched and staged arms' launcher, "
+                   "e.g. '--replayssm-buffer-len 16'")
+    s.add_argument("--seed", type=int, default=0, help="SGLang --random-seed, bench and parity prompt seed")
+    s.add_argument("--test-retract", type=int, default=0, metavar="N",
+                   help="force retraction on every server: SGLang's SGLANG_TEST_RETRACT=1 with "
+                        "SGLANG_TEST_RETRACT_INTERVAL=N (one running request retracted and later re-prefilled every "
+                        "N forward passes); the servers table counts the retracted requests (0: off)")
+    s.add_argument("--host", default="127.0.0.1")
+    w = p.add_argument_group("weights")
+    w.add_argument("--random-weights", dest="random_weights", action="store_true", default=True,
+                   help="scaled random weights via eval/weights.py (default with dummy load format)")
+    w.add_argument("--no-random-weights", dest="random_weights", action="store_false")
+    w.add_argument("--weight-seed", type=int, default=0)
+    sp = p.add_argument_group("speculative decoding")
+    sp.add_argument("--spec", choices=sorted(SPEC_ALGOS), default="none")
+    sp.add_argument("--spec-steps", type=int, default=3, help="draft steps; draft tokens = steps + 1, topk 1")
+    sp.add_argument("--spec-draft-model", default=None)
+    sp.add_argument("--sim-acc-len", type=float, default=None, help="SGLANG_SIMULATE_ACC_LEN for the speed runs")
+    sp.add_argument("--sim-acc-method", default="match-expected")
+    sp.add_argument("--sim-acc-token-mode", default="real-draft-token")
+    sp.add_argument("--no-spec-parity", dest="spec_parity", action="store_false", default=True,
+                    help="skip the extra parity servers of a spec run")
+    pr = p.add_argument_group("profile (eval/profile_trace.py)")
+    pr.add_argument("--profile-batch", default="", metavar="B[,B...]",
+                    help="after the speed runs, one more bench_serving run per listed concurrency on each server "
+                         "while SGLang's /start_profile traces --profile-steps forward steps (GPU kernels only); "
+                         "the result gets each arm's kernel time per step by group and the traces (default: off)")
+    pr.add_argument("--profile-steps", type=int, default=20, help="forward steps in the traced window")
+    pr.add_argument("--profile-delay-s", type=float, default=3.0,
+                    help="seconds into the profiled run before tracing starts (the batch fills first)")
+    pa = p.add_argument_group("parity")
+    pa.add_argument("--parity-prompts", type=int, default=8)
+    pa.add_argument("--parity-tokens", type=int, default=1024)
+    pa.add_argument("--parity-topk", type=int, default=5)
+    pa.add_argument("--parity-solo", action="store_true",
+                    help="also send the parity prompts one at a time; stock batched vs stock solo is reported as "
+                         "the engine's own noise floor (parity_noise_floor)")
+    pa.add_argument("--near-tie-tol", type=float, default=0.05, help="nats; top-2 gap under which a flip is a near-tie")
+    o = p.add_argument_group("run control and output")
+    o.add_argument("--out-dir", default=str(ROOT / "eval" / "results"))
+    o.add_argument("--tag", default=None, help="suffix for the result file names")
+    o.add_argument("--log-dir", default=None, help="server and bench logs (default: <out-dir>/logs-<stem>)")
+    o.add_argument("--python", default=sys.executable, help="interpreter for the servers and bench_serving")
+    o.add_argument("--stock-module", default=STOCK_MODULE)
+    o.add_argument("--patched-module", default=PATCHED_MODULE)
+    o.add_argument("--entry-points", choices=("auto", "skip"), default="auto",
+                   help="auto: write the plugin dist-infos into a temp dir on the servers' PYTHONPATH")
+    o.add_argument("--server-timeout", type=float, default=600.0)
+    o.add_argument("--bench-timeout", type=float, default=600.0)
+    o.add_argument("--parity-timeout", type=float, default=600.0)
+    o.add_argument("--shutdown-grace", type=float, default=30.0)
+    o.add_argument("--deadline-s", type=float, default=0.0, help="stop starting work after this many seconds")
+    o.add_argument("--reserve-s", type=float, default=20.0, help="time kept for shutdown/reporting under a deadline")
+    o.add_argument("--min-phase-s", type=float, default=60.0, help="skip a server if less time than this is left")
+    o.add_argument("--save-jitcache", default=None, metavar="DIR", help="tar the JIT caches after the first server")
+    o.add_argument("--concurrent-start", action="store_true",
+                   help="start every server at once (one cold JIT compile, one import wait), then measure them "
+                        "one at a time while the others idle; recorded in the result. Size the pools so that all "
+                        "fit (e.g. --mem-fraction-static 0.2 --server-arg '--max-total-tokens 65536')")
+    o.add_argument("--gpu-index", default=None, help="GPU for peak-memory sampling (default: first visible)")
+    o.add_argument("--noise-band", type=float, default=0.03, help="|ratio-1| reported as noise")
+    o.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def checked_plan(args) -> List[Phase]:
+    """The plan, once the flags it does not read are checked too (a ValueError names the flag)."""
+    phases = plan_phases(args)
+    parse_batches(args.batch)
+    if args.profile_batch:
+        parse_batches(args.profile_batch, "--profile-batch")
+        if args.profile_steps < 1 or args.profile_delay_s < 0:
+            raise ValueError("--profile-steps takes a positive integer and --profile-delay-s a non-negative "
+                             f"number, got {args.profile_steps} and {args.profile_delay_s}")
+    return phases
+
+
+def print_plan(args, phases: List[Phase], spec_models: Dict[bool, Optional[ModelSpec]], flags: Dict[bool, List[str]],
+               base_env: Dict[str, str], pythonpath: List[str]) -> None:
+    """``--dry-run``: each server's environment changes and command line, and its bench_serving runs."""
+    for ph in phases:
+        module, extra = arm_launch(args, ph.kind)
+        cmd = launch_cmd(args.python, module, flags[ph.spec], args.host, 30000, extra)
+        env = env_delta(server_env(base_env, args, ph, spec_models[ph.spec], pythonpath), base_env)
+        print(f"# {ph.label} ({ph.role}): bench={ph.bench} parity={ph.parity}")
+        print("  env: " + " ".join(f"{k}={v}" for k, v in env.items()))
+        print("  " + shlex.join(cmd))
+        if ph.bench:
+            for b in parse_batches(args.batch):
+                print("  python -m sglang.bench_serving "
+                      + shlex.join(bench_serving_argv("http://127.0.0.1:30000", spec_models[ph.spec], b, args,
+                                                      f"bench-{ph.label}-b{b}.jsonl")))
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    from eval import ab_report, models
+
+    if args.list_models:
+        return models.main()
+    if args.render:
+        for path in args.render:
+            print(ab_report.render(path))
+        return 0
+    try:
+        phases = checked_plan(args)
+    except ValueError as e:
+        print(f"python -m eval.ab: error: {e}", file=sys.stderr)
+        return 2
+    if args.gpu_index is None:
+        args.gpu_index = (os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",") or ["0"])[0] or "0"
+    t_start = time.time()
+    deadline = t_start + args.deadline_s if args.deadline_s > 0 else math.inf
+    workdir = Path(tempfile.mkdtemp(prefix="replayssm-ab-"))
+    spec_models, flags = prepare_models(args, phases, workdir)
+    model0 = spec_models[phases[0].spec]
+    out_dir = Path(args.out_dir)
+    stem0 = "-".join(["ab", model0.name] + ([args.spec] if args.spec != "none" else [])
+                     + ([args.tag] if args.tag else []))
+    logdir = Path(args.log_dir) if args.log_dir else out_dir / f"logs-{stem0}"
+    pythonpath = server_pythonpath(args, workdir)
+    base_env = dict(os.environ)
+    if args.dry_run:
+        print_plan(args, phases, spec_models, flags, base_env, pythonpath)
+        return 0
+
+    atexit.register(_stop_all)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: (_stop_all(), sys.exit(130)))
+    vocab = int(model0.config.get("vocab_size", 1024))
+    prompts = parity_prompts(args.parity_prompts, vocab, args.seed)
+    run = run_record(args, argv, phases, model0, flags, prompts, t_start)
+    partial = out_dir / f"{stem0}-partial.json"
+    run_servers(run, args, phases, spec_models, flags, base_env, pythonpath, logdir, prompts, deadline, partial)
+    finish_record(run, t_start)
+    pairs = write_results(run, args, model0, out_dir, stem0, partial)
+    ok = all(p.get("status") == "ok" for p in run["phases"])
+    print(ab_report.stdout_summary(run, pairs, args), flush=True)
+    return 0 if ok else 1
