@@ -505,6 +505,56 @@ def test_snapshot_interception_is_verified(env, patched, monkeypatch):
         make_spec_pool(mamba2_params(), 2)
 
 
+@pytest.mark.parametrize("make", [mamba2_params, gdn_params])
+def test_spec_ring_clear_and_copy_reset_all_three_cursors_without_sync(env, patched, cuda_allocs_on_cpu, make):
+    """On a spec ring, clear_slots and copy_from reset write_pos, origin AND flush of exactly the
+    cleared / destination slots (no host sync); a copy leaves its source's cursors and ring alone.
+    (The numeric consequences: tests/patches/test_spec_slot_reuse.py.)"""
+    pool = make_spec_pool(make(), 3)
+    mp_, ring = pool.mamba_pool, ring_of(pool)
+    assert ring.spec_window == 3 and ring.verify_cursors is not None
+    S = ring.num_slots
+    wp0 = torch.arange(S, dtype=torch.int32) % 4 + 1          # every slot mid-cycle
+    org0 = (torch.arange(S, dtype=torch.int32) * 3) % (ring.ring_len - 1) + 1  # in [1, R-1]
+    fl0 = (wp0 + 2 * 3 > ring.ring_len).to(torch.int32)
+    assert int(fl0.sum()) > 0 and int(org0.min()) > 0
+
+    def set_cursors():
+        for c, v in zip(ring.verify_cursors, (wp0, org0, fl0)):
+            c.copy_(v)
+
+    def want(slots):
+        out = [wp0.clone(), org0.clone(), fl0.clone()]
+        for c in out:
+            c[slots] = 0
+        return out
+
+    set_cursors()
+    with pytest.MonkeyPatch.context() as m:
+        forbid_host_sync(m)
+        mp_.clear_slots(torch.tensor([2, 5]))
+    for got, exp in zip(ring.verify_cursors, want([2, 5])):
+        assert torch.equal(got, exp)
+
+    set_cursors()
+    ring.write_pos[1] = 0  # a flushed source (what the tree hands to a COW)
+    ring.flush[1] = 0
+    for t in ring.tensors.values():
+        t.copy_(torch.randn(t.shape).to(t.dtype))
+    ring_before = {k: v.clone() for k, v in ring.tensors.items()}
+    src_before = [int(c[1]) for c in ring.verify_cursors]
+    with pytest.MonkeyPatch.context() as m:
+        forbid_host_sync(m)
+        mp_.copy_from(torch.tensor([1]), torch.tensor([4]))
+    assert [int(c[1]) for c in ring.verify_cursors] == src_before
+    assert [int(c[4]) for c in ring.verify_cursors] == [0, 0, 0]
+    others = [s for s in range(S) if s not in (1, 4)]
+    for got, exp in zip(ring.verify_cursors, (wp0, org0, fl0)):
+        assert torch.equal(got[others], exp[others])
+    for k, v in ring.tensors.items():
+        assert torch.equal(v, ring_before[k]), k
+
+
 class _Algo:
     def __init__(self, none):
         self._none = none
