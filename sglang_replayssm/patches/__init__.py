@@ -9,9 +9,9 @@ from .registry import Patch, PatchError, apply, status, unapply_all, verify  # n
 
 def all_patches() -> List[Patch]:
     """The launch checks: applied in every process whenever the package is enabled."""
-    from . import server_args
+    from . import request_validation, server_args
 
-    return list(server_args.PATCHES)
+    return list(server_args.PATCHES) + list(request_validation.PATCHES)
 
 
 def staged_patches() -> List[Patch]:
