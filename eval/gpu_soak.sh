@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Soak test on a GPU host (python -m eval.soak) in one call: one server at a time (our launcher's defaults,
+# eval.ab's server flags, dummy + scaled random weights) under a bounded chaos client.
+# Usage (repo root; SGLang installed, or the offline bundle in .sglang-bundle/):
+#   GIT_COMMIT=<sha> OUT=<dir> bash eval/gpu_soak.sh [more python -m eval.soak flags...]
+# Knobs (environment):
+#   OUT=<dir>          soak-h200.json / soak-h200.md and soak-logs.tgz (server logs, per-request records,
+#                      console) go here (default eval/results)
+#   SOAK_PLAN="..."    servers in order, MODEL:SPEC:MINUTES each, space-separated (default below)
+#   SOAK_DEADLINE_S=N  wall cap of the harness in seconds (default 480): a server that no longer fits is skipped
+#                      and recorded as such, the chaos of the last one is cut short
+#   PYTHON=<python>    interpreter for the harness and the servers (default python3)
+# Default plan and wall estimate (warm JIT caches): nemotron-h-8b first (the slowest start, ~90 s; 75 s of chaos),
+# then tiny-nemotron-h, tiny-nemotron-h NEXTN and tiny-qwen3-next NEXTN (~40-60 s to start, 36 s of chaos each,
+# or less when --max-requests is reached first); ~15 s per server of warm-up, baselines, drain and stop:
+# about 4 min of starts + 3 min of chaos + 1 min = ~8 min, under the 480 s cap, ~9 min with the bundle's bootstrap.
+set -uo pipefail
+OUT="${OUT:-eval/results}"
+mkdir -p "$OUT"
+# the HTTP server needs the bundle's HTTP extras (jsonschema, fastapi, ...), not only sglang
+if [ -f .sglang-bundle/bootstrap.sh ] && ! "${PYTHON:-python3}" -c "import sglang, jsonschema, fastapi, aiohttp" 2>/dev/null; then
+  SGLANG_BUNDLE_HTTP=1 source .sglang-bundle/bootstrap.sh
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export GIT_COMMIT="${GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
+PY="${PYTHON:-python3}"
+PLAN="${SOAK_PLAN:-nemotron-h-8b:none:1.25 tiny-nemotron-h:none:0.6 tiny-nemotron-h:nextn:0.6 tiny-qwen3-next:nextn:0.6}"
+plans=()
+for p in $PLAN; do plans+=(--plan "$p"); done
+LOGS="$(mktemp -d /tmp/soak-logs.XXXXXX)"
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader || true
+"$PY" -m eval.soak "${plans[@]}" --deadline-s "${SOAK_DEADLINE_S:-480}" --server-timeout 240 \
+  --out "$OUT/soak-h200.json" --log-dir "$LOGS" --python "$PY" --no-progress "$@" 2>&1 | tee "$LOGS/soak-console.log"
+rc=${PIPESTATUS[0]}
+tar -C "$LOGS" -czf "$OUT/soak-logs.tgz" . && echo "packed $(du -h "$OUT/soak-logs.tgz" | cut -f1) -> $OUT/soak-logs.tgz"
+exit "$rc"
