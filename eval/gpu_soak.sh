@@ -29,7 +29,7 @@ plans=()
 for p in $PLAN; do plans+=(--plan "$p"); done
 LOGS="$(mktemp -d /tmp/soak-logs.XXXXXX)"
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader || true
-"$PY" -m eval.soak "${plans[@]}" --deadline-s "${SOAK_DEADLINE_S:-480}" --server-timeout 240 \
+"$PY" -m eval.soak "${plans[@]}" --deadline-s "${SOAK_DEADLINE_S:-480}" --server-timeout "${SOAK_SERVER_TIMEOUT:-420}" \
   --out "$OUT/soak-h200.json" --log-dir "$LOGS" --python "$PY" --no-progress "$@" 2>&1 | tee "$LOGS/soak-console.log"
 rc=${PIPESTATUS[0]}
 tar -C "$LOGS" -czf "$OUT/soak-logs.tgz" . && echo "packed $(du -h "$OUT/soak-logs.tgz" | cut -f1) -> $OUT/soak-logs.tgz"

@@ -913,11 +913,13 @@ def summarize(servers: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
         "baseline_identical": int(bool(servers) and all(nums[s["label"]].get("baseline_identical") for s in servers)),
         "bad_requests_sent": min((nums[s["label"]].get("bad_requests_sent", 0) for s in servers), default=0),
         "bad_requests_not_4xx": sum(n.get("bad_requests_not_4xx", 0) for n in nums.values()),
-        "leaked_mamba_slots": sum(x for x in leaks if ab_number(x)),
+        # unmeasured on any server (it did not run, or /metrics had no figure): unknown, not zero
+        "leaked_mamba_slots": sum(leaks) if leaks and all(ab_number(x) for x in leaks) and len(leaks) == len(servers)
+        else None,
         "gpu_mem_growth_mib": max(growth) if growth else None,
     }
     out.update({
-        "servers": len(servers), "servers_ran": len(ran),
+        "servers": len(servers), "servers_ran": len(ran), "complete": int(bool(servers) and len(ran) == len(servers)),
         "servers_not_ran": [s["label"] for s in servers if s not in ran],
         "requests_per_server": {k: n.get("requests", 0) for k, n in nums.items()},
         "requests_total": sum(n.get("requests", 0) for n in nums.values()),

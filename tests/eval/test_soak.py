@@ -216,10 +216,13 @@ def test_summary_from_records():
     s = soak.summarize([servers[0], drift, dead])
     assert (s["server_crashes"], s["baseline_identical"], s["requests"]) == (1, 0, 40)
     assert s["crashed_servers"] == ["d"] and s["leak_unmeasured"] == ["d"] and s["healthy_after"]["d"] is False
+    assert s["leaked_mamba_slots"] is None  # a server without its idle reading: unknown, never a silent 0
     assert dead["baseline"]["identical"] is False and "no baseline" in dead["baseline"]["why"]
     skipped = soak.finish_record({"label": "e", "status": "skipped", "crashed": False})
     s = soak.summarize([servers[0], skipped])
     assert s["requests"] == 0 and s["servers_not_ran"] == ["e"] and s["baseline_identical"] == 0
+    assert s["complete"] == 0 and s["leaked_mamba_slots"] is None
+    assert soak.summarize(servers)["complete"] == 1
     md = soak.render_markdown({"summary": soak.summarize(servers), "servers": servers, "gpu": {"name": "H200"},
                                "git_commit": "abc"})
     assert "| requests" in md and "## a (ok)" in md and "## b (ok)" in md and "`abc`" in md
