@@ -19,7 +19,8 @@ What is compared, per (geometry, state dtype, batch), all rows in one batch:
   triton``; kernel ``mamba_ssm._selective_scan_update_kernel`` with its hand-picked
   BLOCK_SIZE_M=4 / num_warps=4 for dstate=128, PDL on sm90), called with the exact
   argument forms ``MambaMixer2`` uses (A/dt/dt_bias/D expanded with stride 0, x/B/C as
-  strided views of the conv output), against ``mamba2_replay_decode`` on both routes.
+  strided views of the conv output), against ``mamba2_replay_decode`` (its one route,
+  output-only replay; ``ROUTES`` names it in the result keys).
 * GDN: ``fused_recurrent_gated_delta_rule_packed_decode`` (BV=32, 1 warp, 3 stages),
   upstream's own ReplaySSM decode ``fused_recurrent_gdn_replayssm_decode`` (called as
   ``TritonGDNKernel.packed_decode`` calls it under ``--enable-linear-replayssm``: ring
@@ -84,7 +85,7 @@ QUICK_BATCHES = (1, 32, 256)
 CPU_BATCHES = (1, 3)
 BUFFER_LEN = 16
 CPU_BUFFER_LEN = 4
-ROUTES = ("output_only", "state_and_output")
+ROUTES = ("output_only",)  # Mamba2 decode routes timed (result keys replay_<route>; state_and_output was removed)
 
 
 def quick_phases(L: int) -> List[int]:
@@ -124,8 +125,7 @@ def mamba2_replay_bytes(b: int, H: int, P: int, N: int, G: int, L: int, w: int, 
     the w ring entries (x [H,P] and B [G,N] in the activation dtype, Δ [H] fp32), the
     current inputs as the stock kernel plus write_pos; write y; non-flush (w < L-1)
     appends one entry, the flush (w == L-1) writes the state instead.  Unique bytes:
-    the state_and_output route re-reads the B window per head (L2 hits), and the
-    output_only route's fp32 B·C scratch [b, G, max(16, L)] is not counted."""
+    the fp32 B·C scratch [b, G, max(16, L)] is not counted."""
     entry = H * P * act_bytes + G * N * act_bytes + H * 4
     return _replay_phase_bytes(b, w, L, b * H * P * N * state_bytes, entry,
                                mamba2_stock_bytes(b, H, P, N, G, state_bytes, act_bytes), 0)
@@ -537,12 +537,12 @@ class Mamba2Work(bc.CaseWork):
         return lambda: fn(self.state, st["x"], st["dt"], self.A, st["B"], st["C"], self.D, z=None,
                           dt_bias=self.dt_bias, dt_softplus=True, state_batch_indices=st["idx"], out=self.out)
 
-    def ours_fn(self, fn, s: int, w: int, route: str) -> Callable[[], Any]:
+    def ours_fn(self, fn, s: int, w: int) -> Callable[[], Any]:
         st = self.sets[s]
         wp = self.wpos[w]
         return lambda: fn(self.state, self.x_ring, self.B_ring, self.dt_ring, st["x"], st["dt"], self.A, st["B"],
                           st["C"], st["idx"], wp, D=self.D, z=None, dt_bias=self.dt_bias, dt_softplus=True,
-                          out=self.out, route=route)
+                          out=self.out)
 
 
 class GDNWork(bc.CaseWork):
@@ -699,7 +699,7 @@ def check_mamba2(stock_fn, ours_fn, geom, L: int, batch: int, device: str, seed:
             o = torch.full((batch, H, P), float("nan"), dtype=torch.bfloat16, device=device)
             xr, Br, dtr = rings[r]
             ours_fn(states[r], xr, Br, dtr, x, dt_e, w.A, Bm, Cm, idx, wp, D=w.D, z=None, dt_bias=w.dt_bias,
-                    dt_softplus=True, out=o, route=r)
+                    dt_softplus=True, out=o)
             outs[r] = o
             if t == L - 2:
                 untouched[r] = bool(torch.equal(states[r][rows], state0[rows]))
@@ -859,7 +859,7 @@ def run_mamba2_case(name, geom, batch, L, sdtype, device, stock: Stock, ours, ti
             mamba2_stock_bytes(batch, H, P, N, G, sb), "sglang selective_state_update (triton)", copy_bw)
     if ours is not None:
         for r in routes:
-            res = _replay_timing(timer, lambda s, ph, r=r: w.ours_fn(ours, s, ph, r), n_sets, L, phases,
+            res = _replay_timing(timer, lambda s, ph: w.ours_fn(ours, s, ph), n_sets, L, phases,
                                  min_launches, lambda ph: mamba2_replay_bytes(batch, H, P, N, G, L, ph, sb), copy_bw,
                                  with_cycle=True, batch=batch)
             res["name"] = f"sglang_replayssm mamba2_replay_decode route={r}"
@@ -995,10 +995,10 @@ def markdown_report(result: Dict[str, Any]) -> List[tuple]:
         ks = c["kernels"]
         st = ks.get("stock", {})
         if c["family"] == "mamba2":
-            oo, so = ks.get("replay_output_only", {}), ks.get("replay_state_and_output", {})
+            oo = ks.get("replay_output_only", {})
             best = ks.get(c.get("best") or "", {})
             m_rows.append([c["geometry"], c["state_dtype"], c["batch"], report.fmt(st.get("t_us"), 1),
-                           report.fmt(oo.get("t_amort_us"), 1), report.fmt(so.get("t_amort_us"), 1),
+                           report.fmt(oo.get("t_amort_us"), 1),
                            c.get("best_route") or "—", report.fmt(c.get("speedup"), 2),
                            report.fmt(best.get("t_nonflush_mean_us"), 1), report.fmt(best.get("t_flush_us"), 1),
                            report.fmt(best.get("GBps"), 0), report.fmt(c.get("bw_fraction"), pct=True),
@@ -1019,7 +1019,7 @@ def markdown_report(result: Dict[str, Any]) -> List[tuple]:
     if m_rows:
         sections.append(("Mamba2 decode (µs per launch; ReplaySSM amortised over the flush cycle; mixed: one launch "
                          "with row i at phase i % L, batches >= L, of the route best amortised)",
-                         report.markdown_table(["geometry", "state", "bs", "stock", "ours OO", "ours S&O", "best",
+                         report.markdown_table(["geometry", "state", "bs", "stock", "ours", "best",
                                                 "speedup", "best non-flush", "best flush", "ours GB/s", "ours %copy",
                                                 "stock GB/s", "stock %copy", "best route mixed", "mixed vs stock"],
                                                m_rows)))

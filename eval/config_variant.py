@@ -53,8 +53,16 @@ def main(argv: Optional[list] = None) -> int:
         doc = merged(yaml.safe_load(base_path.read_text()) or {}, changes)
     except (yaml.YAMLError, ValueError) as e:
         ap.error(str(e))
-    Path(args.out).write_text(f"# {base_path.name} with {args.changes!r} (python -m eval.config_variant)\n"
-                              + yaml.safe_dump(doc, sort_keys=False))
+    out = Path(args.out)
+    out.write_text(f"# {base_path.name} with {args.changes!r} (python -m eval.config_variant)\n"
+                   + yaml.safe_dump(doc, sort_keys=False))
+    from sglang_replayssm.kernels import common
+
+    try:  # a variant the kernels would refuse at their first call is refused here
+        common.validate_config_file(out)
+    except ValueError as e:
+        out.unlink()
+        ap.error(str(e))
     print(f"wrote {args.out}")
     return 0
 

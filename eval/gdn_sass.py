@@ -13,13 +13,12 @@ the bundled ``nvdisasm -c -gi`` gives the SASS with source lines.
 The SASS is split at the conditional branch of ``if is_flush:`` in ``_tile_finish``
 (found by its source line): ``common`` (everything up to that branch: loads, the
 output pass, the output store), ``flush`` (the fall-through block: state rebuild and
-store) and ``nonflush`` (the branch target onwards: d append, g/k append, exits).  With
-``v_tiles > 1`` only the first tile is split this way.
+store) and ``nonflush`` (the branch target onwards: d append, g/k append, exits).
 
 Must run in a process WITHOUT ``TRITON_INTERPRET`` (it is refused)::
 
-    python -m eval.gdn_sass                                  # tuned H200 config, rank1 / rank1_fold / dot
-    python -m eval.gdn_sass --variant fold:flush=rank1_fold --variant cap128:maxnreg=128
+    python -m eval.gdn_sass                                  # tuned H200 config, rank1 / dot / cvt
+    python -m eval.gdn_sass --variant dot:flush=dot --variant cap128:maxnreg=128
     python -m eval.gdn_sass --json /tmp/gdn_sass.json --dump /tmp/gdn_sass   # + ptx/sass files
 
 Issue model (printed as ``issue_us``): warp instructions of a launch where every row is
@@ -55,8 +54,7 @@ GEOMETRIES = {
     "qwen3-next": dict(HV=32, Hk=16, K=128, V=128),
     "qwen3.5-122b": dict(HV=64, Hk=16, K=128, V=128),
 }
-DEFAULT_VARIANTS = ("rank1:flush=rank1", "rank1_fold:flush=rank1_fold", "rank1_fold-cvt:flush=rank1_fold,cast=cvt",
-                    "dot:flush=dot")
+DEFAULT_VARIANTS = ("rank1:flush=rank1", "rank1-cvt:flush=rank1,cast=cvt", "dot:flush=dot")
 
 
 # ---------------------------------------------------------------------------------
@@ -290,7 +288,7 @@ def analyse(name: str, config: Dict[str, Any], geom: Dict[str, int], L: int, sta
     res: Dict[str, Any] = {
         "variant": name, "config": config, "regs": rep["regs"], "spill_st": rep.get("spill_st"),
         "spill_ld": rep.get("spill_ld"), "stack": rep.get("stack"), "smem": built.get("shared"),
-        "num_warps": nw, "BV": kw.get("BV"), "V_TILES": kw.get("V_TILES"),
+        "num_warps": nw, "BV": kw.get("BV"),
         "warps_per_sm": warps_per_sm(rep["regs"] or 255, nw), "sass_total": len(insns),
         "regions": {r: {"n": len(v), "ops": opcode_counts(v)} for r, v in regions.items()},
     }

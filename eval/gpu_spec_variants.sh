@@ -31,11 +31,10 @@ while [ $# -gt 0 ]; do
   variants+=("$1"); shift
 done
 if [ ${#variants[@]} -eq 0 ]; then
-  # No open candidates: the packaged file alone (a run-to-run reference). The last rounds, all lost and not
-  # packaged: standard decode (GDN, fp32 state) launch option `l2_hints` 1/2/3 within 0.6% of the packaged
-  # kernel at batch 256 (eval/results/kernel-variants-h200/l2hints/); speculative verify `flush: split` (a
-  # fold launch before the verify launch) 463.6 against 459.7 us per layer, then removed
-  # (eval/results/spec-variants-h200/round5b/). Name variants on the command line to time new ones.
+  # No open candidates: the packaged file alone (a run-to-run reference). The options that lost on the H200
+  # were removed from the kernels (standard decode: GDN `prefetch`, `l2_hints`, `rank1_fold`, `v_tiles`, the
+  # Mamba2 state_and_output route; verify: GDN `reduce: dot`, `flush: split`); their results stay under
+  # eval/results/kernel-variants-h200/ and spec-variants-h200/. Name variants on the command line to time new ones.
   variants=("packaged=")
   if [ "$BENCH" = kernels ] && [ ${#flags[@]} -eq 0 ]; then flags=(--quick --family gdn --dtypes fp32 --time-budget-s 60); fi
 fi

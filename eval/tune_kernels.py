@@ -5,8 +5,7 @@ GPU host (after ``source .sglang-bundle/bootstrap.sh`` is NOT needed: no SGLang 
     python3 -m eval.tune_kernels --out $OUT/h200.yaml [--quick] [--budget-s 240]
 
 The output has the layout of ``sglang_replayssm/kernels/configs/<gpu>.yaml``
-(``family: {geometry_key: {param: value}}``), plus ``mamba2_route`` entries naming the
-faster Mamba2 route per geometry, and a JSON sidecar (``<out>.json``) with every
+(``family: {geometry_key: {param: value}}``), and a JSON sidecar (``<out>.json``) with every
 measurement.  Copy it to ``sglang_replayssm/kernels/configs/h200.yaml`` after review.
 
 What is swept is read from the kernels, not hard-coded: each kernel module is run
@@ -14,9 +13,9 @@ once per geometry with its module-level ``launch_config`` wrapped by a recorder,
 captures every (family, key, defaults) the wrapper asks for and the config it got.
 The integer parameters among those defaults are swept over the value lists in
 ``SWEEP_VALUES`` (block sizes limited to the tensor extent).  String parameters stay as
-they are (``dot_precision``, ``route``: accuracy/route choices), except the speed choices
+they are (``dot_precision``: an accuracy choice), except the speed choices
 a kernel module advertises for its family (:func:`launch_choices`; ``gdn_decode``:
-``flush`` rank1 / rank1_fold / dot, ``scores`` pre / inline and ``cast`` bits / cvt, from
+``flush`` rank1 / dot, ``scores`` pre / inline and ``cast`` bits / cvt, from
 ``gdn_replay.GDN_LAUNCH_CHOICES``), which are secondary parameters of stage 2
 (``--fixed-choices`` keeps them as they are).
 A candidate is applied by pointing ``SGLANG_REPLAYSSM_KERNEL_CONFIG`` at a fresh YAML
@@ -95,9 +94,12 @@ class Recorder:
     def __enter__(self):
         orig = self.orig
 
-        def wrapped(family, key, defaults, path=None):
+        def wrapped(family, key, defaults=None, path=None):
+            from sglang_replayssm.kernels.common import family_defaults
+
             got = orig(family, key, defaults, path)
-            self.calls.append((family, key if isinstance(key, str) else tuple(key), dict(defaults), dict(got)))
+            used = family_defaults(family) if defaults is None else defaults
+            self.calls.append((family, key if isinstance(key, str) else tuple(key), dict(used), dict(got)))
             return got
 
         self.module.launch_config = wrapped
@@ -134,8 +136,7 @@ def discover(family: str, geom: Dict[str, int], L: int, device: str, dtypes: Seq
             dt = dtypes[0]
             if family == "mamba2":
                 w = bk.Mamba2Work(geom, 2, L, dt, device, 1, seed=11)
-                for route in bk.ROUTES:
-                    w.ours_fn(mod.mamba2_replay_decode, 0, L - 1, route)()
+                w.ours_fn(mod.mamba2_replay_decode, 0, L - 1)()
             else:
                 w = bk.GDNWork(geom, 2, L, dt, device, 1, seed=11, with_upstream=False)
                 w.ours_fn(mod.gdn_replay_decode, 0, L - 1)()
@@ -296,30 +297,28 @@ class FamilyTuner:
             return bk.Mamba2Work(self.geom, b, self.L, dt, self.device, n_sets, seed)
         return bk.GDNWork(self.geom, b, self.L, dt, self.device, n_sets, seed, with_upstream=False)
 
-    def _launch(self, w, s: int, phase: int, route: Optional[str]):
-        if self.family == "mamba2":
-            return w.ours_fn(self.fn, s, phase, route)
+    def _launch(self, w, s: int, phase: int):
         return w.ours_fn(self.fn, s, phase)
 
-    def reference_outputs(self, route: Optional[str]) -> Dict[int, Tuple[Any, Any]]:
+    def reference_outputs(self) -> Dict[int, Tuple[Any, Any]]:
         """Output and state of the current config at a non-flush and the flush phase."""
-        return self._probe(route)
+        return self._probe()
 
-    def _probe(self, route: Optional[str]) -> Dict[int, Tuple[Any, Any]]:
+    def _probe(self) -> Dict[int, Tuple[Any, Any]]:
         out = {}
         for phase in (self.L // 2, self.L - 1):
             w = self._work(self.check_batch, "fp32", 1, seed=77)
-            self._launch(w, 0, phase, route)()
+            self._launch(w, 0, phase)()
             rows = w.sets[0]["idx"].long()
             out[phase] = (w.out.float().clone(), w.state[rows].float().clone())
             del w
         return out
 
-    def agrees(self, route: Optional[str], ref: Dict[int, Tuple[Any, Any]], tol: float = 1e-2) -> Tuple[bool, str]:
+    def agrees(self, ref: Dict[int, Tuple[Any, Any]], tol: float = 1e-2) -> Tuple[bool, str]:
         import torch
 
         try:
-            got = self._probe(route)
+            got = self._probe()
         except Exception as e:
             return False, f"{type(e).__name__}: {str(e)[:200]}"
         for phase, (o_ref, s_ref) in ref.items():
@@ -333,7 +332,7 @@ class FamilyTuner:
                     return False, f"{name} rel diff {err:.2e} at phase {phase}"
         return True, ""
 
-    def time_cycle(self, route: Optional[str]) -> Dict[str, float]:
+    def time_cycle(self) -> Dict[str, float]:
         """Amortised µs per step for each (dtype, batch): one graph over the phases in order."""
         import torch
 
@@ -341,7 +340,7 @@ class FamilyTuner:
         for i, (dt, b, n_sets) in enumerate(self.works):
             w = self._work(b, dt, n_sets, seed=100 + i)
             n = self.L * max(1, math.ceil(max(n_sets, self.min_launches) / self.L))
-            t = self.timer([self._launch(w, j % n_sets, j % self.L, route) for j in range(n)])
+            t = self.timer([self._launch(w, j % n_sets, j % self.L) for j in range(n)])
             res[f"{dt}_bs{b}"] = t["us"]
             del w
             if self.device == "cuda":
@@ -367,14 +366,10 @@ def tune_one(family: str, gname: str, geom: Dict[str, int], L: int, device: str,
         if not any(isinstance(v, int) and not isinstance(v, bool) for v in current.values()):
             out["fixed"].append({"family": fam, "key": key, "current": current})
             continue
-        route = fam[len("mamba2_"):] if family == "mamba2" else None
-        if family == "mamba2" and route not in bk.ROUTES:
-            out["fixed"].append({"family": fam, "key": key, "current": current})
-            continue
         bk.log(f"-- {gname} {fam} [{key}] current {current}")
         cand_files.apply({fam: {key: current}})
-        ref = tuner.reference_outputs(route)
-        base = tuner.time_cycle(route)
+        ref = tuner.reference_outputs()
+        base = tuner.time_cycle()
         rec: Dict[str, Any] = {"key": key, "defaults": entry["defaults"], "current": current,
                                "current_us": base, "candidates": []}
         best, best_score = dict(current), 1.0
@@ -388,13 +383,13 @@ def tune_one(family: str, gname: str, geom: Dict[str, int], L: int, device: str,
                     rec["stopped"] = "max candidates" if len(rec["candidates"]) >= args.max_candidates else "budget"
                     return
                 cand_files.apply({fam: {key: c}})
-                ok, why = tuner.agrees(route, ref)
+                ok, why = tuner.agrees(ref)
                 r: Dict[str, Any] = {"config": c, "ok": ok}
                 if not ok:
                     r["rejected"] = why
                 else:
                     try:
-                        r["us"] = tuner.time_cycle(route)
+                        r["us"] = tuner.time_cycle()
                         r["score"] = geomean_ratio(r["us"], base)
                     except Exception as e:
                         r["ok"] = False
@@ -419,13 +414,6 @@ def tune_one(family: str, gname: str, geom: Dict[str, int], L: int, device: str,
         out["tuned"][fam] = rec
         bk.log(f"   best {compact(best)} ({best_score:.3f}x current)")
     cand_files.restore()
-    if family == "mamba2" and all(f"mamba2_{r}" in out["tuned"] for r in bk.ROUTES):
-        score = {}
-        for r in bk.ROUTES:
-            us = out["tuned"][f"mamba2_{r}"]["best_us"]
-            score[r] = math.exp(statistics.fmean(math.log(v) for v in us.values()))
-        key = out["tuned"][f"mamba2_{bk.ROUTES[0]}"]["key"]
-        out["route"] = {"key": key, "geomean_us": score, "best": min(score, key=score.get)}
     return out
 
 
@@ -434,7 +422,7 @@ CHOICE_NAMES = ("flush", "scores", "cast")  # string speed choices shown by comp
 
 def compact(cfg: Dict[str, Any]) -> str:
     """'BLOCK_M=16 nw=1 ns=1' style summary of the integer parameters (and the string speed
-    choices, e.g. 'flush=rank1_fold')."""
+    choices, e.g. 'flush=dot')."""
     short = {"num_warps": "nw", "num_stages": "ns", "bc_num_warps": "bcw"}
     return " ".join(f"{short.get(k, k)}={v}" for k, v in cfg.items()
                     if (isinstance(v, int) and not isinstance(v, bool)) or (k in CHOICE_NAMES and isinstance(v, str)))
@@ -445,8 +433,6 @@ def tables_from(results: Sequence[Dict[str, Any]]) -> Dict[str, Dict[str, Dict[s
     for res in results:
         for fam, rec in res.get("tuned", {}).items():
             tables.setdefault(fam, {})[rec["key"]] = dict(rec["best"])
-        if "route" in res:
-            tables.setdefault("mamba2_route", {})[res["route"]["key"]] = {"route": res["route"]["best"]}
     return tables
 
 

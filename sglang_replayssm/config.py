@@ -23,7 +23,6 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 ENV_PREFIX = "SGLANG_REPLAYSSM_"
 FLAG_PREFIX = "--replayssm-"
 
-MAMBA2_ROUTES = ("auto", "output_only", "state_and_output")
 SPEC_MAX_RUNNING = ("sglang", "auto")
 SSM_TYPES = ("mamba2", "gdn")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -88,6 +87,16 @@ def _parse_path(name: str, v: Any) -> Optional[str]:
     return str(v)
 
 
+def _parse_existing_file(name: str, v: Any) -> Optional[str]:
+    """A file that must exist when named, made absolute (spawned processes may not share the cwd)."""
+    path = _parse_path(name, v)
+    if path is None:
+        return None
+    if not Path(path).is_file():
+        raise ConfigError(f"{name}={v!r}: file does not exist")
+    return os.path.abspath(path)
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str
@@ -108,8 +117,6 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("enable", _parse_bool, "apply the ReplaySSM patches in every SGLang process "
             "(the launcher sets it; plain `python -m sglang.launch_server` stays stock unless it is set)", "BOOL"),
     Setting("buffer_len", _parse_buffer_len, "ring length L: the SSM state is written every L decode steps (default 16)", "L"),
-    Setting("mamba2_route", _choice(MAMBA2_ROUTES), "Mamba2 decode kernel route: auto (tuned per geometry), "
-            "output_only, state_and_output (default auto)", "ROUTE"),
     Setting("ssm_types", _parse_ssm_types, "comma-separated SSM layer types to run on the replay ring: "
             "mamba2, gdn (default both)", "TYPES"),
     Setting("spec", _parse_bool, "use the replay-ring verifier under EAGLE/MTP speculative decoding (default on)", "BOOL"),
@@ -121,19 +128,28 @@ SETTINGS: Tuple[Setting, ...] = (
             "commit, slot lifecycle (default on). false keeps SGLang's own SSM kernels and state pool and applies "
             "only the launch checks, for an A/B inside one install", "BOOL"),
     Setting("log_level", _choice(LOG_LEVELS), "log level of the sglang_replayssm logger (default info)", "LEVEL"),
-    Setting("kernel_config", _parse_path, "YAML file of tuned kernel launch configs "
+    Setting("kernel_config", _parse_existing_file, "YAML file of tuned kernel launch configs "
             "(default: the packaged file for the detected GPU)", "PATH"),
 )
 _BY_NAME: Dict[str, Setting] = {s.name: s for s in SETTINGS}
 CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
 CONFIG_FILE_FLAG = FLAG_PREFIX + "config"
+ENABLE_ENV = _BY_NAME["enable"].env
+DISABLE_FLAG = FLAG_PREFIX + "disable"
+
+
+def enable_requested(environ: Mapping[str, str]) -> bool:
+    """Whether ``SGLANG_REPLAYSSM_ENABLE`` asks for the patches: set to anything but an off value
+    (empty, 0, false, no, off). An unparsable value (a typo of "true") counts as asked for, so the
+    plugin fails on it loudly instead of serving stock SGLang."""
+    v = environ.get(ENABLE_ENV)
+    return v is not None and v.strip().lower() not in _FALSE
 
 
 @dataclass(frozen=True)
 class ReplaySSMConfig:
     enable: bool = False
     buffer_len: int = 16
-    mamba2_route: str = "auto"
     ssm_types: Tuple[str, ...] = SSM_TYPES
     spec: bool = True
     spec_max_running: str = "sglang"
@@ -210,18 +226,60 @@ def from_env(environ: Optional[Mapping[str, str]] = None, base: Optional[ReplayS
     return _merge(cfg, vals, "env", label=lambda s: s.env)
 
 
+@dataclass(frozen=True)
+class LauncherFlag:
+    """One ``--replayssm-*`` flag of the launcher: the one table both :func:`add_flags` (what the launcher
+    accepts) and :func:`flags_help` (what ``sglang-replayssm flags`` prints) are made from."""
+
+    flag: str
+    dest: str
+    env: str
+    help: str
+    metavar: str = ""
+    const: Optional[str] = None  # a switch (no value) storing this
+
+
+def launcher_flags() -> List[LauncherFlag]:
+    """The launcher's flags: ``--replayssm-config``, ``--replayssm-disable`` (the launcher enables the
+    patches itself, so ``enable`` has no flag of its own) and one per other setting."""
+    out = [LauncherFlag(CONFIG_FILE_FLAG, "replayssm_config", CONFIG_FILE_ENV,
+                        "YAML file of ReplaySSM settings", "YAML")]
+    for s in SETTINGS:
+        if s.name == "enable":
+            out.append(LauncherFlag(DISABLE_FLAG, "replayssm_enable", s.env + "=0",
+                                    "launch stock SGLang through this launcher (no patches)", const="0"))
+        else:
+            out.append(LauncherFlag(s.flag, "replayssm_" + s.name, s.env, s.help, s.metavar))
+    return out
+
+
 def add_flags(parser: argparse.ArgumentParser) -> None:
     """Add the ``--replayssm-*`` flags (all default None = not given)."""
     group = parser.add_argument_group("ReplaySSM (sglang_replayssm)")
-    group.add_argument(CONFIG_FILE_FLAG, dest="replayssm_config", default=None, metavar="YAML",
-                       help=f"YAML file of ReplaySSM settings (env {CONFIG_FILE_ENV})")
-    for s in SETTINGS:
-        if s.name == "enable":
-            group.add_argument("--replayssm-disable", dest="replayssm_enable", action="store_const", const="0",
-                               default=None, help="launch stock SGLang through this launcher (no patches)")
-            continue
-        group.add_argument(s.flag, dest="replayssm_" + s.name, default=None, metavar=s.metavar,
-                           help=f"{s.help} (env {s.env})")
+    for f in launcher_flags():
+        if f.const is not None:
+            group.add_argument(f.flag, dest=f.dest, action="store_const", const=f.const, default=None,
+                               help=f"{f.help} (env {f.env})")
+        else:
+            group.add_argument(f.flag, dest=f.dest, default=None, metavar=f.metavar, help=f"{f.help} (env {f.env})")
+
+
+def unknown_flag_error(argv: Sequence[str]) -> Optional[str]:
+    """The error for the first ``--replayssm-*`` word in ``argv`` (what the launcher's own parser left over)
+    that is not a launcher flag, with the closest one; None when there is none."""
+    import difflib
+
+    known = [f.flag for f in launcher_flags()]
+    for a in argv:
+        name = a.split("=", 1)[0]
+        if name.startswith(FLAG_PREFIX) and name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            if name == _BY_NAME["enable"].flag:
+                hint = f" (the launcher enables ReplaySSM itself; {DISABLE_FLAG} turns it off)"
+            return (f"unrecognized ReplaySSM flag {name}{hint}; the --replayssm-* flags are listed by "
+                    "`sglang-replayssm flags`")
+    return None
 
 
 def from_flags(ns: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -> ReplaySSMConfig:
@@ -237,7 +295,9 @@ def from_flags(ns: argparse.Namespace, environ: Optional[Mapping[str, str]] = No
 
 
 def flags_help() -> str:
+    """What ``sglang-replayssm flags`` prints: exactly the flags the launcher accepts."""
     lines = []
-    for s in SETTINGS:
-        lines.append(f"  {s.flag:<28} {s.env:<34} {s.help}")
+    for f in launcher_flags():
+        shown = f.flag if f.const is not None else f"{f.flag} {f.metavar}"
+        lines.append(f"  {shown:<34} {f.env:<36} {f.help}")
     return "\n".join(lines)

@@ -1,16 +1,20 @@
 """Pieces shared by every ReplaySSM kernel family: Triton helpers and launch configs.
 
 Pure math and plumbing: nothing here imports SGLang. Launch configs (block sizes,
-warps, stages) live in one YAML file per GPU under ``kernels/configs/``; kernels ask
-for them through :func:`launch_config` and fall back to the ``default`` section.
+warps, stages): each kernel family registers its parameters once (:func:`register_family`:
+built-in default + accepted values, the fastest measured configuration); YAML files under
+``kernels/configs/`` override them per GPU and geometry. :func:`launch_config` resolves and
+checks one geometry's entry, :func:`validate_config_file` checks a whole file up front.
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import triton
@@ -30,13 +34,6 @@ def check_dot_precision(value: str, where: str) -> None:
         raise ValueError(f"{where}: dot_precision must be one of {DOT_PRECISIONS} "
                          f"(plain tf32 drifts ~1e-2 from fp32), got {value!r}")
 
-def check_choices(cfg: Dict[str, Any], choices: Dict[str, Tuple[str, ...]], where: str) -> None:
-    """Refuse a launch-config entry whose value is not one of its mode names."""
-    for name, modes in choices.items():
-        if cfg[name] not in modes:
-            raise ValueError(f"{where}: {name} must be one of {modes}, got {cfg[name]!r}")
-
-
 def check_index_vectors(fn: str, tensors: Dict[str, Any], contiguous: Tuple[str, ...] = ()) -> None:
     """Refuse slot / cursor arguments that are not 1-D int32/int64 tensors on the first one's device, or (for
     the names in ``contiguous``: per-slot cursor tensors) not contiguous."""
@@ -54,15 +51,6 @@ def check_index_vectors(fn: str, tensors: Dict[str, Any], contiguous: Tuple[str,
         if not tensors[name].is_contiguous():
             raise ValueError(f"{fn}: {name} must be contiguous (a per-slot cursor tensor), got strides "
                              f"{tuple(tensors[name].stride())}")
-
-
-def check_ints(cfg: Dict[str, Any], names: Tuple[str, ...], where: str, minimum: int) -> None:
-    """Refuse a launch-config entry that is not an int >= ``minimum`` (1: a count; 0: 0 means off)."""
-    for name in names:
-        val = cfg[name]
-        if not isinstance(val, int) or val < minimum:
-            what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
-            raise ValueError(f"{where}: {name} must be {what}, got {val!r}")
 
 
 def register_cap(cfg: Dict[str, Any]) -> Dict[str, Any]:
@@ -112,29 +100,173 @@ def gpu_key() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _load_yaml(path: str) -> Dict[str, Any]:
+def _load_yaml(path: str, required: bool = False) -> Dict[str, Any]:
+    """The mapping in a launch-config file ({} for a missing per-GPU file; ``required``: a path someone named,
+    which must exist)."""
     import yaml
 
     p = Path(path)
     if not p.is_file():
+        if required:
+            raise ValueError(f"launch-config file {p} does not exist (set by --replayssm-kernel-config / "
+                             f"{ENV_CONFIG_FILE}, or passed as a path)")
         return {}
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
         raise ValueError(f"launch-config file {p} is not valid YAML: {e}") from e
     if not isinstance(data, dict):
-        raise ValueError(f"launch-config file {p} must hold a mapping, got {type(data).__name__}")
+        raise ValueError(f"launch-config file {p} must hold a mapping of kernel families, got "
+                         f"{type(data).__name__}")
     return data
+
+
+def _explicit_file(explicit: Optional[str] = None) -> Optional[str]:
+    """The launch-config path someone named (argument, then env override), or None for the per-GPU file."""
+    return explicit or os.environ.get(ENV_CONFIG_FILE) or None
 
 
 def config_file(explicit: Optional[str] = None) -> Path:
     """The YAML file in force: explicit path, env override, then the per-GPU file."""
-    if explicit:
-        return Path(explicit)
-    env = os.environ.get(ENV_CONFIG_FILE)
-    if env:
-        return Path(env)
-    return CONFIG_DIR / f"{gpu_key()}.yaml"
+    named = _explicit_file(explicit)
+    return Path(named) if named else CONFIG_DIR / f"{gpu_key()}.yaml"
+
+
+# ----------------------------------------------------------------------------------
+# launch parameters of the kernel families: one registration per family
+# ----------------------------------------------------------------------------------
+WARP_COUNTS = (1, 2, 4, 8, 16, 32)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One launch parameter: its built-in default, a test of a value and what is accepted (for messages)."""
+
+    default: Any
+    ok: Callable[[Any], bool]
+    accepted: str
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_pow2(v: Any) -> bool:
+    return _is_int(v) and v > 0 and not v & (v - 1)
+
+
+def count_param(default: int, minimum: int = 0, what: str = "") -> Param:
+    """An int >= ``minimum`` (1: a count; 0: 0 means off)."""
+    return Param(default, lambda v: _is_int(v) and v >= minimum, f"an int >= {minimum}{what}")
+
+
+def block_param(default: int, minimum: int = 1, also: Tuple[int, ...] = (), what: str = "") -> Param:
+    """A power of two >= ``minimum`` (a tile size), or one of the special values ``also``."""
+    special = "".join(f"{v}, " for v in also)
+    return Param(default, lambda v: _is_int(v) and (v in also or (_is_pow2(v) and v >= minimum)),
+                 f"{special}a power of two >= {minimum}{what}".replace(", a power", " or a power"))
+
+
+def warps_param(default: int, zero: bool = False, what: str = "") -> Param:
+    """A warp count (``zero``: 0 too, meaning "as num_warps")."""
+    allowed = ((0,) if zero else ()) + WARP_COUNTS
+    return Param(default, lambda v: _is_int(v) and v in allowed, f"one of {allowed}{what}")
+
+
+def choice_param(default: str, modes: Tuple[str, ...]) -> Param:
+    """One of the mode names ``modes``."""
+    return Param(default, lambda v: isinstance(v, str) and v in modes, f"one of {modes}")
+
+
+def flag_param(default: int) -> Param:
+    """0 or 1 (false / true)."""
+    return Param(default, lambda v: v in (0, 1) and isinstance(v, (int, bool)), "0 or 1 (false / true)")
+
+
+def maxnreg_param(default: int) -> Param:
+    """A register cap per thread: 0 (none) or 16 to 255."""
+    return Param(default, lambda v: _is_int(v) and (v == 0 or 16 <= v <= 255), "0 (no cap) or an int from 16 to 255")
+
+
+def dot_precision_param(default: str = "tf32x3") -> Param:
+    """An fp32 tl.dot mode that keeps fp32 parity (plain tf32 drifts ~1e-2 and is refused)."""
+    return Param(default, lambda v: v in DOT_PRECISIONS, f"one of {DOT_PRECISIONS} (plain tf32 drifts ~1e-2 from fp32)")
+
+
+_FAMILIES: Dict[str, Dict[str, Param]] = {}
+# the modules that register the kernel families (imported by validate_config_file)
+_FAMILY_MODULES = ("gdn_replay", "gdn_verify", "mamba2_replay", "mamba2_verify")
+
+
+def register_family(family: str, params: Dict[str, Param]) -> Dict[str, Any]:
+    """Register a kernel family's launch parameters; returns its built-in defaults (name -> value), which
+    :func:`launch_config` and :func:`validate_config_file` both check files against."""
+    for name, p in params.items():
+        if not p.ok(p.default):
+            raise ValueError(f"{family}: built-in default {name}={p.default!r} is not {p.accepted}")
+    _FAMILIES[family] = dict(params)
+    return {name: p.default for name, p in params.items()}
+
+
+def family_defaults(family: str) -> Dict[str, Any]:
+    """The registered built-in defaults of a kernel family (name -> value)."""
+    if family not in _FAMILIES:
+        raise ValueError(f"unknown kernel family {family!r}{_did_you_mean(family, _FAMILIES)}; "
+                         f"known: {sorted(_FAMILIES)}")
+    return {name: p.default for name, p in _FAMILIES[family].items()}
+
+
+def _did_you_mean(name: str, known) -> str:
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _check_entry(family: str, entry: Any, accepted, where: str) -> None:
+    """Refuse an entry that is not a mapping, names a parameter ``accepted`` lacks, or holds a value its family's
+    registration refuses."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: an entry must be a mapping of launch parameters, got {type(entry).__name__}")
+    unknown = sorted(set(entry) - set(accepted), key=str)
+    if unknown:
+        raise ValueError(f"{where}: unknown parameter {unknown[0]!r}{_did_you_mean(unknown[0], accepted)}; "
+                         f"accepted: {sorted(accepted)}")
+    params = _FAMILIES.get(family, {})
+    for name, val in entry.items():
+        p = params.get(name)
+        if p is not None and not p.ok(val):
+            raise ValueError(f"{where}: {name} must be {p.accepted}, got {val!r}")
+
+
+def _section(p: Path, data: Dict[str, Any], family: str) -> Dict[str, Any]:
+    """A family's section of a launch-config file ({} when absent or empty); anything but a mapping is refused."""
+    section = data.get(family)
+    if section is None:
+        return {}
+    if not isinstance(section, dict):
+        raise ValueError(f"launch config {p} [{family}]: must map \"default\" / geometry keys to entries, got "
+                         f"{type(section).__name__}")
+    return section
+
+
+def validate_config_file(path) -> None:
+    """Check a whole launch-config file up front: it exists, is YAML holding a mapping of known kernel families,
+    and every entry of every family names known parameters with accepted values. Raises ValueError naming the
+    file, section, entry and parameter (what a kernel would otherwise raise at its first call, or never)."""
+    import importlib
+
+    for mod in _FAMILY_MODULES:
+        importlib.import_module(f"{__package__}.{mod}")
+    p = Path(path)
+    data = _load_yaml.__wrapped__(str(p), True)  # uncached: the file may have changed since a kernel read it
+    for family in data:
+        if family not in _FAMILIES:
+            raise ValueError(f"launch config {p}: unknown section [{family}]{_did_you_mean(family, _FAMILIES)}; "
+                             f"known kernel families: {sorted(_FAMILIES)}")
+        for key, entry in _section(p, data, family).items():
+            where = f"launch config {p} [{family}][{key}]"
+            if not isinstance(key, str):
+                raise ValueError(f"{where}: an entry key must be \"default\" or a geometry key string")
+            _check_entry(family, {} if entry is None else entry, _FAMILIES[family], where)
 
 
 _DTYPE_TAGS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -151,26 +283,28 @@ def config_keys(key: str, state_dtype: Optional[torch.dtype]) -> Tuple[str, ...]
     return (key,) if state_dtype is None else (f"{key}_S{dtype_tag(state_dtype)}", key)
 
 
-def launch_config(family: str, key, defaults: Dict[str, Any], path: Optional[str] = None) -> Dict[str, Any]:
+def launch_config(family: str, key, defaults: Optional[Dict[str, Any]] = None,
+                  path: Optional[str] = None) -> Dict[str, Any]:
     """Launch parameters for ``family`` (e.g. "mamba2_output_only") and geometry ``key``.
 
     ``key`` is one key or a sequence of keys, most specific first (:func:`config_keys`).
-    Lookup order, later entries winning: ``defaults``, then per file (``default.yaml``,
-    then the GPU's file) ``[family]["default"]`` and the keys from least to most specific.
-    Unknown parameter names are an error, so a typo in a tuned file cannot silently fall back.
+    Lookup order, later entries winning: ``defaults`` (None: the family's registered ones), then
+    per file (``default.yaml``, then the GPU's file or the named one) ``[family]["default"]``
+    and the keys from least to most specific. Each entry used is checked against the family's
+    registration (unknown names, refused values), so a typo in a tuned file cannot silently
+    fall back; a named file that does not exist is an error.
     """
+    if defaults is None:
+        defaults = family_defaults(family)
     keys = [key] if isinstance(key, str) else list(key)
     out = dict(defaults)
-    for f in (CONFIG_DIR / "default.yaml", config_file(path)):
-        section = _load_yaml(str(f)).get(family) or {}
+    named = _explicit_file(path)
+    files = ((CONFIG_DIR / "default.yaml", False), (config_file(path), bool(named)))
+    for f, required in files:
+        section = _section(f, _load_yaml(str(f), required), family)
         for k in ["default"] + keys[::-1]:
             entry = section.get(k)
             if entry:
-                unknown = set(entry) - set(defaults)
-                if unknown:
-                    raise ValueError(
-                        f"launch config {f} [{family}][{k}] has unknown parameters {sorted(unknown)}; "
-                        f"accepted: {sorted(defaults)}"
-                    )
+                _check_entry(family, entry, defaults, f"launch config {f} [{family}][{k}]")
                 out.update(entry)
     return out

@@ -22,11 +22,8 @@ drift); flush and non-flush rows produce their outputs with the same arithmetic.
 *Flush (w == L-1, a per-row runtime branch: CUDA-graph safe).*  The S_ck tile is
 still in registers from the output pass, so nothing is re-read: the kernel adds
 sum_j c_j d_j k^_j^T to e^G S_ck and stores alpha S_{w-1} + d_w k^^T. ``flush=rank1``
-(default) does that as L-1 exact fp32 rank-1 updates on CUDA cores; ``flush=rank1_fold``
-computes the same sum of L rank-1 terms in one pass with alpha distributed over it
-(alpha e^G S_ck + sum_j d_j (alpha c_j k^_j)^T + d_w k^^T: the scalars scale the K slice
-of k_j, not the d_j rows, and no extra pass multiplies the tile by alpha; exact fp32,
-only the rounding order differs); ``flush=dot`` as one ``tl.dot`` [BV, LP] x [LP, K]
+(default) does that as L-1 exact fp32 rank-1 updates on CUDA cores; ``flush=dot`` as one
+``tl.dot`` [BV, LP] x [LP, K]
 with ``dot_precision`` "tf32x3" or "ieee" (plain "tf32" is refused: it drifts ~1e-2;
 measured 6e-4 vs 2e-7 for tf32x3 on a flushed Qwen3-Next state).
 
@@ -43,8 +40,8 @@ k-head) (k^_j . q^, k^_j . k^, 1/|k_j|) for j < w into a per-call fp32 scratch
 [batch, Hk, 3, LP] (LP = max(16, next_pow2(L-1))); the decode kernel then never
 holds the [LP, K] key tile (``scores=inline`` computes the same per program; with ``scores=pre``,
 batches of at most ``inline_scores_max_batch`` rows do too, in one launch).
-Decode grid ``(cdiv(V, BV * v_tiles), batch, HV)``: each program owns ``v_tiles``
-tiles of BV value rows x the whole K row of one (row, v-head).
+Decode grid ``(cdiv(V, BV), batch, HV)``: each program owns one tile of BV value rows
+x the whole K row of one (row, v-head).
 
 ``BKC`` > 0 (launch option) runs ``_gdn_replay_decode_kchunk_kernel`` instead: the same
 math and writes, the tile streamed in K chunks of BKC columns (the output pass sums
@@ -80,13 +77,11 @@ GPU), SASS instructions per warp (one warp per program, 65,536 warps at batch 25
 (loads, output pass) 1132, non-flush branch 42, flush branch 1970 with ``flush=rank1``
 (1024 FFMA = the (L-1) BV K / 32 rank-1 FMAs + the alpha pass; 369 FMUL: c_j d_j on all
 16 rows every lane holds, e^G S, d_w k^T; 120 CS2R zero-fills of masked loads; 75 LDG;
-~150 for picking c_j out of a lane-distributed vector), 1523 with ``rank1_fold``.  So a
-flush launch issues 2.6x the warp instructions of a non-flush one (3102 vs 1174 per
-warp, ~195 us of issue at 1.98 GHz) on top of 2x the DRAM bytes (~255 us); 454 us is
-about their sum: with 12 warps per SM that each load, then compute, the two barely
-overlap.  rank1_fold takes the flush path to 2651 per warp (-15 %); a bf16 state with
-``flush=rank1, cast=bits`` needs 255 registers (8 warps/SM on every step), 168 with
-``rank1_fold`` or ``cast=cvt``.  Neither option is timed on a GPU yet.
+~150 for picking c_j out of a lane-distributed vector).  So a flush launch issues 2.6x
+the warp instructions of a non-flush one (3102 vs 1174 per warp) on top of 2x the DRAM
+bytes; with 12 warps per SM that each load, then compute, the two barely overlap.  A bf16
+state with ``flush=rank1, cast=bits`` needs 255 registers (8 warps/SM on every step), 168
+with ``cast=cvt``.
 
 Why this ring (d in the state dtype + raw k in the activation dtype + g fp32)
 ---------------------------------------------------------------------------
@@ -134,53 +129,46 @@ import triton
 import triton.language as tl
 
 from .common import L2NORM_EPS, SOFTPLUS_THRESHOLD, interpreting, launch_config, next_pow2, softplus
-from .common import FLOAT_DTYPES as _FLOAT_DTYPES, check_choices, check_dot_precision, check_ints, register_cap
+from .common import FLOAT_DTYPES as _FLOAT_DTYPES, register_cap, register_family
+from .common import block_param, choice_param, count_param, dot_precision_param, maxnreg_param, warps_param
 
 __all__ = ["gdn_replay_decode", "gdn_launch_params", "GDN_DEFAULT_LAUNCH", "GDN_LAUNCH_CHOICES"]
 
-GDN_DEFAULT_LAUNCH: Dict[str, Any] = {
-    "BV": 16,  # value rows per V tile (power of two)
-    "num_warps": 1,
-    "num_stages": 1,  # software pipelining of the V-tile loop (v_tiles > 1 only)
-    "v_tiles": 1,  # V tiles per program
-    "maxnreg": 0,  # register cap (0: none)
-    "scores": "pre",  # "pre": key scores per (row, k-head) in a small pre-kernel; "inline": per program
-    "scores_num_warps": 1,
-    # batches of at most this many rows keep the scores inline with "pre" (one launch instead of two: at
-    # batch 1 the pre-kernel's launch costs more than the scores it shares)
-    "inline_scores_max_batch": 0,
-    # V tile for those small batches (0: BV). A bf16 state wants BV 32 at batch >= 32 but 16 at batch 1
-    # (eval/results/kernel-variants-h200/bf16-state/)
-    "inline_BV": 0,
-    # warps per program for those small batches (0: num_warps). The K-chunked fp32 entry's batch 1 (whole tile,
-    # BV 16) took 4.6 us on 2 warps against 4.9 on 1 (eval/results/kernel-variants-h200/kchunk/round2/, "w2")
-    "inline_num_warps": 0,
-    # K chunk of the checkpoint tile (power of two >= 16; 0: the whole [BV, K] tile in registers). With a chunk
-    # the output pass streams the tile and a flush row re-reads it (_gdn_replay_decode_kchunk_kernel);
-    # num_stages pipelines the chunk loop; v_tiles must be 1 and flush "rank1_fold" is not offered there
-    "BKC": 0,
-    # K chunk for the small batches of inline_scores_max_batch (-1: BKC; 0: the whole-tile kernel). Batch 1 is
-    # fastest on the whole tile (5.7 vs 7.3 us at Qwen3-Next, eval/results/kernel-variants-h200/kchunk/)
-    "inline_BKC": -1,
-    # with BKC > 0: 1 issues the first chunk's loads before the row's scalars and history; 2 also loads each chunk
-    # one pass ahead of its reduction (0: each chunk loaded in its own pass; H200: 3% and 20% slower)
-    "prefetch": 0,
-    # with BKC > 0, L2 eviction hints (a bit mask): 1 marks the flush pass's accesses to the checkpoint (the tile's
-    # second read, its last use, and the stores) "evict_first"; 2 marks the output pass's tile loads "evict_last",
-    # kept for a flush row's second read (a compile-time policy: every row's loads, flush row or not). H200: all
-    # three within 0.6% of no hints (eval/results/kernel-variants-h200/l2hints/)
-    "l2_hints": 0,
-    # flush rebuild: "rank1" (fp32 CUDA-core FMAs), "rank1_fold" (the same FMAs in one fused pass, fewer
-    # instructions: see _flush_state_fold) or "dot" (tensor cores, dot_precision)
-    "flush": "rank1",
-    "dot_precision": "tf32x3",
-    # rounding of the 16-bit stores (out, d, state): "bits" (_cast_rtne's bit arithmetic) or "cvt" (the
-    # GPU's cvt.rn: the same values, fewer instructions); the interpreter always uses "bits"
-    "cast": "bits",
-}
-_FLUSH_MODES = ("rank1", "rank1_fold", "dot")
+_FLUSH_MODES = ("rank1", "dot")
 _SCORE_MODES = ("inline", "pre")
 _CAST_MODES = ("bits", "cvt")
+# Built-in launch parameters: the fastest measured on the H200 for any geometry (eval/results/kernel-variants-h200/);
+# per-GPU files override them per geometry (h200.yaml: the K-chunked tile for an fp32 state, cvt + BV 32 for bf16).
+GDN_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_decode", {
+    "BV": block_param(16),  # value rows per V tile
+    "num_warps": warps_param(1),
+    "num_stages": count_param(1, 1, what=" (software pipelining of the K-chunk loop, BKC > 0)"),
+    "maxnreg": maxnreg_param(0),
+    # "pre": key scores per (row, k-head) in a small pre-kernel; "inline": per program
+    "scores": choice_param("pre", _SCORE_MODES),
+    "scores_num_warps": warps_param(1),
+    # batches of at most this many rows keep the scores inline with "pre" (one launch instead of two: at
+    # batch 1 the pre-kernel's launch costs more than the scores it shares)
+    "inline_scores_max_batch": count_param(1),
+    # V tile for those small batches (0: BV). A bf16 state wants BV 32 at batch >= 32 but 16 at batch 1
+    # (eval/results/kernel-variants-h200/bf16-state/)
+    "inline_BV": block_param(0, also=(0,), what=" (0: BV)"),
+    # warps per program for those small batches (0: num_warps; eval/results/kernel-variants-h200/kchunk/round2/)
+    "inline_num_warps": warps_param(0, zero=True, what=" (0: num_warps)"),
+    # K chunk of the checkpoint tile (0: the whole [BV, K] tile in registers). With a chunk the output pass
+    # streams the tile and a flush row re-reads it (_gdn_replay_decode_kchunk_kernel); num_stages pipelines the
+    # chunk loop
+    "BKC": block_param(0, 16, also=(0,), what=" (0: the whole tile)"),
+    # K chunk for the small batches of inline_scores_max_batch (-1: BKC; 0: the whole-tile kernel). Batch 1 is
+    # fastest on the whole tile (eval/results/kernel-variants-h200/kchunk/)
+    "inline_BKC": block_param(-1, 16, also=(-1, 0), what=" (-1: BKC, 0: the whole tile)"),
+    # flush rebuild: "rank1" (fp32 CUDA-core FMAs) or "dot" (tensor cores, dot_precision)
+    "flush": choice_param("rank1", _FLUSH_MODES),
+    "dot_precision": dot_precision_param(),
+    # rounding of the 16-bit stores (out, d, state): "bits" (_cast_rtne's bit arithmetic) or "cvt" (the
+    # GPU's cvt.rn: the same values, fewer instructions); the interpreter always uses "bits"
+    "cast": choice_param("bits", _CAST_MODES),
+})
 # the string launch parameters that are speed choices (same results), for eval/tune_kernels.py
 GDN_LAUNCH_CHOICES: Dict[str, Tuple[str, ...]] = {"flush": _FLUSH_MODES, "scores": _SCORE_MODES,
                                                   "cast": _CAST_MODES}
@@ -312,43 +300,6 @@ def _replay_state_rank1_raw(s_prev, coef, k_head, stride_kl, d_head, stride_dl, 
 
 
 @triton.jit
-def _flush_state_fold(s_ck, s_scale, coef, d_cur, k, k_head, stride_kl, d_head, stride_dl, o_v, mask_v, o_k, mask_k,
-                      N_HIST: tl.constexpr, LP: tl.constexpr, RAW_K: tl.constexpr, USE_L2NORM: tl.constexpr,
-                      EPS: tl.constexpr, EVEN_V: tl.constexpr):
-    """The flushed checkpoint rows in one fp32 pass (``flush=rank1_fold``):
-
-        s_scale S_ck + sum_{j < N_HIST} d_j (coef_j k_j)^T + d_cur k^T
-
-    with s_scale = alpha e^G and coef_j = alpha c_j (/|k_j| for raw keys, RAW_K), i.e.
-    alpha S_{w-1} + d_w k^T with alpha distributed over the sum.  Against
-    _replay_state_rank1(_raw) followed by ``alpha * s_prev + d_cur k^T``: the scalar goes
-    onto the K-slice of k_j (BK / 32 per thread) instead of the d_j slice (all BV rows per
-    thread), alpha costs no pass over the tile, the cached d_j / k_j are walked by pointer
-    increments, and with whole V tiles (EVEN_V) the d_j loads carry no mask.  Exact fp32
-    FMAs on CUDA cores, only the rounding order differs (one ulp level)."""
-    acc = s_scale * s_ck
-    o_j = tl.arange(0, LP)
-    p_d = d_head + o_v
-    p_k = k_head + o_k
-    for j in tl.static_range(N_HIST):
-        coef_j = tl.sum(tl.where(o_j == j, coef, 0.0), axis=0)
-        if EVEN_V:
-            d_j = tl.load(p_d).to(tl.float32)
-        else:
-            d_j = tl.load(p_d, mask=mask_v, other=0).to(tl.float32)
-        k_j = tl.load(p_k, mask=mask_k, other=0).to(tl.float32)
-        if not RAW_K:
-            k_j = _l2norm_vec(k_j, USE_L2NORM, EPS)
-        acc += d_j[:, None] * (coef_j * k_j)[None, :]
-        p_d += stride_dl
-        p_k += stride_kl
-    # the current token last: ptxas keeps the address math of the common path as it is
-    # for rank1 (adding d_cur k^T first moved it onto the uniform datapath, +59 SASS
-    # instructions on every path, flush or not)
-    return acc + d_cur[:, None] * k[None, :]
-
-
-@triton.jit
 def _gdn_history_scores_kernel(
     qkv, k_ring, state_indices, write_pos, scores,
     scale, null_slot,
@@ -410,7 +361,7 @@ def _tile_finish(s_ck, d_hist, v, t, o_b, o_k, mask_k, q, k, kq, alpha, beta, eG
                  is_flush, w, out_row, s_head, stride_s2, d_head, stride_dl, k_head, stride_kl, rn,
                  V: tl.constexpr, BV: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
                  PRE_SCORES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 USE_L2NORM: tl.constexpr, EPS: tl.constexpr, EVEN_V: tl.constexpr, CAST_BITS: tl.constexpr):
+                 USE_L2NORM: tl.constexpr, EPS: tl.constexpr, CAST_BITS: tl.constexpr):
     """Output of V tile ``t``, then either the flushed checkpoint rows or the appended d_w."""
     o_v = t * BV + o_b
     mask_v = o_v < V
@@ -425,47 +376,28 @@ def _tile_finish(s_ck, d_hist, v, t, o_b, o_k, mask_k, q, k, kq, alpha, beta, eG
     o = alpha * sq + d_cur * kq
     tl.store(out_row + o_v, _cast_store(o, out_row.dtype.element_ty, CAST_BITS), mask=mask_v)
     if is_flush:
-        if FLUSH == "rank1_fold":
-            # one fused fp32 rank-1 pass (see _flush_state_fold), alpha folded into its coefficients
-            if L > 1:
-                if PRE_SCORES:
-                    coef = (alpha * c) * rn
+        # S_{w-1} from the tile already in registers (no second read), then the new checkpoint
+        if L > 1:
+            if FLUSH == "dot":
+                if PRE_SCORES:  # the key tile is only needed here: load it now
+                    o_j = tl.arange(0, LP)
+                    kh = tl.load(k_head + o_j[:, None] * stride_kl + o_k[None, :],
+                                 mask=(o_j < w)[:, None] & mask_k[None, :], other=0).to(tl.float32)
+                    kh = kh * rn[:, None]
                 else:
-                    coef = alpha * c
-                s_new = _flush_state_fold(s_ck, alpha * eG, coef, d_cur, k, k_head, stride_kl, d_head, stride_dl,
-                                          o_v, mask_v, o_k, mask_k, L - 1, LP, PRE_SCORES, USE_L2NORM, EPS,
-                                          EVEN_V)
+                    kh = k_hist
+                s_prev = eG * s_ck + tl.dot(d_hist * c[None, :], kh, input_precision=DOT_PRECISION)
+            elif PRE_SCORES:
+                s_prev = _replay_state_rank1_raw(eG * s_ck, c * rn, k_head, stride_kl, d_head, stride_dl, o_v,
+                                                 mask_v, o_k, mask_k, L - 1, LP)
             else:
-                s_new = alpha * s_ck + d_cur[:, None] * k[None, :]
-            s_out = _cast_store(s_new, s_head.dtype.element_ty, CAST_BITS)
-            if EVEN_V:  # every tile of every program lies inside V: no row mask on the store
-                tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :], s_out, mask=mask_k[None, :])
-            else:
-                tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :], s_out,
-                         mask=mask_v[:, None] & mask_k[None, :])
+                s_prev = _replay_state_rank1(eG * s_ck, c, k_head, stride_kl, d_head, stride_dl, o_v, mask_v,
+                                             o_k, mask_k, L - 1, LP, USE_L2NORM, EPS)
         else:
-            # S_{w-1} from the tile already in registers (no second read), then the new checkpoint
-            if L > 1:
-                if FLUSH == "dot":
-                    if PRE_SCORES:  # the key tile is only needed here: load it now
-                        o_j = tl.arange(0, LP)
-                        kh = tl.load(k_head + o_j[:, None] * stride_kl + o_k[None, :],
-                                     mask=(o_j < w)[:, None] & mask_k[None, :], other=0).to(tl.float32)
-                        kh = kh * rn[:, None]
-                    else:
-                        kh = k_hist
-                    s_prev = eG * s_ck + tl.dot(d_hist * c[None, :], kh, input_precision=DOT_PRECISION)
-                elif PRE_SCORES:
-                    s_prev = _replay_state_rank1_raw(eG * s_ck, c * rn, k_head, stride_kl, d_head, stride_dl, o_v,
-                                                     mask_v, o_k, mask_k, L - 1, LP)
-                else:
-                    s_prev = _replay_state_rank1(eG * s_ck, c, k_head, stride_kl, d_head, stride_dl, o_v, mask_v,
-                                                 o_k, mask_k, L - 1, LP, USE_L2NORM, EPS)
-            else:
-                s_prev = s_ck
-            s_new = alpha * s_prev + d_cur[:, None] * k[None, :]
-            tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :],
-                     _cast_store(s_new, s_head.dtype.element_ty, CAST_BITS), mask=mask_v[:, None] & mask_k[None, :])
+            s_prev = s_ck
+        s_new = alpha * s_prev + d_cur[:, None] * k[None, :]
+        tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :],
+                 _cast_store(s_new, s_head.dtype.element_ty, CAST_BITS), mask=mask_v[:, None] & mask_k[None, :])
     else:
         tl.store(d_head + w * stride_dl + o_v, _cast_store(d_cur, d_head.dtype.element_ty, CAST_BITS), mask=mask_v)
 
@@ -524,11 +456,11 @@ def _gdn_replay_decode_kernel(
     stride_g0, stride_g1,
     stride_o0, stride_o1,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, V_TILES: tl.constexpr, NUM_STAGES: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, NUM_STAGES: tl.constexpr,
     USE_L2NORM: tl.constexpr, PRE_SCORES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, EVEN_V: tl.constexpr, CAST_BITS: tl.constexpr,
+    SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, CAST_BITS: tl.constexpr,
 ):
-    # program: V_TILES consecutive V tiles of BV rows, of one (row, v-head)
+    # program: one V tile of BV rows of one (row, v-head)
     i_vp = tl.program_id(0)
     i_n = tl.program_id(1).to(tl.int64)
     i_hv = tl.program_id(2)
@@ -548,7 +480,7 @@ def _gdn_replay_decode_kernel(
                                                  stride_d0, stride_d1, stride_k0, stride_k1, stride_g0, stride_g1)
     row = qkv + i_n * stride_qkv
     v_row = row + 2 * HK * K + i_hv * V
-    t0 = i_vp * V_TILES
+    t0 = i_vp
 
     # ---- every load of the first tile is issued before any arithmetic ----
     s_ck, d_hist, v = _tile_load(s_head, stride_s2, d_head, stride_d2, v_row, t0, o_b, o_k, mask_k, o_j, valid,
@@ -596,18 +528,10 @@ def _gdn_replay_decode_kernel(
         k_hist = 0.0
     out_row = out + i_n * stride_o0 + i_hv * stride_o1
 
-    # ---- V tiles: output-only replay, then flush or append ----
+    # ---- the V tile: output-only replay, then flush or append ----
     _tile_finish(s_ck, d_hist, v, t0, o_b, o_k, mask_k, q, k, kq, alpha, beta, eG, c, cq, ck, k_hist,
                  is_flush, w, out_row, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, rn,
-                 V, BV, L, LP, PRE_SCORES, FLUSH, DOT_PRECISION, USE_L2NORM, EPS, EVEN_V,
-                 CAST_BITS)
-    for t in tl.range(t0 + 1, t0 + V_TILES, num_stages=NUM_STAGES):
-        s_t, d_t, v_t = _tile_load(s_head, stride_s2, d_head, stride_d2, v_row, t, o_b, o_k, mask_k, o_j, valid,
-                                   V, BV, L)
-        _tile_finish(s_t, d_t, v_t, t, o_b, o_k, mask_k, q, k, kq, alpha, beta, eG, c, cq, ck, k_hist,
-                     is_flush, w, out_row, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, rn,
-                     V, BV, L, LP, PRE_SCORES, FLUSH, DOT_PRECISION, USE_L2NORM, EPS, EVEN_V,
-                     CAST_BITS)
+                 V, BV, L, LP, PRE_SCORES, FLUSH, DOT_PRECISION, USE_L2NORM, EPS, CAST_BITS)
 
     _append_g_k(g_head, k_head, stride_k2, w, g, k_raw, o_k, mask_k, i_vp == 0, i_hv, HV, HK, L)
 
@@ -628,23 +552,14 @@ def _gdn_replay_decode_kchunk_kernel(
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, LP: tl.constexpr, NUM_STAGES: tl.constexpr,
     USE_L2NORM: tl.constexpr, PRE_SCORES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, CAST_BITS: tl.constexpr, PREFETCH: tl.constexpr,
-    TILE_EVICT: tl.constexpr, FLUSH_EVICT: tl.constexpr,
+    SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, CAST_BITS: tl.constexpr,
 ):
     """The decode step of ``_gdn_replay_decode_kernel`` (same math, same writes) with the checkpoint
     tile streamed in K chunks of BKC columns (launch option ``BKC`` > 0): the output pass accumulates
     (S_ck q, S_ck k) chunk by chunk, so no program holds its [BV, K] tile, and a flush row reads its
     tile a second time (from L2: the same program read it a moment before) to store the new
     checkpoint chunk by chunk. Keys enter through their norms: q^ = q |q|^-1 scale, k^ = k |k|^-1,
-    and the cached keys' 1/|k_j| (``rn``), so a chunk never needs a whole-row norm.
-
-    PREFETCH (launch option ``prefetch``): 1 issues the first chunk's loads as soon as the slot is
-    known, before the row's scalars and history (their round trips overlap); 2 also issues each
-    chunk's loads one pass of the output loop ahead of its reduction (a register double buffer).
-
-    TILE_EVICT / FLUSH_EVICT (launch option ``l2_hints``): L2 eviction hints of the output pass's tile loads
-    ("evict_last": keep them for a flush row's second read; every row's loads carry it) and of the flush pass's
-    second read and stores ("evict_first": the tile's last use); "" leaves the default."""
+    and the cached keys' 1/|k_j| (``rn``), so a chunk never needs a whole-row norm."""
     i_v = tl.program_id(0)
     i_n = tl.program_id(1).to(tl.int64)
     i_hv = tl.program_id(2)
@@ -668,8 +583,6 @@ def _gdn_replay_decode_kchunk_kernel(
     q_row = row + i_hk * K
     k_row = row + HK * K + i_hk * K
     p_tile = s_head + o_v[:, None] * stride_s2 + o_c[None, :]  # chunk 0 of the checkpoint tile
-    if PREFETCH:
-        s_next = tl.load(p_tile, mask=mask_v[:, None] & (o_c < K)[None, :], other=0, eviction_policy=TILE_EVICT)
 
     # ---- per (row, v-head) scalars and the history, as in _gdn_replay_decode_kernel ----
     q = tl.load(q_row + o_k, mask=mask_k, other=0).to(tl.float32)
@@ -709,19 +622,8 @@ def _gdn_replay_decode_kchunk_kernel(
     # ---- output pass: (S_ck q, S_ck k) over K chunks ----
     acc_q = tl.zeros([BV], dtype=tl.float32)
     acc_k = tl.zeros([BV], dtype=tl.float32)
-    kc_first = 0
-    if PREFETCH == 1:  # chunk 0 was loaded up front
-        acc_q, acc_k = _chunk_dots(acc_q, acc_k, s_next.to(tl.float32), q_row, k_row, 0, o_c, K)
-        kc_first = BKC
-    for kc in tl.range(kc_first, K, BKC, num_stages=NUM_STAGES):
-        if PREFETCH == 2:
-            s = s_next.to(tl.float32)
-            # the next chunk (all masked past the last one)
-            s_next = tl.load(p_tile + kc + BKC, mask=mask_v[:, None] & ((kc + BKC + o_c) < K)[None, :], other=0,
-                             eviction_policy=TILE_EVICT)
-        else:
-            s = tl.load(p_tile + kc, mask=mask_v[:, None] & ((kc + o_c) < K)[None, :], other=0,
-                        eviction_policy=TILE_EVICT).to(tl.float32)
+    for kc in tl.range(0, K, BKC, num_stages=NUM_STAGES):
+        s = tl.load(p_tile + kc, mask=mask_v[:, None] & ((kc + o_c) < K)[None, :], other=0).to(tl.float32)
         acc_q, acc_k = _chunk_dots(acc_q, acc_k, s, q_row, k_row, kc, o_c, K)
     sq = acc_q * rq
     sk = acc_k * rk
@@ -738,8 +640,7 @@ def _gdn_replay_decode_kchunk_kernel(
         for kc in tl.range(0, K, BKC, num_stages=NUM_STAGES):
             mask_c = (kc + o_c) < K
             p_s = p_tile + kc
-            s = tl.load(p_s, mask=mask_v[:, None] & mask_c[None, :], other=0,
-                        eviction_policy=FLUSH_EVICT).to(tl.float32)
+            s = tl.load(p_s, mask=mask_v[:, None] & mask_c[None, :], other=0).to(tl.float32)
             k_c = tl.load(k_row + kc + o_c, mask=mask_c, other=0).to(tl.float32) * rk
             if L > 1:
                 if FLUSH == "dot":
@@ -752,7 +653,7 @@ def _gdn_replay_decode_kchunk_kernel(
             else:
                 s_prev = s
             s_new = _cast_store(alpha * s_prev + d_cur[:, None] * k_c[None, :], s_head.dtype.element_ty, CAST_BITS)
-            tl.store(p_s, s_new, mask=mask_v[:, None] & mask_c[None, :], eviction_policy=FLUSH_EVICT)
+            tl.store(p_s, s_new, mask=mask_v[:, None] & mask_c[None, :])
     else:
         tl.store(d_head + w * stride_d2 + o_v, _cast_store(d_cur, d_head.dtype.element_ty, CAST_BITS), mask=mask_v)
 
@@ -774,32 +675,7 @@ def gdn_launch_params(HV: int, Hk: int, K: int, V: int, L: int, state_dtype=None
     ck = (keys, str(config_file()))
     cfg = _CFG_CACHE.get(ck)
     if cfg is None:
-        cfg = launch_config("gdn_decode", keys, GDN_DEFAULT_LAUNCH)
-        where = "gdn_decode launch config"
-        check_dot_precision(cfg["dot_precision"], where)
-        check_choices(cfg, {"flush": _FLUSH_MODES, "cast": _CAST_MODES, "scores": _SCORE_MODES}, where)
-        check_ints(cfg, ("maxnreg", "inline_scores_max_batch", "inline_BV", "BKC", "inline_num_warps"), where, 0)
-        check_ints(cfg, ("BV", "v_tiles", "num_warps", "num_stages", "scores_num_warps"), where, 1)
-        check_ints(cfg, ("inline_BKC",), where, -1)
-        check_ints(cfg, ("prefetch", "l2_hints"), where, 0)
-        for name, top in (("prefetch", 2), ("l2_hints", 3)):
-            if cfg[name] > top:
-                raise ValueError(f"gdn_decode launch config: {name} must be 0 to {top}, got {cfg[name]}")
-            if cfg[name] and cfg["BKC"] <= 0 and cfg["inline_BKC"] <= 0:
-                raise ValueError(f"gdn_decode launch config: {name} applies to the K-chunked tile only (BKC > 0 or "
-                                 f"inline_BKC > 0), got {name} {cfg[name]} with BKC {cfg['BKC']}")
-        for name in ("BV", "inline_BV", "BKC", "inline_BKC"):
-            if cfg[name] > 0 and cfg[name] & (cfg[name] - 1):
-                raise ValueError(f"gdn_decode launch config: {name} must be a power of two, got {cfg[name]}")
-        for name in ("BKC", "inline_BKC"):
-            if cfg[name] <= 0:
-                continue
-            if cfg[name] < 16:
-                allowed = "-1, 0" if name == "inline_BKC" else "0"
-                raise ValueError(f"gdn_decode launch config: {name} must be {allowed} or at least 16, got {cfg[name]}")
-            if cfg["v_tiles"] != 1 or cfg["flush"] == "rank1_fold":
-                raise ValueError(f"gdn_decode launch config: {name} > 0 takes v_tiles 1 and flush rank1 or dot, "
-                                 f"got v_tiles {cfg['v_tiles']}, flush {cfg['flush']}")
+        cfg = launch_config("gdn_decode", keys)  # entries checked against the registration above
         _CFG_CACHE[ck] = cfg
     return cfg
 
@@ -931,9 +807,7 @@ def gdn_replay_decode(
     BKC = cfg["inline_BKC"] if small and cfg["inline_BKC"] >= 0 else cfg["BKC"]
     num_warps = cfg["inline_num_warps"] if small and cfg["inline_num_warps"] else cfg["num_warps"]
     LP = max(16, next_pow2(max(L - 1, 1)))
-    n_tiles = triton.cdiv(V, BV)
-    v_tiles = min(cfg["v_tiles"], n_tiles)
-    grid = (triton.cdiv(n_tiles, v_tiles), B, HV)
+    grid = (triton.cdiv(V, BV), B, HV)
     null = -1 if null_slot is None else int(null_slot)
     use_l2 = bool(use_qk_l2norm)
     pre = cfg["scores"] == "pre" and L > 1 and not small
@@ -967,10 +841,7 @@ def gdn_replay_decode(
                   CAST_BITS=cfg["cast"] == "bits" or interpreting(),
                   num_warps=num_warps, num_stages=cfg["num_stages"], **register_cap(cfg))
     if BKC:
-        hints = cfg["l2_hints"]
-        _gdn_replay_decode_kchunk_kernel[(n_tiles, B, HV)](
-            *args, BKC=min(BKC, BK), PREFETCH=cfg["prefetch"], TILE_EVICT="evict_last" if hints & 2 else "",
-            FLUSH_EVICT="evict_first" if hints & 1 else "", **common)
+        _gdn_replay_decode_kchunk_kernel[grid](*args, BKC=min(BKC, BK), **common)
     else:
-        _gdn_replay_decode_kernel[grid](*args, V_TILES=v_tiles, EVEN_V=V % (BV * v_tiles) == 0, **common)
+        _gdn_replay_decode_kernel[grid](*args, **common)
     return out

@@ -97,16 +97,11 @@ random realistic gates, 40-step simulations with random accepts, Qwen3-Next
 geometry) against an fp64 sequential oracle: outputs <= 4e-7 (|o| <~ 1), flushed
 checkpoints <= 2e-6 (|S| <~ 5); the fork's GDN spec tests allow atol 2e-3 (its UT
 kernel re-rounds the checkpoint to the activation dtype).
-Measured on the H200 (eval/results/spec-kernels-h200.md, Qwen3-Next HV32/Hk16/K=V=128, T=4,
-accept 3, fp32 state, amortised over the flush cycle incl. the commit): with the H200 file's
-config (one warp, ``reduce: token``, ``scores: pre``) 553 us per layer at batch 256 against
-SGLang's 972 us (verify + snapshot scatter), 1.74x; 31% of copy bandwidth; capped at 168
-registers (``maxnreg``, 12 warps per SM instead of 8) 459 us, 2.11x, 38%
-(eval/results/spec-variants-h200/round2/).  The module
-defaults below (4 warps, broadcast reduction, inline scores) ran at 0.40x: they are kept as
-the portable fallback that every CPU test covers, not as a fast configuration.
+The built-in launch parameters are the fastest measured on the H200 (one warp, ``reduce: token``,
+``scores: pre`` above batch 1, a 168-register cap: eval/results/spec-variants-h200/ rounds 1-2;
+4 warps with the broadcast reduction and inline scores, the earlier defaults, were the slowest).
 
-Launch parameters: ``common.launch_config("gdn_verify", key, GDN_VERIFY_DEFAULT_LAUNCH)``
+Launch parameters: ``common.launch_config("gdn_verify", key)`` (the family registered below)
 with key ``HV{HV}_HK{Hk}_K{K}_V{V}_R{R}_T{T}``.  The wrapper does no host sync
 (CUDA-graph safe); flush vs verify is a per-row runtime branch on ``flush[slot]``.
 """
@@ -121,39 +116,39 @@ import triton.language as tl
 
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES
 from .common import INDEX_DTYPES as _INT_DTYPES
-from .common import (L2NORM_EPS, SOFTPLUS_THRESHOLD, check_choices, check_dot_precision, check_ints, config_file,
-                     config_keys, launch_config, next_pow2, register_cap)
+from .common import (L2NORM_EPS, SOFTPLUS_THRESHOLD, block_param, choice_param, config_file, config_keys,
+                     count_param, dot_precision_param, launch_config, maxnreg_param, next_pow2, register_cap,
+                     register_family, warps_param)
 from .gdn_replay import _cast_rtne, _gdn_gate, _history_weights, _l2norm_vec, _normalise_rows
 
 __all__ = ["gdn_verify", "gdn_verify_launch_params", "GDN_VERIFY_DEFAULT_LAUNCH", "gdn_verify_key"]
 
-# Portable fallback (timed 0.40x stock on the H200; the H200 file overrides it), chosen by register use: ptxas for sm_90a
-# (offline, Qwen3-Next geometry, rank-1 flush) reports BV 16 x 4 warps at 128 registers for
-# T = 4 and 255 without spills for T = 8; BV 16 x 2 warps 168 (T = 4); BV >= 32 or 1 warp
-# hits 255 registers, and spills at T = 8.
-GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = {
-    "BV": 16,  # value rows per program (power of two; the whole K row sits in one program)
-    "num_warps": 4,
-    "num_stages": 1,
+_FLUSH_MODES = ("rank1", "dot")
+_REDUCE_MODES = ("bcast", "token")
+_SCORES_MODES = ("inline", "pre")
+# Built-in launch parameters: the fastest measured on the H200 (eval/results/spec-variants-h200/, rounds 1-2: one warp,
+# T two-dimensional reductions, key scores in a pre-kernel except at batch 1, a 168-register cap for 12 warps per SM).
+# Register use, offline ptxas for sm_90a (Qwen3-Next geometry, rank-1 flush): BV >= 32 or 1 warp hits 255 registers
+# without a cap.
+GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
+    "BV": block_param(16),  # value rows per program (the whole K row sits in one program)
+    "num_warps": warps_param(1),
+    "num_stages": count_param(1, 1),
     # flush fold: "rank1" (exact fp32 CUDA-core FMAs) or "dot" (tl.dot, dot_precision)
-    "flush": "rank1",
-    "dot_precision": "tf32x3",
-    # the window's dots against the state tile and each other: "bcast" (one [BV, T, K] broadcast-and-sum),
-    # "token" (T two-dimensional row reductions, as the decode kernel does for one token) or "dot" (tl.dot on
-    # tensor cores in dot_precision: [BV, K] x [K, TP] and [BV, LP] x [LP, TP], the window padded to TP >= 16
-    # tokens; no cross-lane reduction trees)
-    "reduce": "bcast",
+    "flush": choice_param("rank1", _FLUSH_MODES),
+    "dot_precision": dot_precision_param(),
+    # the window's dots against the state tile and each other: "bcast" (one [BV, T, K] broadcast-and-sum) or
+    # "token" (T two-dimensional row reductions, as the decode kernel does for one token)
+    "reduce": choice_param("token", _REDUCE_MODES),
     # the key scores k^_j.q^_i, k^_j.k^_i (history j) and the window Gram: "inline" (every program of a
     # k-head: HV/Hk v-heads x V/BV tiles) or "pre" (once per (row, k-head) by a pre-kernel, fp32 scratch)
-    "scores": "inline",
-    "scores_num_warps": 1,
+    "scores": choice_param("pre", _SCORES_MODES),
+    "scores_num_warps": warps_param(1),
     # with scores: pre, batches of at most this many rows still compute the scores inline (one launch)
-    "inline_scores_max_batch": 0,
-    "maxnreg": 0,  # register cap of the main kernel (0: none): fewer registers, more resident warps
-}
-_FLUSH_MODES = ("rank1", "dot")
-_REDUCE_MODES = ("bcast", "token", "dot")
-_SCORES_MODES = ("inline", "pre")
+    "inline_scores_max_batch": count_param(1),
+    # register cap of the main kernel (0: none): fewer registers, more resident warps (ignored by the interpreter)
+    "maxnreg": maxnreg_param(168),
+})
 
 
 def gdn_verify_key(HV: int, Hk: int, K: int, V: int, R: int, T: int) -> str:
@@ -265,7 +260,6 @@ def _gdn_verify_kernel(
     BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, TP: tl.constexpr,
     USE_L2NORM: tl.constexpr, ROUND_BETA: tl.constexpr, FLUSH_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, PER_TOKEN: tl.constexpr, SCORES_PRE: tl.constexpr,
-    REDUCE_DOT: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_n = tl.program_id(1).to(tl.int64)
@@ -372,15 +366,7 @@ def _gdn_verify_kernel(
     # ---- window, part 1 (independent of the solve), all tokens at once:
     # S_c q^_i, S_c k^_i (checkpoint tile + replayed history) and the Gram entries
     # kk[j, i] = k^_j . k^_i, kq[j, i] = k^_j . q^_i ----
-    if REDUCE_DOT:  # tensor cores (TP >= 16: the padded tokens are zero rows of q^, k^ and zero columns here)
-        s_q = eG_x * tl.dot(s, tl.trans(q_hat), input_precision=DOT_PRECISION) \
-            + tl.dot(d_hist, c_x[:, None] * hq, input_precision=DOT_PRECISION)
-        s_k = eG_x * tl.dot(s, tl.trans(k_hat), input_precision=DOT_PRECISION) \
-            + tl.dot(d_hist, c_x[:, None] * hk, input_precision=DOT_PRECISION)
-        if not SCORES_PRE:
-            kk = tl.dot(k_hat, tl.trans(k_hat), input_precision=DOT_PRECISION)  # [TP, TP]
-            kq = tl.dot(k_hat, tl.trans(q_hat), input_precision=DOT_PRECISION)
-    elif PER_TOKEN:
+    if PER_TOKEN:
         s_q = tl.zeros([BV, TP], dtype=tl.float32)
         s_k = tl.zeros([BV, TP], dtype=tl.float32)
         kk = tl.zeros([TP, TP], dtype=tl.float32)
@@ -447,18 +433,10 @@ def gdn_verify_launch_params(HV: int, Hk: int, K: int, V: int, R: int, T: int, s
     """Launch parameters for a geometry (cached per config file; YAML via ``launch_config``; a
     ``..._S{dtype}`` entry for the state dtype wins over the plain geometry key)."""
     keys = config_keys(gdn_verify_key(HV, Hk, K, V, R, T), state_dtype)
-    key = keys[0]
     ck = (keys, str(config_file()))
     cfg = _CFG_CACHE.get(ck)
     if cfg is None:
-        cfg = launch_config("gdn_verify", keys, GDN_VERIFY_DEFAULT_LAUNCH)
-        where = f"gdn_verify launch config [{key}]"
-        check_dot_precision(cfg["dot_precision"], where)
-        check_choices(cfg, {"flush": _FLUSH_MODES, "reduce": _REDUCE_MODES, "scores": _SCORES_MODES}, where)
-        check_ints(cfg, ("BV", "num_warps", "num_stages", "scores_num_warps"), where, 1)
-        check_ints(cfg, ("inline_scores_max_batch", "maxnreg"), where, 0)
-        if cfg["BV"] & (cfg["BV"] - 1):
-            raise ValueError(f"{where}: BV must be a power of two, got {cfg['BV']}")
+        cfg = launch_config("gdn_verify", keys)  # entries checked against the registration above
         _CFG_CACHE[ck] = cfg
     return cfg
 
@@ -589,7 +567,7 @@ def gdn_verify(
     BK = max(16, next_pow2(K))
     BV = max(16, min(cfg["BV"], next_pow2(V)))
     LP = max(16, next_pow2(R - T))
-    TP = max(16 if cfg["reduce"] == "dot" else 2, next_pow2(T))  # tl.dot takes dims >= 16
+    TP = max(2, next_pow2(T))
     scores_pre = cfg["scores"] == "pre" and B > cfg["inline_scores_max_batch"]  # host-side, per graph batch
     null = -1 if null_slot is None else int(null_slot)
     if scores_pre:  # per-call scratch (inside a CUDA graph it comes from the graph's pool)
@@ -621,7 +599,7 @@ def gdn_verify(
         sc.stride(0) if scores_pre else 0, sc.stride(1) if scores_pre else 0,
         HK=Hk, HV=HV, K=K, V=V, R=R, T=T, BK=BK, BV=BV, LP=LP, TP=TP,
         USE_L2NORM=bool(use_qk_l2norm), ROUND_BETA=bool(round_beta), FLUSH_DOT=cfg["flush"] == "dot",
-        PER_TOKEN=cfg["reduce"] == "token", SCORES_PRE=scores_pre, REDUCE_DOT=cfg["reduce"] == "dot",
+        PER_TOKEN=cfg["reduce"] == "token", SCORES_PRE=scores_pre,
         DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **register_cap(cfg),

@@ -8,8 +8,8 @@ Two kinds:
   rounding matches the kernels': every intermediate is fp32 (no rounding of scaled
   operands), softplus is the fp32 ``log(1 + exp(u))`` with threshold 20, and the only
   roundings are the stores (ring entries to ring dtype, the state to state dtype on
-  flush, the output to out dtype).  Route "output_only" uses the output-only form on
-  non-flush steps, "state_and_output" always rebuilds the state.
+  flush, the output to out dtype).  Non-flush steps use the output-only form, flush
+  steps rebuild the state.
 
 * :func:`mamba2_step_oracle`: the plain sequential recurrence of one token
   S = e^{AΔ} S + Δ x Bᵀ ; y = S·C + D x ; y *= silu(z), on dense per-row states,
@@ -123,15 +123,9 @@ def mamba2_replay_decode_ref(
     dt_bias=None,
     dt_softplus=True,
     out=None,
-    route="output_only",
     null_slot=0,
 ):
-    """PyTorch twin of ``mamba2_replay_decode`` (same arguments, same writes).
-
-    ``route`` must be "output_only" or "state_and_output" (no launch config here).
-    """
-    if route not in ("output_only", "state_and_output"):
-        raise ValueError(f"route must be 'output_only' or 'state_and_output', got {route!r}")
+    """PyTorch twin of ``mamba2_replay_decode`` (same arguments, same writes)."""
     f32 = torch.float32
     batch, H, P = x.shape
     N = state.shape[-1]
@@ -164,7 +158,7 @@ def mamba2_replay_decode_ref(
         Bw = Bw.repeat_interleave(r, dim=0)  # [H, w+1, N]
         Ch = C[row].to(f32).repeat_interleave(r, dim=0)  # [H, N]
         S0 = state[s].to(f32)  # [H, P, N]
-        if route == "state_and_output" or flush:
+        if flush:
             S_new = decay[:, None, None] * S0 + torch.einsum("hjp,hjn->hpn", X * sj[:, :, None], Bw)
             y = torch.einsum("hpn,hn->hp", S_new, Ch)
             if flush:

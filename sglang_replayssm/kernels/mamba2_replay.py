@@ -16,9 +16,9 @@ not written.  Flush step (w == L−1): S_w (which includes the current token) is
 stored as the new checkpoint and nothing is appended.  L = 1 flushes every step,
 which is exactly the baseline update.
 
-Routes
-------
-``output_only`` (default), two launches:
+Output-only replay
+------------------
+Two launches:
   1. ``_mamba2_bc_kernel``, grid (batch, G): for non-flush rows, bc[r, g, j] = B_j·C
      in fp32 for j <= w (B_w is the current B from the input, not the ring), into a
      per-call fp32 scratch [batch, G, WIN].  The N-length dot is done once per group
@@ -36,19 +36,16 @@ Routes
      so that all chunk loads can be issued up front (faster on H200 than a pipelined
      runtime loop).  The current token's inputs (x, C, dt, D, z) do not depend on the
      slot and are loaded before the branch on the cursor, overlapping its latency.
-``state_and_output``, one launch of the same kernel with ALWAYS_REBUILD: every
-  step rebuilds S_w chunk by chunk and takes y = S_w·C; S_w is stored on flush only.
-  More FLOPs and a per-head read of the B window, no scratch.
 
 Measured on H200 (H=128 P=64 N=128 G=8, L=16, batch 256, fp32 state, bf16 act, CUDA
 graphs): SGLang's selective_state_update 720 us per step; output_only 289 us on a
 non-flush step (87% of copy bandwidth for the checkpoint read), 724 us on the flush
-step, 327 us amortised over the flush cycle (2.2x); state_and_output 536 / 767 us.
+step, 327 us amortised over the flush cycle (2.2x).  Rebuilding S_w on every step instead
+(y = S_w·C, a "state_and_output" route) was slower at every batch and was removed.
 
-Known limits: at batch 1 the two launches cost more than SGLang's one (7.8 vs 6.3 us);
-``inline_bc_max_batch`` (launch config) folds the pre-kernel into the main kernel for
-small batches (one launch; each program re-reads its group's B window) -- off by default
-until measured;
+Known limits: at batch 1 two launches cost more than SGLang's one, so
+``inline_bc_max_batch`` (launch config, default 1) folds the pre-kernel into the main
+kernel for small batches (one launch; each program re-reads its group's B window);
 with a bf16 checkpoint the same tiles move half the bytes per program and reach only
 ~60% of copy bandwidth (still 3.2x at batch 256) — per-dtype tuning (larger BLOCK_M)
 is open; the BLOCK_M 32 / BLOCK_NC 64 fp32 flush path keeps 255 registers with a few
@@ -80,9 +77,8 @@ the number of history entries as runtime scalars, so a speculative-verify kernel
 (T tokens on top of checkpoint + history, no checkpoint write) can call them per
 window token.
 
-Launch parameters come from ``common.launch_config`` with families
-``mamba2_output_only`` / ``mamba2_state_and_output`` (and ``mamba2_route`` for
-route="auto"), keyed by the geometry string ``H{H}_P{P}_N{N}_G{G}_L{L}``, with a
+Launch parameters come from ``common.launch_config`` with family
+``mamba2_output_only`` (registered below), keyed by the geometry string ``H{H}_P{P}_N{N}_G{G}_L{L}``, with a
 state-dtype specific ``..._S{fp32|bf16|fp16}`` entry winning over it.
 No SGLang import here.
 """
@@ -94,48 +90,37 @@ import triton
 import triton.language as tl
 
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
-from .common import SOFTPLUS_THRESHOLD, check_dot_precision, config_keys, launch_config, next_pow2, softplus
+from .common import SOFTPLUS_THRESHOLD, config_keys, launch_config, next_pow2, softplus
+from .common import block_param, count_param, dot_precision_param, flag_param, register_family, warps_param
 
 __all__ = [
     "mamba2_replay_decode",
     "geometry_key",
-    "resolve_route",
-    "ROUTES",
 ]
-
-ROUTES = ("output_only", "state_and_output")
 
 _SP_THRESHOLD = tl.constexpr(SOFTPLUS_THRESHOLD)
 
-# Fallback launch parameters; the YAML files (kernels/configs/*.yaml) override them.
+# Built-in launch parameters: the fastest measured on the H200 (eval/results/kernels-h200.json, tuning sweep:
+# BLOCK_M 32 / 1 warp / BLOCK_NC 64 unrolled; eval/results/kernel-variants-h200/: B·C inline at batch 1,
+# state_first round 2); the YAML files (kernels/configs/*.yaml) override them per GPU and geometry.
 LAUNCH_DEFAULTS = {
-    "mamba2_output_only": {
-        "BLOCK_M": 32,
-        "BLOCK_NC": 64,
-        "flush_unroll": 1,
-        "num_warps": 1,
-        "num_stages": 1,
-        "bc_num_warps": 2,
-        "dot_precision": "tf32x3",
+    "mamba2_output_only": register_family("mamba2_output_only", {
+        "BLOCK_M": block_param(32, 16),
+        "BLOCK_NC": block_param(64, 16),  # state columns per flush rebuild chunk
+        # 1 unrolls the flush chunk loop so every chunk's loads are issued up front; 0 keeps a runtime loop
+        "flush_unroll": flag_param(1),
+        "num_warps": warps_param(1),
+        "num_stages": count_param(1, 1),
+        "bc_num_warps": warps_param(2),  # the per-(row, group) B_j·C pre-kernel
+        "dot_precision": dot_precision_param(),
         # batches up to this size compute B_j·C inside the main kernel (one launch instead of
-        # two; each program re-reads its group's [WIN, N] B window). 0: never (untuned default)
-        "inline_bc_max_batch": 0,
+        # two; each program re-reads its group's [WIN, N] B window). 0: never
+        "inline_bc_max_batch": count_param(1),
         # 1: non-flush rows issue the checkpoint tile's load (and, inline, the B window's) before the
         # Δ / x ring loads and their weights, so the state's HBM round trip overlaps that dependent
-        # chain (H200, eval/results/kernel-variants-h200/ round 2: batch 1 5.3 vs 6.2 us, batch 256 309 vs
-        # 330 us; in the server batch 1 went from 8.7 to 5.4 us per layer). Flush rows are unchanged.
-        # 0: the tile is read after the window (the code default; the H200 file sets 1)
-        "state_first": 0,
-    },
-    "mamba2_state_and_output": {
-        "BLOCK_M": 32,
-        "BLOCK_NC": 32,
-        "flush_unroll": 0,
-        "num_warps": 1,
-        "num_stages": 1,
-        "dot_precision": "tf32x3",
-    },
-    "mamba2_route": {"route": "output_only"},
+        # chain (eval/results/kernel-variants-h200/ round 2). Flush rows are unchanged.
+        "state_first": flag_param(1),
+    }),
 }
 
 
@@ -259,7 +244,7 @@ def _mamba2_bc_kernel(
     s_bc_b, s_bc_g,
     BLOCK_N: tl.constexpr, WIN: tl.constexpr,
 ):
-    """bc[row, g, j] = B_j · C_cur (fp32) for j <= w on non-flush rows (output_only route)."""
+    """bc[row, g, j] = B_j · C_cur (fp32) for j <= w on non-flush rows."""
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1).to(tl.int64)
     slot, w, live = _load_row_cursor(slot_ptr, wpos_ptr, row, null_slot, L)
@@ -296,7 +281,7 @@ def _mamba2_replay_kernel(
     s_o_b, s_o_h, s_o_p,
     s_bc_b, s_bc_g,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
-    ALWAYS_REBUILD: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NC: tl.constexpr, WIN: tl.constexpr,
     FLUSH_UNROLL: tl.constexpr, INLINE_BC: tl.constexpr, STATE_FIRST: tl.constexpr,
 ):
@@ -340,7 +325,7 @@ def _mamba2_replay_kernel(
         dtr_base = dtr_ptr + slot * s_dtr_s + h * s_dtr_h
         Br_base = Br_ptr + slot * s_Br_s + g * s_Br_g
         st_base = state_ptr + slot * s_st_s + h * s_st_h
-        if STATE_FIRST:  # output-only route: the tile (masked off on flush rows) before the window chain
+        if STATE_FIRST:  # the tile (masked off on flush rows) before the window chain
             st_tile = st_base + offs_m[:, None] * s_st_p + offs_n[None, :] * s_st_n
             S_pre = tl.load(st_tile, mask=mask_m[:, None] & mask_n[None, :] & (w != L - 1), other=0.0)
             if INLINE_BC:
@@ -350,13 +335,9 @@ def _mamba2_replay_kernel(
         s_w, decay = _window_weights(delta_win, A, offs_w, w)
         x_win = _load_x_window(xr_base, s_xr_l, s_xr_p, offs_m, mask_m, offs_w, w, w, x_cur)
 
-        if ALWAYS_REBUILD:
-            rebuild = w >= 0
-        else:
-            rebuild = is_flush
-        if rebuild:
+        if is_flush:
             # S_w = e^{AΛ} S_ck + x_win @ (s ⊙ B_win), built BLOCK_NC state columns at a time
-            # (bounded registers), y accumulated on the way, S_w stored on flush only.
+            # (bounded registers), y accumulated on the way, S_w stored as the new checkpoint.
             y = tl.zeros([BLOCK_M], dtype=tl.float32)
             if FLUSH_UNROLL:
                 for n0 in tl.static_range(0, BLOCK_N, BLOCK_NC):
@@ -416,19 +397,6 @@ def geometry_key(H: int, P: int, N: int, G: int, L: int) -> str:
     return f"H{H}_P{P}_N{N}_G{G}_L{L}"
 
 
-def resolve_route(route: str, key) -> str:
-    """The route to run; ``auto`` reads ``mamba2_route`` for ``key`` (a key or keys, most specific first)."""
-    if route == "auto":
-        route = launch_config("mamba2_route", key, LAUNCH_DEFAULTS["mamba2_route"])["route"]
-        if route not in ROUTES:
-            shown = key if isinstance(key, str) else key[0]
-            raise ValueError(f"launch config [mamba2_route][{shown}] names unknown route {route!r}; accepted: {ROUTES}")
-        return route
-    if route not in ROUTES:
-        raise ValueError(f"route must be one of {ROUTES + ('auto',)}, got {route!r}")
-    return route
-
-
 def _err(msg: str):
     raise ValueError(f"mamba2_replay_decode: {msg}")
 
@@ -484,7 +452,6 @@ def mamba2_replay_decode(
     dt_bias=None,
     dt_softplus=True,
     out=None,
-    route="auto",
     null_slot=0,
 ):
     """One ReplaySSM decode step for a batch of rows (see the module docstring).
@@ -569,16 +536,9 @@ def mamba2_replay_decode(
     null_slot = int(null_slot)
 
     keys = config_keys(geometry_key(H, P, N, G, L), state.dtype)
-    key = keys[0]
-    route = resolve_route(route, keys)
-    family = "mamba2_" + route
-    cfg = launch_config(family, keys, LAUNCH_DEFAULTS[family])
-    BLOCK_M = int(cfg["BLOCK_M"])
-    BLOCK_NC = int(cfg["BLOCK_NC"])
-    for name, v in (("BLOCK_M", BLOCK_M), ("BLOCK_NC", BLOCK_NC)):
-        if v < 16 or v & (v - 1):
-            raise ValueError(f"launch config [{family}][{key}]: {name} must be a power of two >= 16, got {v}")
-    check_dot_precision(cfg["dot_precision"], f"launch config [{family}][{key}]")
+    cfg = launch_config("mamba2_output_only", keys)  # entries checked against the registration above
+    BLOCK_M = cfg["BLOCK_M"]
+    BLOCK_NC = cfg["BLOCK_NC"]
     if batch == 0:
         return out
 
@@ -586,10 +546,9 @@ def mamba2_replay_decode(
     BLOCK_NC = min(BLOCK_NC, BLOCK_N)
     WIN = max(16, next_pow2(L))
     heads_per_group = H // G
-    output_only = route == "output_only"
 
-    inline_bc = output_only and batch <= int(cfg["inline_bc_max_batch"])
-    if output_only and not inline_bc:
+    inline_bc = batch <= cfg["inline_bc_max_batch"]
+    if not inline_bc:
         bc = torch.empty((batch, G, WIN), dtype=torch.float32, device=dev)
         _mamba2_bc_kernel[(batch, G)](
             B_ring, B, C, state_indices, write_pos, bc,
@@ -601,7 +560,7 @@ def mamba2_replay_decode(
         )
         s_bc_b, s_bc_g = bc.stride(0), bc.stride(1)
     else:
-        bc = dt_ring  # never read (ALWAYS_REBUILD, or INLINE_BC)
+        bc = dt_ring  # never read (INLINE_BC)
         s_bc_b = s_bc_g = 0
 
     grid = (triton.cdiv(P, BLOCK_M), batch, H)
@@ -620,10 +579,10 @@ def mamba2_replay_decode(
         *out.stride(),
         s_bc_b, s_bc_g,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
-        DT_SOFTPLUS=bool(dt_softplus), ALWAYS_REBUILD=not output_only,
+        DT_SOFTPLUS=bool(dt_softplus),
         DOT_PRECISION=cfg["dot_precision"],
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_NC=BLOCK_NC, WIN=WIN, FLUSH_UNROLL=bool(cfg["flush_unroll"]),
-        INLINE_BC=inline_bc, STATE_FIRST=output_only and bool(int(cfg["state_first"])),
+        INLINE_BC=inline_bc, STATE_FIRST=bool(cfg["state_first"]),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]),
     )
     return out

@@ -39,8 +39,8 @@ kernel's output-only read), and keeps the chunk loop for flush rows.
 (eval/results/spec-variants-h200/, Nemotron-H-8B, T=4, fp32 state, amortised, incl. commit) one
 warp + ``reduce: token`` + ``bc: pre`` ran 794 us per layer at batch 256 against SGLang's 2758 us
 (3.47x), and with ``nonflush: stream`` 677 us (4.08x, 48% of copy bandwidth; the H200 file's
-config); the 4-warp broadcast defaults below ran at 0.92x, kept as the portable fallback the CPU
-tests cover.  Rows whose slot is < 0 or == null_slot write nothing.  The
+config, and the built-in defaults below; 4 warps with the broadcast reduction, the earlier
+defaults, ran at 0.92x).  Rows whose slot is < 0 or == null_slot write nothing.  The
 window is ``T`` tokens per row (SGLang's chain verify: ``draft_token_num`` for every
 row); ``wp`` is clamped to [0, R − T] for memory safety only.
 
@@ -57,32 +57,12 @@ import triton
 import triton.language as tl
 
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
-from .common import (check_choices, check_dot_precision, check_ints, config_keys, launch_config, next_pow2,
-                     register_cap)
+from .common import (block_param, choice_param, config_keys, count_param, dot_precision_param, launch_config,
+                     maxnreg_param, next_pow2, register_cap, register_family, warps_param)
 from .mamba2_replay import _delta_from_raw, _head_param
 
 __all__ = ["mamba2_verify", "MAMBA2_VERIFY_DEFAULT_LAUNCH", "verify_geometry_key"]
 
-MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = {
-    "BLOCK_M": 16,
-    "BLOCK_NC": 32,
-    "num_warps": 4,
-    "num_stages": 1,
-    "dot_precision": "tf32x3",
-    "reduce": "bcast",
-    "bc": "inline",
-    "bc_num_warps": 1,
-    # with bc: pre, batches of at most this many rows still compute B·C inline (one launch instead
-    # of two; at batch 1 the pre-kernel's extra launch costs more than the dots it shares)
-    "inline_bc_max_batch": 0,
-    # register cap of the main kernel (0: none).  One-warp programs at 255 registers leave 8 warps per
-    # SM (eval/verify_sass.py); a cap trades spills for resident warps, i.e. loads in flight
-    "maxnreg": 0,
-    # how non-flush rows read their S_ck tile: "chunked" (the N-chunk loop flush rows also take; the chunks'
-    # conditional stores keep the next chunk's loads behind them) or "stream" (the whole [BLOCK_M, N]
-    # tile in one read, all loads in flight together, as the decode kernel's output-only path)
-    "nonflush": "chunked",
-}
 # How the per-token dots are reduced (the same math and fp32 order of terms per dot):
 # "bcast" -- one [rows, T, NC] broadcast-and-sum per chunk (3-D temporaries);
 # "token" -- T two-dimensional row reductions per chunk, as the decode kernel does for T = 1.
@@ -94,6 +74,27 @@ REDUCE_MODES = ("bcast", "token")
 BC_MODES = ("inline", "pre")
 NONFLUSH_MODES = ("chunked", "stream")
 
+# Built-in launch parameters: the fastest measured on the H200 (eval/results/spec-variants-h200/, rounds 1-2).
+MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", {
+    "BLOCK_M": block_param(32, 16),
+    "BLOCK_NC": block_param(32, 16),
+    "num_warps": warps_param(1),
+    "num_stages": count_param(1, 1),
+    "dot_precision": dot_precision_param(),
+    "reduce": choice_param("token", REDUCE_MODES),
+    "bc": choice_param("pre", BC_MODES),
+    "bc_num_warps": warps_param(1),
+    # with bc: pre, batches of at most this many rows still compute B·C inline (one launch instead
+    # of two; at batch 1 the pre-kernel's extra launch costs more than the dots it shares)
+    "inline_bc_max_batch": count_param(1),
+    # register cap of the main kernel (0: none).  One-warp programs at 255 registers leave 8 warps per
+    # SM (eval/verify_sass.py); a cap trades spills for resident warps, i.e. loads in flight
+    "maxnreg": maxnreg_param(0),
+    # how non-flush rows read their S_ck tile: "chunked" (the N-chunk loop flush rows also take; the chunks'
+    # conditional stores keep the next chunk's loads behind them) or "stream" (the whole [BLOCK_M, N]
+    # tile in one read, all loads in flight together, as the decode kernel's output-only read)
+    "nonflush": choice_param("stream", NONFLUSH_MODES),
+})
 
 @triton.jit
 def _add_token_dot(acc, X, c_t, col):
@@ -449,16 +450,8 @@ def mamba2_verify(
         return out
 
     keys = config_keys(verify_geometry_key(H, P, N, G, R, T), state.dtype)
-    key = keys[0]
-    cfg = launch_config("mamba2_verify", keys, MAMBA2_VERIFY_DEFAULT_LAUNCH)
-    where = f"launch config [mamba2_verify][{key}]"
-    check_dot_precision(cfg["dot_precision"], where)
-    check_choices(cfg, {"reduce": REDUCE_MODES, "bc": BC_MODES, "nonflush": NONFLUSH_MODES}, where)
-    check_ints(cfg, ("inline_bc_max_batch", "maxnreg"), where, 0)
-    BLOCK_M, BLOCK_NC = int(cfg["BLOCK_M"]), int(cfg["BLOCK_NC"])
-    for name, v in (("BLOCK_M", BLOCK_M), ("BLOCK_NC", BLOCK_NC)):
-        if v < 16 or v & (v - 1):
-            raise ValueError(f"{where}: {name} must be a power of two >= 16, got {v}")
+    cfg = launch_config("mamba2_verify", keys)  # entries checked against the registration above
+    BLOCK_M, BLOCK_NC = cfg["BLOCK_M"], cfg["BLOCK_NC"]
     BLOCK_NC = min(BLOCK_NC, max(16, next_pow2(N)))
     WH = max(16, next_pow2(R - T))
     TP = max(2, next_pow2(T))

@@ -68,7 +68,7 @@ Hook design
    the standard decode call (single token, no ``intermediate_states_buffer``, no
    ``disable_state_update``), on the layer's ``temporal`` and on exactly the context's
    slot tensor (same data pointer); it is then routed to ``mamba2_replay_decode``
-   (route from ``SGLANG_REPLAYSSM_MAMBA2_ROUTE``, null slot 0).  Anything else under a
+   (null slot 0).  Anything else under a
    context raises instead of computing silently from a stale checkpoint.  Rows the
    kernel skips (slot -1 / 0) keep whatever ``out`` held: SGLang's own padded decode
    rows are not defined either (its conv update leaves padded rows of its output
@@ -143,16 +143,6 @@ def _ring_of(backend):
     return getattr(pool, RING_ATTR, None)
 
 
-def _route_of(backend) -> str:
-    route = getattr(backend, "_rssm_route", None)
-    if route is None:
-        from ..config import from_env
-
-        route = from_env().mamba2_route
-        backend._rssm_route = route
-    return route
-
-
 def _check_ring(ring, backend, order) -> None:
     from ..ring import Mamba2RingGeometry
 
@@ -188,9 +178,8 @@ def _plan(backend, layer_id, forward_batch):
         _check_ring(ring, backend, order)
         if not getattr(backend, "_rssm_logged", False):
             backend._rssm_logged = True
-            logger.info("sglang_replayssm: Mamba2 %s on the replay ring (L=%d, %d layers, route %s)",
-                        f"verify (window {ring.spec_window})" if spec else "decode", ring.buffer_len, len(order),
-                        _route_of(backend))
+            logger.info("sglang_replayssm: Mamba2 %s on the replay ring (L=%d, %d layers)",
+                        f"verify (window {ring.spec_window})" if spec else "decode", ring.buffer_len, len(order))
     start = md.num_prefills
     if md.is_target_verify:  # cursors are read per slot in the kernel and move only at the commit
         return ring, None, pool_idx, "verify"
@@ -215,7 +204,7 @@ def backend_forward_around(original, self, mixer, hidden_states, output, layer_i
     ctx = _LayerContext(
         ring_views=ring.layer(pool_idx), slots=slots, wp_rows=wp_rows,
         state_ptr=temporal[pool_idx].data_ptr(), num_slots=ring.num_slots,
-        route=_route_of(self), pool_idx=pool_idx, layer_id=layer_id, mode=mode,
+        pool_idx=pool_idx, layer_id=layer_id, mode=mode,
         spec=ring.verify_cursors)
     if current_context() is not None:
         raise ReplayDecodeError("nested Mamba2AttnBackend.forward calls under a replay context")
@@ -317,7 +306,7 @@ def selective_state_update_around(original, *args, **kwargs):
         from ..kernels.mamba2_replay import mamba2_replay_decode
 
         mamba2_replay_decode(a["state"], rv["x"], rv["B"], rv["dt"], a["x"], a["dt"], a["A"], a["B"], a["C"],
-                             a["state_batch_indices"], ctx.wp_rows, out=a["out"], route=ctx.route, **common)
+                             a["state_batch_indices"], ctx.wp_rows, out=a["out"], **common)
     else:
         from ..kernels.mamba2_verify import mamba2_verify
 

@@ -17,21 +17,21 @@ def _flags(argv):
 def test_defaults_are_inert():
     cfg = from_env({})
     assert cfg == ReplaySSMConfig()
-    assert cfg.enable is False and cfg.buffer_len == 16 and cfg.mamba2_route == "auto"
+    assert cfg.enable is False and cfg.buffer_len == 16
     assert cfg.ssm_types == ("mamba2", "gdn")
 
 
 def test_env_values_parsed_and_sourced():
     cfg = from_env({"SGLANG_REPLAYSSM_ENABLE": "yes", "SGLANG_REPLAYSSM_BUFFER_LEN": "8",
-                    "SGLANG_REPLAYSSM_SSM_TYPES": "gdn", "SGLANG_REPLAYSSM_MAMBA2_ROUTE": "State_And_Output"})
-    assert (cfg.enable, cfg.buffer_len, cfg.ssm_types, cfg.mamba2_route) == (True, 8, ("gdn",), "state_and_output")
+                    "SGLANG_REPLAYSSM_SSM_TYPES": "gdn", "SGLANG_REPLAYSSM_LOG_LEVEL": "Warning"})
+    assert (cfg.enable, cfg.buffer_len, cfg.ssm_types, cfg.log_level) == (True, 8, ("gdn",), "warning")
     assert cfg.source["buffer_len"] == "env"
 
 
 @pytest.mark.parametrize("var,value,needle", [
     ("SGLANG_REPLAYSSM_BUFFER_LEN", "0", "SGLANG_REPLAYSSM_BUFFER_LEN"),
     ("SGLANG_REPLAYSSM_BUFFER_LEN", "abc", "[1, 256]"),
-    ("SGLANG_REPLAYSSM_MAMBA2_ROUTE", "fast", "output_only"),
+    ("SGLANG_REPLAYSSM_LOG_LEVEL", "loud", "warning"),
     ("SGLANG_REPLAYSSM_SSM_TYPES", "mamba3", "accepted: mamba2, gdn"),
     ("SGLANG_REPLAYSSM_ENABLE", "maybe", "not a boolean"),
     ("SGLANG_REPLAYSSM_BUFER_LEN", "8", "unknown environment variable"),
@@ -44,11 +44,11 @@ def test_bad_env_values_name_the_setting(var, value, needle):
 
 def test_yaml_file_then_env_then_flags(tmp_path):
     y = tmp_path / "r.yaml"
-    y.write_text("buffer_len: 4\nmamba2-route: output_only\nlog_level: debug\n")
+    y.write_text("buffer_len: 4\nssm-types: gdn\nlog_level: debug\n")
     env = {CONFIG_FILE_ENV: str(y), "SGLANG_REPLAYSSM_BUFFER_LEN": "6"}
     cfg = from_env(env)
-    assert (cfg.buffer_len, cfg.mamba2_route, cfg.log_level) == (6, "output_only", "debug")
-    assert cfg.source["mamba2_route"].startswith("yaml:")
+    assert (cfg.buffer_len, cfg.ssm_types, cfg.log_level) == (6, ("gdn",), "debug")
+    assert cfg.source["ssm_types"].startswith("yaml:")
     ns, rest = _flags(["--replayssm-buffer-len", "12", "--model-path", "m"])
     cfg2 = from_flags(ns, env)
     assert cfg2.buffer_len == 12 and cfg2.enable is True and rest == ["--model-path", "m"]

@@ -38,11 +38,10 @@ from kernel_testlib import bits, make_gen, mismatch, view_like
 
 from sglang_replayssm.kernels import common
 from sglang_replayssm.kernels.mamba2_ref import mamba2_replay_decode_ref, mamba2_step_oracle
-from sglang_replayssm.kernels.mamba2_replay import geometry_key, mamba2_replay_decode, resolve_route
+from sglang_replayssm.kernels.mamba2_replay import geometry_key, mamba2_replay_decode
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 F64 = torch.float64
-ROUTES = ["output_only", "state_and_output"]
 
 # (state dtype, act dtype) -> (rtol, atol) vs the fp64 oracle
 ORACLE_TOL = {
@@ -199,12 +198,12 @@ class Harness:
         return self.count[i] % self.L
 
     # ---- one checked step ---------------------------------------------------------------
-    def step(self, reqs, route, *, pads=("neg", "null"), pad_wpos=None, out_fill=float("nan"),
+    def step(self, reqs, *, pads=("neg", "null"), pad_wpos=None, out_fill=float("nan"),
              idx_dtype=torch.int32, check_oracle=True):
         """Run one decode step for requests ``reqs`` (+ padding rows) and check everything."""
         H, P, L = self.H, self.P, self.L
         dev = self.device
-        tag = f"[seed={self.seed} route={route} state={self.sd} act={self.ad} L={L}]"
+        tag = f"[seed={self.seed} state={self.sd} act={self.ad} L={L}]"
         rows = list(reqs)
         # interleave padding rows: one at the front, one in the middle
         if "neg" in pads:
@@ -248,12 +247,10 @@ class Harness:
             ref_views = {k: view_like(v, ref[k]) for k, (_, v) in self.bases.items()}
             ref_out = torch.full((batch, H, P), float("nan"), dtype=self.ad, device=dev)
             mamba2_replay_decode_ref(ref_views["state"], ref_views["x_ring"], ref_views["B_ring"],
-                                     ref_views["dt_ring"], *args, out=ref_out,
-                                     route=resolve_route(route, common.config_keys(geometry_key(H, P, self.N, self.G, L), self.sd)),
-                                     **kwargs)
+                                     ref_views["dt_ring"], *args, out=ref_out, **kwargs)
 
         ret = mamba2_replay_decode(self.state, self.x_ring, self.B_ring, self.dt_ring, *args,
-                                   out=out, route=route, **kwargs)
+                                   out=out, **kwargs)
         assert ret is out, f"{tag} the returned tensor must be `out`"
 
         live = [k for k, r in enumerate(rows) if not isinstance(r, str)]
@@ -335,36 +332,33 @@ class Harness:
 
 
 @pytest.mark.parametrize("prec", PRECISIONS, ids=PREC_IDS)
-@pytest.mark.parametrize("L", [1, 4, 16])
-@pytest.mark.parametrize("route", ROUTES)
-def test_decode_matches_oracle(device, route, L, prec):
+@pytest.mark.parametrize("L", [1, 4, pytest.param(16, marks=pytest.mark.slow)])  # CPU L=16: test_desynchronised_rows
+def test_decode_matches_oracle(device, L, prec):
     """2L+1 steps (two full flush cycles + one). L=16 runs one request to keep the CPU interpreter fast."""
     medium = L == 4 and prec == (F32, F32)  # several P-blocks per head with the default BLOCK_M
     reqs = [0] if (L == 16 or medium) else [0, 1]
     h = Harness(device, MEDIUM if medium else SMALL, L, *prec, n_req=len(reqs))
     for _ in range(2 * L + 1):
-        h.step(reqs, route, pads=("neg", "null") if len(reqs) == 2 else ("null",))
+        h.step(reqs, pads=("neg", "null") if len(reqs) == 2 else ("null",))
 
 
 @pytest.mark.parametrize("zd,prec", [("z_only", (F32, F32)), ("none", (F32, BF16)), ("D_only", (F32, F32)),
                                      ("D_per_dim", (F32, BF16))], ids=["z_only", "none", "D_only", "D_per_dim"])
-@pytest.mark.parametrize("route", ROUTES)
-def test_decode_z_and_D_variants(device, route, prec, zd):
+def test_decode_z_and_D_variants(device, prec, zd):
     """z off and/or D off (every other test has both on), D varying over P; odd P, N, 3 groups."""
     h = Harness(device, ODD, 4, *prec, n_req=2, has_z=zd in ("z_only", "D_per_dim"),
                 has_D=zd in ("D_only", "D_per_dim"), D_per_dim=zd == "D_per_dim")
     for _ in range(9):
-        h.step([0, 1], route, pads=("neg",))
+        h.step([0, 1], pads=("neg",))
 
 
-@pytest.mark.parametrize("route", ROUTES)
-def test_no_softplus_int64_indices(device, route):
+def test_no_softplus_int64_indices(device):
     """dt_softplus=False (Δ = dt + dt_bias, kept positive) and int64 state indices."""
     h = Harness(device, SMALL, 4, F32, F32, dt_softplus=False)
     h.dtb_h = h.dtb_h.abs() + 5.0  # raw dt ~ N(0,1) + 5 > 0
     h.dt_bias = h.dtb_h.to(device)
     for _ in range(9):
-        h.step([0, 1], route, idx_dtype=torch.int64)
+        h.step([0, 1], idx_dtype=torch.int64)
 
 
 # ======================================================================================
@@ -372,8 +366,7 @@ def test_no_softplus_int64_indices(device, route):
 # ======================================================================================
 
 
-@pytest.mark.parametrize("route", ROUTES)
-def test_L1_equals_baseline(device, route):
+def test_L1_equals_baseline(device):
     """L = 1: out and state after each step equal the baseline update (fp32 math from the stored
     state, new state stored in the state dtype), i.e. SGLang's selective_state_update semantics."""
     gen, seed = make_gen()
@@ -400,7 +393,7 @@ def test_L1_equals_baseline(device, route):
             S_base, y_base = mamba2_step_oracle(state[slots.long()], x, dt, A, B, C, D=D, z=z, dt_bias=dtb,
                                                 dtype=F32)
             out = mamba2_replay_decode(state, x_ring, B_ring, dt_ring, x, dt, A, B, C, slots, wp,
-                                       D=D, z=z, dt_bias=dtb, route=route)
+                                       D=D, z=z, dt_bias=dtb)
             r_, k_ = mismatch(out, y_base.to(ad), *tol)
             assert r_ <= 1, f"[seed={seed} {sd}/{ad}] L=1 output != baseline ({r_:.3g}x tol at {k_})"
             r_, k_ = mismatch(state[slots.long()], S_base.to(sd), *stol)
@@ -414,13 +407,12 @@ def test_L1_equals_baseline(device, route):
 
 
 @pytest.mark.parametrize("prec", [(F32, F32), (F32, BF16)], ids=["s32a32", "s32a16b"])
-@pytest.mark.parametrize("route", ROUTES)
-def test_prefill_then_decode_equals_full_recurrence(device, route, prec):
+def test_prefill_then_decode_equals_full_recurrence(device, prec):
     """S_ck = exact recurrence over a 13-token prefix; decoding 2L+1 tokens through the ring must track
     the unrounded fp64 recurrence of the whole sequence (fp32 checkpoint)."""
     h = Harness(device, MEDIUM, 4, *prec, n_req=1, prefill_len=13, round_oracle=False)
     for _ in range(9):
-        h.step([0], route, pads=())
+        h.step([0], pads=())
 
 
 # ======================================================================================
@@ -429,15 +421,14 @@ def test_prefill_then_decode_equals_full_recurrence(device, route, prec):
 
 
 @pytest.mark.parametrize("L", [4, 16])
-@pytest.mark.parametrize("route", ROUTES)
-def test_desynchronised_rows(device, route, L):
+def test_desynchronised_rows(device, L):
     h = Harness(device, SMALL, L, F32, F32, n_req=3)
-    h.step([0], route, pads=())
-    h.step([1, 0], route, pads=())
-    h.step([2, 1, 0], route, pads=())
+    h.step([0], pads=())
+    h.step([1, 0], pads=())
+    h.step([2, 1, 0], pads=())
     assert len({h.write_pos(i) for i in range(3)}) == 3
     for _ in range(2 * L + 1):
-        h.step([2, 0, 1], route, pads=())
+        h.step([2, 0, 1], pads=())
 
 
 # ======================================================================================
@@ -445,15 +436,14 @@ def test_desynchronised_rows(device, route, L):
 # ======================================================================================
 
 
-@pytest.mark.parametrize("route", ROUTES)
-def test_padded_rows_write_nothing(device, route):
+def test_padded_rows_write_nothing(device):
     """Pads at the flush position, a sentinel (42) in out; a custom null slot; an all-padding batch."""
     h = Harness(device, SMALL, 4, F32, F32, n_req=2, null_slot=3)
     for _ in range(5):
-        h.step([0, 1], route, pad_wpos=3, out_fill=42.0)
+        h.step([0, 1], pad_wpos=3, out_fill=42.0)
     for _ in range(2):
-        h.step([], route, pad_wpos=3, out_fill=42.0)  # batch made of padding rows only
-    h.step([1], route, pads=("null",), pad_wpos=0, out_fill=42.0)
+        h.step([], pad_wpos=3, out_fill=42.0)  # batch made of padding rows only
+    h.step([1], pads=("null",), pad_wpos=0, out_fill=42.0)
 
 
 # ======================================================================================
@@ -461,14 +451,12 @@ def test_padded_rows_write_nothing(device, route):
 # ======================================================================================
 
 
-@pytest.mark.parametrize("route,prec", [("output_only", (F32, F32)), ("output_only", (BF16, BF16)),
-                                        ("state_and_output", (F32, BF16))],
-                         ids=["output_only-s32a32", "output_only-s16b_a16b", "state_and_output-s32a16b"])
-def test_strided_views(device, route, prec):
+@pytest.mark.parametrize("prec", [(F32, F32), (BF16, BF16), (F32, BF16)], ids=["s32a32", "s16b_a16b", "s32a16b"])
+def test_strided_views(device, prec):
     h = Harness(device, ODD, 4, *prec, n_req=2, strided=True, D_per_dim=True)
     assert h.state.stride(0) != math.prod(h.state.shape[1:])
     for _ in range(9):
-        h.step([0, 1], route)
+        h.step([0, 1])
 
 
 # ======================================================================================
@@ -477,11 +465,10 @@ def test_strided_views(device, route, prec):
 
 
 @pytest.mark.parametrize("what", ["x", "B", "dt"])
-@pytest.mark.parametrize("route", ROUTES)
-def test_teeth_corrupted_ring_is_detected(device, route, what):
+def test_teeth_corrupted_ring_is_detected(device, what):
     h = Harness(device, SMALL, 8, F32, F32, n_req=1)
     for _ in range(3):
-        h.step([0], route)
+        h.step([0])
     s, j = h.slots[0], h.write_pos(0) - 1  # the most recent history entry
     hd = int(torch.argmax(h.dt_ring[s, :, j]))  # head with the largest Δ_j: the largest replay weight
     if what == "x":
@@ -491,14 +478,14 @@ def test_teeth_corrupted_ring_is_detected(device, route, what):
     else:
         h.dt_ring[s, hd, j] += 1.0
     with pytest.raises(AssertionError, match="oracle"):
-        h.step([0], route)
+        h.step([0])
 
 
 def test_teeth_reference_disagreement_is_detected(device, monkeypatch):
     """The kernel-vs-reference check must also bite: corrupt only the reference's ring copy."""
     h = Harness(device, SMALL, 8, F32, F32, n_req=1)
     for _ in range(3):
-        h.step([0], "output_only")
+        h.step([0])
     s, j = h.slots[0], h.write_pos(0) - 1
     real_ref = mamba2_replay_decode_ref
 
@@ -508,11 +495,11 @@ def test_teeth_reference_disagreement_is_detected(device, monkeypatch):
 
     monkeypatch.setattr(sys.modules[__name__], "mamba2_replay_decode_ref", bad_ref)
     with pytest.raises(AssertionError, match="reference"):
-        h.step([0], "output_only", check_oracle=False)
+        h.step([0], check_oracle=False)
 
 
 # ======================================================================================
-# launch configuration plumbing (any device): BLOCK_M not dividing P, route="auto"
+# launch configuration plumbing (any device): BLOCK_M not dividing P, both flush-loop forms
 # ======================================================================================
 
 
@@ -526,23 +513,17 @@ def config_file(tmp_path, monkeypatch):
     return write
 
 
-def test_launch_config_and_auto_route(device, config_file):
-    """P=80 over 3 P-blocks (last one partial), N=40 over 16-column rebuild chunks (last one
+@pytest.mark.parametrize("entry", ["{BLOCK_M: 32, num_warps: 2, BLOCK_NC: 16, flush_unroll: 1}",
+                                   "{BLOCK_M: 64, dot_precision: ieee, BLOCK_NC: 16, flush_unroll: 0, num_stages: 2}"],
+                         ids=["unrolled", "loop-ieee"])
+def test_launch_config_partial_blocks(device, config_file, entry):
+    """P=80 over 3 P-blocks (last one partial; or 2 of 64), N=40 over 16-column rebuild chunks (last one
     partial, and with the unrolled loop one fully masked), both flush-loop forms, ieee dot."""
     H, P, N, G = 4, 80, 40, 2
-    key = geometry_key(H, P, N, G, 4)
-    config_file(
-        "mamba2_output_only:\n  default: {BLOCK_M: 32, num_warps: 2, BLOCK_NC: 16, flush_unroll: 1}\n"
-        "mamba2_state_and_output:\n  default: {BLOCK_M: 64, dot_precision: ieee, BLOCK_NC: 16, flush_unroll: 0,"
-        " num_stages: 2}\n"
-        f"mamba2_route:\n  default: {{route: output_only}}\n  {key}: {{route: state_and_output}}\n"
-    )
-    assert resolve_route("auto", key) == "state_and_output"
-    assert resolve_route("auto", geometry_key(H, P, N, G, 8)) == "output_only"
+    config_file(f"mamba2_output_only:\n  {geometry_key(H, P, N, G, 4)}: {entry}\n")
     h = Harness(device, (H, P, N, G), 4, F32, F32, n_req=2)
-    for _ in range(5):
-        h.step([0, 1], "auto")
-        h.step([0, 1], "output_only")
+    for _ in range(10):
+        h.step([0, 1])
 
 
 @pytest.mark.parametrize("prec", [(F32, F32), (F32, BF16)], ids=["s32a32", "s32a16b"])
@@ -558,21 +539,23 @@ def test_inline_bc_small_batch_single_launch(device, config_file, monkeypatch, p
         "__getitem__": lambda self, grid: (launches.append(grid), orig[grid])[1]})())
     h = Harness(device, ODD, 4, *prec, n_req=3)
     for _ in range(6):  # 3 requests + 2 padding rows = 5 rows > 4: pre-kernel
-        h.step([0, 1, 2], "output_only")
+        h.step([0, 1, 2])
     assert len(launches) == 6
     for _ in range(6):  # 2 requests + 1 padding row = 3 rows: inline
-        h.step([0, 2], "output_only", pads=("neg",))
+        h.step([0, 2], pads=("neg",))
     assert len(launches) == 6, "the pre-kernel ran for a batch within inline_bc_max_batch"
 
 
-@pytest.mark.parametrize("inline,prec", [(0, (F32, F32)), (8, (F32, F32)), (8, (BF16, BF16))],
-                         ids=["pre-s32a32", "inline-s32a32", "inline-s16b_a16b"])
-def test_state_first_matches_the_oracle(device, config_file, monkeypatch, inline, prec):
-    """state_first: non-flush rows load the checkpoint tile (and, inline, the B window) before the
-    window chain; same results through flushes, desynchronised rows and padding (output-only route)."""
+@pytest.mark.parametrize("first,inline,prec", [(1, 0, (F32, F32)), (1, 8, (F32, F32)), (1, 8, (BF16, BF16)),
+                                               (0, 0, (F32, F32)), (0, 8, (BF16, BF16))],
+                         ids=["pre-s32a32", "inline-s32a32", "inline-s16b_a16b", "window-first-pre-s32a32",
+                              "window-first-inline-s16b_a16b"])
+def test_state_first_matches_the_oracle(device, config_file, monkeypatch, first, inline, prec):
+    """state_first 1 (the default): non-flush rows load the checkpoint tile (and, inline, the B window) before
+    the window chain; 0: after it. Same results through flushes, desynchronised rows and padding."""
     from sglang_replayssm.kernels import mamba2_replay as mr
 
-    config_file(f"mamba2_output_only:\n  default: {{state_first: 1, inline_bc_max_batch: {inline}}}\n")
+    config_file(f"mamba2_output_only:\n  default: {{state_first: {first}, inline_bc_max_batch: {inline}}}\n")
     flags = []
     orig = mr._mamba2_replay_kernel
 
@@ -585,30 +568,31 @@ def test_state_first_matches_the_oracle(device, config_file, monkeypatch, inline
 
     monkeypatch.setattr(mr, "_mamba2_replay_kernel", Rec())
     h = Harness(device, ODD, 4, *prec, n_req=3)
-    h.step([0], "output_only", pads=())
-    h.step([1, 0], "output_only")
+    h.step([0], pads=())
+    h.step([1, 0])
     for _ in range(6):  # L = 4: every row flushes on its own phase
-        h.step([2, 0, 1], "output_only")
-    h.step([1], "output_only", pads=("null", "neg"), pad_wpos=3, out_fill=42.0)
-    assert flags and all(f == (True, bool(inline)) for f in flags), flags
-    h.step([0, 2], "state_and_output")  # the other route ignores it
-    assert flags[-1][0] is False
+        h.step([2, 0, 1])
+    h.step([1], pads=("null", "neg"), pad_wpos=3, out_fill=42.0)
+    assert flags and all(f == (bool(first), bool(inline)) for f in flags), flags
 
 
 def test_bad_launch_config_raises(device, config_file):
     h = Harness(device, SMALL, 4, F32, F32, n_req=1)
     config_file("mamba2_output_only:\n  default: {BLOCK_M: 8}\n")
     with pytest.raises(ValueError, match="BLOCK_M"):
-        h.step([0], "output_only")
+        h.step([0])
     config_file("mamba2_output_only:\n  default: {dot_precision: tf32}\n")
     with pytest.raises(ValueError, match="dot_precision"):
-        h.step([0], "output_only")
-    config_file("mamba2_state_and_output:\n  default: {BLOCK_NC: 24}\n")
+        h.step([0])
+    config_file("mamba2_output_only:\n  default: {BLOCK_NC: 24}\n")
     with pytest.raises(ValueError, match="BLOCK_NC"):
-        h.step([0], "state_and_output")
-    config_file("mamba2_state_and_output:\n  default: {BLOCK_K: 24}\n")
-    with pytest.raises(ValueError, match="unknown parameters"):
-        h.step([0], "state_and_output")
+        h.step([0])
+    config_file("mamba2_output_only:\n  default: {num_warps: 3}\n")
+    with pytest.raises(ValueError, match="num_warps"):
+        h.step([0])
+    config_file("mamba2_output_only:\n  default: {BLOCK_K: 24}\n")
+    with pytest.raises(ValueError, match="unknown parameter 'BLOCK_K'"):
+        h.step([0])
 
 
 def test_out_none_allocates_like_x(device):
@@ -634,19 +618,16 @@ def test_out_none_allocates_like_x(device):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("route,geom", [("output_only", (128, 64, 128, 8)), ("state_and_output", (128, 64, 128, 8)),
-                                        ("output_only", (256, 64, 128, 8))],
-                         ids=["output_only-super120b", "state_and_output-super120b", "output_only-ultra"])
-def test_real_geometries(device, route, geom, config_file):
+@pytest.mark.parametrize("geom", [(128, 64, 128, 8), (256, 64, 128, 8)], ids=["super120b", "ultra"])
+def test_real_geometries(device, geom, config_file):
     """Batch 2, L=2: append then flush (then append again from the new checkpoint for the benchmark
     geometry); fp32 state with bf16 activations, as served."""
     if common.interpreting():
         # fewer, larger programs in the CPU interpreter (same math; BLOCK_M=64 covers P in one tile)
-        config_file("mamba2_output_only:\n  default: {BLOCK_M: 64, BLOCK_NC: 128}\n"
-                    "mamba2_state_and_output:\n  default: {BLOCK_M: 64, BLOCK_NC: 128}\n")
+        config_file("mamba2_output_only:\n  default: {BLOCK_M: 64, BLOCK_NC: 128}\n")
     h = Harness(device, geom, 2, F32, BF16, n_req=2, check_ref=False)
-    for _ in range(3 if geom[0] == 128 and route == "output_only" else 2):
-        h.step([0, 1], route, pads=())
+    for _ in range(3 if geom[0] == 128 else 2):
+        h.step([0, 1], pads=())
 
 
 # ======================================================================================
@@ -672,7 +653,7 @@ def _call(a, **kw):
 
 def test_validation_raises_value_error(device):
     a = _valid_args(device)
-    _call(a, route="output_only")  # the valid call works
+    _call(a)  # the valid call works
     H, P, N, G, L, S, batch = 4, 16, 16, 2, 4, 3, 2
     bad = [
         ("state", a["state"][..., :8], {}),  # N mismatch with B
@@ -697,7 +678,6 @@ def test_validation_raises_value_error(device):
         (None, None, {"z": torch.randn(batch, H, P + 1, device=device)}),
         (None, None, {"dt_bias": torch.randn(H, P, device=device)}),  # not tied over P
         (None, None, {"out": torch.empty(batch, H, P - 1, device=device)}),
-        (None, None, {"route": "fast"}),
     ]
     for name, value, kw in bad:
         b = dict(a)
@@ -712,22 +692,27 @@ def test_validation_raises_value_error(device):
             _call(b)
 
 
-def test_state_dtype_config_key_and_route(device, config_file, monkeypatch):
-    """The wrapper asks for ``<geometry>_S<state dtype>`` first: a bf16-state entry picks the route
-    and tiles of bf16 checkpoints only (outputs still checked against the oracle)."""
+def test_state_dtype_config_key(device, config_file, monkeypatch):
+    """The wrapper asks for ``<geometry>_S<state dtype>`` first: a bf16-state entry picks the tiles of bf16
+    checkpoints only (outputs still checked against the oracle)."""
     from sglang_replayssm.kernels import mamba2_replay as mr
 
     H, P, N, G = SMALL
     key = geometry_key(H, P, N, G, 4)
-    config_file(f"mamba2_route:\n  default: {{route: output_only}}\n  {key}_Sbf16: {{route: state_and_output}}\n"
-                f"mamba2_state_and_output:\n  {key}_Sbf16: {{BLOCK_M: 16, BLOCK_NC: 16}}\n")
+    config_file(f"mamba2_output_only:\n  {key}_Sbf16: {{BLOCK_M: 16, BLOCK_NC: 16}}\n")
     seen = []
     orig = mr.launch_config
-    monkeypatch.setattr(mr, "launch_config", lambda fam, key, d, path=None: (seen.append((fam, key)), orig(fam, key, d, path))[1])
+
+    def spy(fam, keys, defaults=None, path=None):
+        got = orig(fam, keys, defaults, path)
+        seen.append((fam, tuple(keys), got["BLOCK_M"]))
+        return got
+
+    monkeypatch.setattr(mr, "launch_config", spy)
     for prec in ((BF16, BF16), (F32, BF16)):
         h = Harness(device, SMALL, 4, *prec, n_req=1)
         for _ in range(3):
-            h.step([0], "auto")
-    fams = [f for f, _ in seen if f != "mamba2_route"]
-    assert fams[:3] == ["mamba2_state_and_output"] * 3 and fams[3:] == ["mamba2_output_only"] * 3
-    assert (f"mamba2_state_and_output", (f"{key}_Sbf16", key)) in seen
+            h.step([0])
+    default_m = common.family_defaults("mamba2_output_only")["BLOCK_M"]
+    assert seen == [("mamba2_output_only", (f"{key}_Sbf16", key), 16)] * 3 + \
+        [("mamba2_output_only", (f"{key}_Sfp32", key), default_m)] * 3

@@ -219,7 +219,11 @@ PRECISIONS = [(F32, F32), (F32, BF16), (BF16, BF16), (F16, F16)]
 PREC_IDS = ["s32a32", "s32a16b", "s16b_a16b", "s16_a16"]
 
 
-@pytest.mark.parametrize("T,hist", [(1, 1), (2, 3), (3, 3), (4, 6)], ids=["T1B1", "T2B3", "T3B3", "T4B6"])
+# the CPU run keeps T4B6 (and T1 in test_launch_variants_match_sequential_recurrence); the rest: the GPU run's
+@pytest.mark.parametrize("T,hist", [pytest.param(1, 1, marks=pytest.mark.slow),
+                                    pytest.param(2, 3, marks=pytest.mark.slow),
+                                    pytest.param(3, 3, marks=pytest.mark.slow), (4, 6)],
+                         ids=["T1B1", "T2B3", "T3B3", "T4B6"])
 def test_stream_of_random_accepts_matches_sequential_recurrence(device, T, hist):
     """44 verify+commit steps at fp32, random accept lengths, desynchronised rows, ring wrap-around."""
     h = SpecHarness(device, SMALL, T, hist, F32, F32, n_req=3)
@@ -230,7 +234,8 @@ def test_stream_of_random_accepts_matches_sequential_recurrence(device, T, hist)
         assert h.wraps >= 1, f"{h.tag()} the circular ring never wrapped"
 
 
-@pytest.mark.parametrize("prec", PRECISIONS, ids=PREC_IDS)
+@pytest.mark.parametrize("prec", [pytest.param(PRECISIONS[0], marks=pytest.mark.slow), *PRECISIONS[1:]],
+                         ids=PREC_IDS)  # fp32 on ODD: the GPU run's (fp32 on SMALL: the stream test above)
 def test_precisions_odd_geometry(device, prec):
     """Grouped heads, P and N not powers of two, N over two chunks, every state/act dtype."""
     h = SpecHarness(device, ODD, 3, 4, *prec, n_req=2)
@@ -522,15 +527,22 @@ def test_flushing_verify_with_no_accept_does_not_fold_twice(device):
         h.step(accept=1)   # outputs and later flushes are checked against the oracle inside step()
 
 
-@pytest.mark.parametrize("variant", ["reduce: token", "reduce: token, bc: pre", "bc: pre, bc_num_warps: 2",
-                                     "nonflush: stream", "reduce: token, bc: pre, nonflush: stream, BLOCK_M: 16"])
-@pytest.mark.parametrize("T,hist,geom,prec", [(1, 1, SMALL, (F32, F32)), (4, 6, SMALL, (F32, F32)),
-                                              (3, 4, ODD, (F32, BF16)), (3, 4, ODD, (BF16, BF16))],
+# (the packaged config, token + pre + stream at BLOCK_M 32, is what the other tests run)
+@pytest.mark.parametrize("variant", ["reduce: bcast, bc: inline, nonflush: chunked, BLOCK_M: 16, num_warps: 4",
+                                     "reduce: token, bc: inline, nonflush: chunked",
+                                     "reduce: bcast, bc: pre, bc_num_warps: 2, nonflush: chunked",
+                                     "reduce: bcast, bc: inline, nonflush: stream",
+                                     "reduce: token, bc: pre, nonflush: stream, BLOCK_M: 16"])
+# the CPU run takes every variant at T1 on SMALL; the longer windows and the odd geometry are the GPU run's (slow)
+@pytest.mark.parametrize("T,hist,geom,prec", [(1, 1, SMALL, (F32, F32)),
+                                              pytest.param(4, 6, SMALL, (F32, F32), marks=pytest.mark.slow),
+                                              pytest.param(3, 4, ODD, (F32, BF16), marks=pytest.mark.slow),
+                                              pytest.param(3, 4, ODD, (BF16, BF16), marks=pytest.mark.slow)],
                          ids=["T1-s32", "T4-s32", "T3odd-s32a16b", "T3odd-s16b"])
 def test_launch_variants_match_sequential_recurrence(device, tmp_path, monkeypatch, T, hist, geom, prec, variant):
-    """Launch-config variants of the same math -- ``reduce: token`` (T two-dimensional row reductions
-    per chunk instead of one 3-D broadcast), ``bc: pre`` (the group-shared B·C dots once per
-    (row, group) in a pre-kernel) and ``nonflush: stream`` (non-flush rows read the whole S_ck tile at
+    """Launch-config variants of the same math -- ``reduce: bcast / token`` (one 3-D broadcast per chunk or T
+    two-dimensional row reductions), ``bc: inline / pre`` (the group-shared B·C dots in every program or once
+    per (row, group) in a pre-kernel) and ``nonflush: chunked / stream`` (non-flush rows read the whole S_ck tile at
     once) -- under the same stream checks, flushes and wrap-around included."""
     f = tmp_path / "cfg.yaml"
     f.write_text("mamba2_verify:\n  default: {" + variant + "}\n")
@@ -541,6 +553,7 @@ def test_launch_variants_match_sequential_recurrence(device, tmp_path, monkeypat
     assert h.flushes >= 2, f"{h.tag()} the stream must cross flushes, saw {h.flushes}"
 
 
+@pytest.mark.slow  # a launch-config choice (the packaged limit, 1, is what the other tests run)
 def test_inline_bc_max_batch_keeps_small_batches_in_one_launch(device, tmp_path, monkeypatch):
     """bc: pre with inline_bc_max_batch: a batch above the limit launches the B·C pre-kernel, a batch
     within it computes the dots inline (one launch); both stay on the sequential recurrence."""

@@ -8,7 +8,8 @@ process-setup detail that the decode math does not depend on:
 
 * ``mamba.causal_conv1d_update_triton`` is only bound on CUDA/XPU; bind SGLang's Triton one;
 * ``torch.cpu.device`` (SGLang's SSU wrapper enters ``torch.get_device_module(dev).device``);
-* ``linear.get_tp_group`` (RowParallelLinear asks the TP group for symmetric memory; TP=1);
+* ``linear.get_tp_group`` (RowParallelLinear asks the TP group for symmetric memory; TP=1; 0.5.23 asks
+  ``get_parallel().tp_group``, overridden instead);
 * ``hybrid_linear_attn_backend.get_memory`` (server args are not published in a test);
 * the backend object is made with ``object.__new__`` plus the fields ``forward`` reads
   (its constructor wants a ModelRunner), and ``ssu_dispatch``'s backend is the Triton one
@@ -39,11 +40,23 @@ MAMBA_SIZE = 6              # slots 1..6 usable, 0 is the dummy
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _cpu_masked_scatter(dst, src, dst_indices_raw, step_indices_raw):
-    """CPU twin of SGLang's masked post-verify scatters: dst[:, d_i] = src[:, i, step_i] where both >= 0."""
-    for i, (d, st) in enumerate(zip(dst_indices_raw.tolist(), step_indices_raw.tolist())):
+def _mixer_result(out):
+    """What a stand-in mixer's ``forward`` returns: ``(out, intermediate_states)``, plus ``track_states``
+    from SGLang 0.5.23 on (its ``Mamba2AttnBackend.forward`` unpacks three)."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    return (out, None, None) if Version(version("sglang")) >= Version("0.5.23") else (out, None)
+
+
+def _cpu_masked_scatter(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw=None):
+    """CPU twin of SGLang's masked post-verify scatters: dst[:, d_i] = src[:, s_i, step_i] where both >= 0;
+    s_i is row i, or ``src_indices_raw[i]`` (0.5.23's optional scratch rows, given only under PP)."""
+    rows = range(len(dst_indices_raw)) if src_indices_raw is None else src_indices_raw.tolist()
+    for d, st, s in zip(dst_indices_raw.tolist(), step_indices_raw.tolist(), rows):
         if d >= 0 and st >= 0:
-            dst[:, d] = src[:, i, st]
+            dst[:, d] = src[:, s, st]
 
 
 @pytest.fixture(scope="module")
@@ -60,14 +73,20 @@ def sgl():
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.runtime_context import get_parallel
 
-    with pytest.MonkeyPatch.context() as mp:
+    with pytest.MonkeyPatch.context() as mp, contextlib.ExitStack() as stack:
         mp.setattr(mamba, "causal_conv1d_update_triton", cct.causal_conv1d_update, raising=False)
         mp.setattr(torch.cpu, "device", lambda index=None: contextlib.nullcontext(), raising=False)
-        mp.setattr(linear, "get_tp_group", lambda: types.SimpleNamespace(world_size=1))
+        if hasattr(linear, "get_tp_group"):
+            mp.setattr(linear, "get_tp_group", lambda: types.SimpleNamespace(world_size=1))
+        else:  # 0.5.23: RowParallelLinear reads get_parallel().tp_group
+            stack.enter_context(get_parallel().override(
+                tp_group=types.SimpleNamespace(world_size=1, rank_in_group=0)))
         mp.setattr(hlab, "get_memory", lambda: types.SimpleNamespace(enable_page_major_kv_layout=False))
         mp.setattr(ssu_dispatch, "_mamba_ssu_backend", ssu_dispatch.TritonSSUBackend())
         mp.setattr(mss, "fused_mamba_state_scatter_with_mask", _cpu_masked_scatter)
         mp.setattr(mss, "fused_conv_window_scatter_with_mask", _cpu_masked_scatter)
+        if hasattr(hlab, "fused_conv_window_scatter_with_mask"):  # 0.5.15, 0.5.23: the backend's own import
+            mp.setattr(hlab, "fused_conv_window_scatter_with_mask", _cpu_masked_scatter)
 
         shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=H * P, n_groups=G, num_heads=H,
                                         head_dim=P, state_size=N, conv_kernel=KCONV)
@@ -92,9 +111,7 @@ def sgl():
 
 
 @pytest.fixture(autouse=True)
-def _clean(monkeypatch):
-    for k in ("SGLANG_REPLAYSSM_MAMBA2_ROUTE",):
-        monkeypatch.delenv(k, raising=False)
+def _clean():
     unapply_all()
     yield
     unapply_all()
@@ -189,13 +206,11 @@ SCHEDULE = [
 ]
 
 
-@pytest.mark.parametrize("L,route,steps", [(4, "output_only", len(SCHEDULE)), (4, "state_and_output", 7),
-                                           (1, "auto", 3)])
-def test_decode_matches_sglang_selective_state_update(sgl, monkeypatch, L, route, steps):
+@pytest.mark.parametrize("L,steps", [(4, len(SCHEDULE)), (1, 3)])
+def test_decode_matches_sglang_selective_state_update(sgl, monkeypatch, L, steps):
     """Outputs equal SGLang's every step; the checkpoint equals SGLang's state on flush
     steps and is untouched otherwise; cursors advance once per forward; non-live slots,
     the dummy slot and the conv path are exactly as SGLang leaves them."""
-    monkeypatch.setenv("SGLANG_REPLAYSSM_MAMBA2_ROUTE", route)
     schedule = SCHEDULE[:steps]
     inputs = make_inputs(schedule)
     ref_outs, ref_temporal, ref_conv = run_stock(sgl, schedule, inputs)
@@ -397,7 +412,7 @@ def test_prefill_and_mixed_forwards(sgl):
     class FakeMixer:
         def forward(self, **kw):
             seen.append(m2d.current_context())
-            return kw["hidden_states"], None
+            return _mixer_result(kw["hidden_states"])
 
     md = sgl.Mamba2Metadata(query_start_loc=torch.tensor([0, 3], dtype=torch.int32),
                             mamba_cache_indices=torch.tensor([2], dtype=torch.int32),
@@ -427,7 +442,7 @@ def test_guards_under_a_context(sgl):
 
     class SilentMixer:
         def forward(self, **kw):
-            return kw["hidden_states"], None
+            return _mixer_result(kw["hidden_states"])
 
     fb = h.set_metadata([2, 5])
     with pytest.raises(m2d.ReplayDecodeError, match="expected exactly 1"):
@@ -440,7 +455,7 @@ def test_guards_under_a_context(sgl):
             sgl.mamba.selective_state_update(st, x, x, torch.zeros(H, P, N), torch.zeros(2, G, N),
                                              torch.zeros(2, G, N), state_batch_indices=torch.tensor([2, 5]),
                                              out=torch.empty(2, H, P))
-            return kw["hidden_states"], None
+            return _mixer_result(kw["hidden_states"])
 
     with pytest.raises(m2d.ReplayDecodeError, match="decode-row slots"):
         sgl.hlab.Mamba2AttnBackend.forward(h.backend, WrongSlotsMixer(), torch.zeros(2, HIDDEN), None,
@@ -454,7 +469,7 @@ def test_guards_under_a_context(sgl):
             sgl.mamba.selective_state_update(st, x, x, torch.zeros(H, P, N), bc, bc,
                                              state_batch_indices=kw["metadata"].mamba_cache_indices,
                                              out=torch.empty(2, 1, H, P), disable_state_update=True)
-            return kw["hidden_states"], None
+            return _mixer_result(kw["hidden_states"])
 
     with pytest.raises(m2d.ReplayDecodeError, match="verify call"):
         sgl.hlab.Mamba2AttnBackend.forward(h.backend, VerifyShapedMixer(), torch.zeros(2, HIDDEN), None,
@@ -466,23 +481,23 @@ def test_guards_under_a_context(sgl):
         h.layer(LAYER_IDS[0], torch.zeros(2, HIDDEN), fb)
 
 
-def test_route_from_config_reaches_the_kernel(sgl, monkeypatch):
+def test_decode_call_reaches_the_kernel(sgl, monkeypatch):
     import sglang_replayssm.kernels.mamba2_replay as kmod
 
     calls = []
     real = kmod.mamba2_replay_decode
 
     def spy(*a, **k):
-        calls.append((k["route"], k["null_slot"], k["dt_softplus"], a[10].dtype))
+        calls.append((sorted(k), k["null_slot"], k["dt_softplus"], a[10].dtype))
         return real(*a, **k)
 
     monkeypatch.setattr(kmod, "mamba2_replay_decode", spy)
-    monkeypatch.setenv("SGLANG_REPLAYSSM_MAMBA2_ROUTE", "state_and_output")
     h = Harness(sgl)
     h.attach_ring(4)
     apply(m2d.PATCHES)
     h.forward([2], make_inputs([[2]])[0])
-    assert calls == [("state_and_output", 0, True, torch.int32)] * len(LAYER_IDS)
+    kwargs = ["D", "dt_bias", "dt_softplus", "null_slot", "out", "z"]
+    assert calls == [(kwargs, 0, True, torch.int32)] * len(LAYER_IDS)
 
 
 def test_registry_apply_verify_unapply(sgl):

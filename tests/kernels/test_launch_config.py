@@ -1,0 +1,228 @@
+"""Launch configs: the configurations resolved for the H200 (pinned), the built-in defaults a GPU without its own
+file runs, and ``common.validate_config_file`` / ``common.launch_config`` on bad files.
+
+No kernel runs here: these are configuration facts (CPU only, fast).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from sglang_replayssm.kernels import common, gdn_replay, gdn_verify, mamba2_replay, mamba2_verify  # noqa: F401
+
+H200 = common.CONFIG_DIR / "h200.yaml"
+DEFAULT = common.CONFIG_DIR / "default.yaml"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+# ----------------------------------------------------------------------------------
+# the launch configs the H200 resolves, pinned: written down from the code and h200.yaml of 013a91c (before the
+# losing options were removed and the winners became the built-in defaults), less the removed parameters
+# (prefetch 0, l2_hints 0, v_tiles 1 everywhere). Batch 1 against larger batches is in the inline_* entries.
+# ----------------------------------------------------------------------------------
+GDN_WHOLE_TILE = {"BKC": 0, "BV": 16, "cast": "bits", "dot_precision": "tf32x3", "flush": "rank1", "inline_BKC": -1,
+                  "inline_BV": 0, "inline_num_warps": 0, "inline_scores_max_batch": 1, "maxnreg": 0, "num_stages": 1,
+                  "num_warps": 1, "scores": "pre", "scores_num_warps": 1}
+GDN_BF16 = dict(GDN_WHOLE_TILE, BV=32, cast="cvt", inline_BV=16)
+GDN_KCHUNK = dict(GDN_WHOLE_TILE, BKC=32, BV=32, flush="dot", inline_BKC=0, inline_BV=16, inline_num_warps=2)
+GDN_VERIFY = {"BV": 16, "dot_precision": "tf32x3", "flush": "rank1", "inline_scores_max_batch": 1, "maxnreg": 168,
+              "num_stages": 1, "num_warps": 1, "reduce": "token", "scores": "pre", "scores_num_warps": 1}
+MAMBA2 = {"BLOCK_M": 32, "BLOCK_NC": 64, "bc_num_warps": 2, "dot_precision": "tf32x3", "flush_unroll": 1,
+          "inline_bc_max_batch": 1, "num_stages": 1, "num_warps": 1, "state_first": 1}
+MAMBA2_VERIFY = {"BLOCK_M": 32, "BLOCK_NC": 32, "bc": "pre", "bc_num_warps": 1, "dot_precision": "tf32x3",
+                 "inline_bc_max_batch": 1, "maxnreg": 0, "nonflush": "stream", "num_stages": 1, "num_warps": 1,
+                 "reduce": "token"}
+
+GDN_GEOMS = ["HV32_HK16_K128_V128", "HV64_HK16_K128_V128", "HV16_HK16_K128_V128", "HV4_HK2_K32_V32"]
+MAMBA2_GEOMS = ["H128_P64_N128_G8", "H256_P64_N128_G8", "H4_P16_N16_G2"]
+
+
+def _h200_expected():
+    exp = {}
+    for tag in DTYPES:
+        for g in GDN_GEOMS:
+            qwen = g in ("HV32_HK16_K128_V128", "HV64_HK16_K128_V128")  # Qwen3-Next, Qwen3.5-122B
+            exp[("gdn_decode", f"{g}_L16", tag)] = (GDN_KCHUNK if qwen and tag == "fp32" else
+                                                    GDN_BF16 if qwen and tag == "bf16" else GDN_WHOLE_TILE)
+            exp[("gdn_verify", f"{g}_R20_T4", tag)] = GDN_VERIFY
+        for g in MAMBA2_GEOMS:  # Nemotron-H-8B, the large Nemotron-H, a tiny one
+            exp[("mamba2_output_only", f"{g}_L16", tag)] = MAMBA2
+            exp[("mamba2_verify", f"{g}_R20_T4", tag)] = MAMBA2_VERIFY
+    return exp
+
+
+H200_EXPECTED = _h200_expected()
+
+
+@pytest.mark.parametrize("family,key,tag", list(H200_EXPECTED), ids=["-".join(k) for k in H200_EXPECTED])
+def test_h200_resolved_configs_are_pinned(family, key, tag):
+    got = common.launch_config(family, common.config_keys(key, DTYPES[tag]), path=str(H200))
+    assert got == H200_EXPECTED[(family, key, tag)]
+
+
+def test_the_wrappers_resolve_the_pinned_h200_configs(monkeypatch):
+    """The kernel wrappers' own lookups (their geometry keys and state-dtype keys) land on the pinned entries."""
+    monkeypatch.setenv(common.ENV_CONFIG_FILE, str(H200))
+    assert gdn_replay.gdn_launch_params(32, 16, 128, 128, 16, torch.float32) == GDN_KCHUNK
+    assert gdn_replay.gdn_launch_params(64, 16, 128, 128, 16, torch.bfloat16) == GDN_BF16
+    assert gdn_replay.gdn_launch_params(32, 16, 128, 128, 16, torch.float16) == GDN_WHOLE_TILE
+    assert gdn_verify.gdn_verify_launch_params(32, 16, 128, 128, 20, 4, torch.float32) == GDN_VERIFY
+
+
+def test_the_built_in_defaults_are_the_h200_winners():
+    """A GPU without its own file (default.yaml only) runs what the H200 runs wherever h200.yaml has no
+    geometry entry: the fast configs, not the earlier slow fallbacks."""
+    assert common.family_defaults("gdn_decode") == GDN_WHOLE_TILE
+    assert common.family_defaults("gdn_verify") == GDN_VERIFY
+    assert common.family_defaults("mamba2_output_only") == MAMBA2
+    assert common.family_defaults("mamba2_verify") == MAMBA2_VERIFY
+    for (family, key, tag), want in H200_EXPECTED.items():
+        got = common.launch_config(family, common.config_keys(key, DTYPES[tag]), path=str(DEFAULT))
+        assert got == common.family_defaults(family)
+        if want != got:  # only the H200's own geometry entries differ
+            assert family == "gdn_decode" and key.startswith(("HV32_HK16", "HV64_HK16")) and tag in ("fp32", "bf16")
+
+
+def test_h200_file_holds_only_geometry_entries():
+    import yaml
+
+    doc = yaml.safe_load(H200.read_text())
+    assert set(doc) == {"gdn_decode"}
+    assert "default" not in doc["gdn_decode"]
+    assert yaml.safe_load(DEFAULT.read_text()) == {}
+
+
+def test_a_gpu_without_a_file_falls_back_to_the_defaults(monkeypatch):
+    monkeypatch.delenv(common.ENV_CONFIG_FILE, raising=False)
+    monkeypatch.setattr(common, "gpu_key", lambda: "b300")
+    assert not common.config_file().exists()
+    assert common.launch_config("gdn_verify", "HV32_HK16_K128_V128_R20_T4") == GDN_VERIFY
+
+
+# ----------------------------------------------------------------------------------
+# validate_config_file
+# ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", [DEFAULT, H200], ids=["default", "h200"])
+def test_packaged_files_validate_clean(path):
+    assert common.validate_config_file(path) is None
+    assert common.validate_config_file(str(path)) is None
+
+
+def _write(tmp_path, text, name="cfg.yaml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_missing_file(tmp_path):
+    p = tmp_path / "nope.yaml"
+    with pytest.raises(ValueError, match=rf"launch-config file {re.escape(str(p))} does not exist"):
+        common.validate_config_file(p)
+
+
+@pytest.mark.parametrize("text,match", [
+    ("gdn_decode: {default: {BV: 16}\n", "not valid YAML"),
+    ("- gdn_decode\n- mamba2_verify\n", "must hold a mapping of kernel families, got list"),
+    ("just a string\n", "must hold a mapping of kernel families, got str"),
+], ids=["malformed", "list", "scalar"])
+def test_malformed_files(tmp_path, text, match):
+    p = _write(tmp_path, text)
+    with pytest.raises(ValueError, match=match) as e:
+        common.validate_config_file(p)
+    assert str(p) in str(e.value)
+
+
+@pytest.mark.parametrize("text,match", [
+    # sections
+    ("gdn_decod:\n  default: {BV: 16}\n",
+     r"unknown section \[gdn_decod\] \(did you mean 'gdn_decode'\?\); known kernel families: "
+     r"\['gdn_decode', 'gdn_verify', 'mamba2_output_only', 'mamba2_verify'\]"),
+    ("mamba2_route:\n  default: {route: output_only}\n", r"unknown section \[mamba2_route\]"),
+    ("mamba2_state_and_output:\n  default: {BLOCK_M: 32}\n", r"unknown section \[mamba2_state_and_output\]"),
+    ("gdn_verify: [BV, 16]\n", r"\[gdn_verify\]: must map \"default\" / geometry keys to entries, got list"),
+    ("gdn_verify:\n  default: 16\n", r"\[gdn_verify\]\[default\]: an entry must be a mapping of launch parameters, "
+                                     r"got int"),
+    ("gdn_verify:\n  16: {BV: 16}\n", r"\[gdn_verify\]\[16\]: an entry key must be"),
+    # parameters
+    ("mamba2_output_only:\n  H128_P64_N128_G8_L16: {BLOCKM: 32}\n",
+     r"\[mamba2_output_only\]\[H128_P64_N128_G8_L16\]: unknown parameter 'BLOCKM' \(did you mean 'BLOCK_M'\?\); "
+     r"accepted: \["),
+    ("gdn_decode:\n  default: {prefetch: 1}\n", r"unknown parameter 'prefetch'"),
+    ("gdn_decode:\n  default: {l2_hints: 3}\n", r"unknown parameter 'l2_hints'"),
+    ("gdn_decode:\n  default: {v_tiles: 2}\n", r"unknown parameter 'v_tiles'"),
+    # values
+    ("gdn_decode:\n  default: {BV: 24}\n", r"\[gdn_decode\]\[default\]: BV must be a power of two >= 1, got 24"),
+    ("gdn_decode:\n  default: {BV: -16}\n", r"BV must be a power of two >= 1, got -16"),
+    ("gdn_decode:\n  default: {BV: 16.0}\n", r"BV must be a power of two >= 1, got 16.0"),
+    ("gdn_decode:\n  default: {BV: '16'}\n", r"BV must be a power of two >= 1, got '16'"),
+    ("gdn_decode:\n  default: {BV: true}\n", r"BV must be a power of two >= 1, got True"),
+    ("gdn_decode:\n  default: {BKC: 8}\n", r"BKC must be 0 or a power of two >= 16 \(0: the whole tile\), got 8"),
+    ("gdn_decode:\n  default: {inline_BKC: 24}\n", r"inline_BKC must be -1, 0 or a power of two >= 16"),
+    ("gdn_decode:\n  default: {inline_num_warps: 3}\n", r"inline_num_warps must be one of \(0, 1, 2, 4, 8, 16, 32\)"),
+    ("gdn_decode:\n  default: {flush: rank1_fold}\n", r"flush must be one of \('rank1', 'dot'\), got 'rank1_fold'"),
+    ("gdn_decode:\n  default: {cast: truncate}\n", r"cast must be one of \('bits', 'cvt'\)"),
+    ("gdn_decode:\n  default: {dot_precision: tf32}\n", r"dot_precision must be one of \('tf32x3', 'ieee'\)"),
+    ("gdn_decode:\n  default: {inline_scores_max_batch: -1}\n", r"inline_scores_max_batch must be an int >= 0"),
+    ("gdn_verify:\n  default: {reduce: dot}\n", r"reduce must be one of \('bcast', 'token'\), got 'dot'"),
+    ("gdn_verify:\n  default: {flush: split}\n", r"flush must be one of"),
+    ("gdn_verify:\n  default: {num_warps: 3}\n", r"num_warps must be one of \(1, 2, 4, 8, 16, 32\), got 3"),
+    ("gdn_verify:\n  default: {num_warps: 64}\n", r"num_warps must be one of"),
+    ("gdn_verify:\n  default: {num_stages: 0}\n", r"num_stages must be an int >= 1"),
+    ("gdn_verify:\n  default: {maxnreg: -8}\n", r"maxnreg must be 0 \(no cap\) or an int from 16 to 255, got -8"),
+    ("gdn_verify:\n  default: {maxnreg: 300}\n", r"maxnreg must be 0 \(no cap\) or an int from 16 to 255"),
+    ("mamba2_verify:\n  default: {maxnreg: 1.5}\n", r"maxnreg must be"),
+    ("mamba2_verify:\n  default: {BLOCK_M: 8}\n", r"BLOCK_M must be a power of two >= 16, got 8"),
+    ("mamba2_verify:\n  default: {nonflush: pipelined}\n", r"nonflush must be one of \('chunked', 'stream'\)"),
+    ("mamba2_verify:\n  default: {bc: post}\n", r"bc must be one of \('inline', 'pre'\)"),
+    ("mamba2_output_only:\n  default: {BLOCK_NC: 48}\n", r"BLOCK_NC must be a power of two >= 16, got 48"),
+    ("mamba2_output_only:\n  default: {num_warps: 3}\n", r"num_warps must be one of"),
+    ("mamba2_output_only:\n  default: {bc_num_warps: 0}\n", r"bc_num_warps must be one of"),
+    ("mamba2_output_only:\n  default: {state_first: 2}\n", r"state_first must be 0 or 1 \(false / true\), got 2"),
+])
+def test_bad_entries_are_refused_up_front(tmp_path, text, match):
+    """Every kind of bad file content: one ValueError naming the file, section, entry key and parameter and what is
+    accepted (a valid section before it: the whole file is read)."""
+    p = _write(tmp_path, "# a comment\nmamba2_verify:\n  default: {reduce: token}\n" + text)
+    with pytest.raises(ValueError, match=match) as e:
+        common.validate_config_file(p)
+    assert str(e.value).startswith(f"launch config {p}")
+
+
+@pytest.mark.parametrize("family,key,body", [
+    ("gdn_decode", "HV2_HK1_K32_V32_L4", "{BV: 24}"),
+    ("gdn_verify", "HV2_HK1_K32_V32_R6_T2", "{reduce: dot}"),
+    ("mamba2_output_only", "H4_P16_N16_G2_L4", "{num_warps: 3}"),
+    ("mamba2_verify", "H4_P16_N16_G2_R6_T2", "{BLOCK_K: 16}"),
+])
+def test_launch_config_and_validate_share_the_checks(tmp_path, family, key, body):
+    p = _write(tmp_path, f"{family}:\n  {key}: {body}\n")
+    with pytest.raises(ValueError) as v:
+        common.validate_config_file(p)
+    with pytest.raises(ValueError) as lc:
+        common.launch_config(family, key, path=str(p))
+    assert str(v.value) == str(lc.value) and f"[{family}][{key}]" in str(v.value)
+    # an entry of another geometry is not read by a lookup, but validation finds it
+    assert common.launch_config(family, key + "0", path=str(p)) == common.family_defaults(family)
+
+
+def test_empty_sections_and_entries_are_fine(tmp_path):
+    p = _write(tmp_path, "gdn_decode:\ngdn_verify:\n  default:\nmamba2_verify: {}\n")
+    assert common.validate_config_file(p) is None
+
+
+def test_explicit_missing_path_is_refused(tmp_path, monkeypatch):
+    missing = tmp_path / "missing.yaml"
+    with pytest.raises(ValueError, match=rf"launch-config file {re.escape(str(missing))} does not exist"):
+        common.launch_config("gdn_verify", "HV32_HK16_K128_V128_R20_T4", path=str(missing))
+    monkeypatch.setenv(common.ENV_CONFIG_FILE, str(missing))
+    with pytest.raises(ValueError, match="does not exist"):
+        common.launch_config("gdn_verify", "HV32_HK16_K128_V128_R20_T4")
+    with pytest.raises(ValueError, match="does not exist"):
+        gdn_verify.gdn_verify_launch_params(2, 1, 32, 32, 6, 2)
+
+
+def test_unknown_family_in_a_lookup():
+    with pytest.raises(ValueError, match=r"unknown kernel family 'gdn_decod' \(did you mean 'gdn_decode'\?\)"):
+        common.launch_config("gdn_decod", "HV32_HK16_K128_V128_L16")
