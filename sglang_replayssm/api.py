@@ -17,16 +17,28 @@ from .config import ENV_PREFIX, ReplaySSMConfig, from_env
 
 
 def enable(**settings) -> ReplaySSMConfig:
-    from .launch_server import entry_point_registered
+    """Validate ``settings``, export them and patch this process; raises (and leaves the environment as it
+    was) when the patches could not reach SGLang's processes or would patch nothing."""
+    from .launch_server import entry_point_registered, plugins_allowlist_problem
     from .plugin import activate, setup_logging
 
     cfg = from_env().replace(enable=True, **settings)
     if not entry_point_registered():
         raise RuntimeError("sglang_replayssm is not installed as a package (its sglang.srt.plugins entry point "
                            "is missing), so SGLang's spawned processes would run unpatched: pip install it first")
+    problem = plugins_allowlist_problem()
+    if problem:
+        raise RuntimeError(f"sglang_replayssm.enable: {problem}")
+    saved = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}
     os.environ.update(cfg.to_env())
     setup_logging(cfg)
-    activate(cfg)
+    try:
+        activate(cfg)
+    except BaseException:
+        for k in [k for k in os.environ if k.startswith(ENV_PREFIX)]:
+            del os.environ[k]
+        os.environ.update(saved)
+        raise
     return cfg
 
 

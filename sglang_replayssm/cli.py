@@ -6,6 +6,7 @@ import argparse
 import json
 import platform
 import sys
+from pathlib import Path
 from typing import List, Optional
 
 
@@ -18,12 +19,22 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+def _kernel_config_in_force(cfg) -> Optional[str]:
+    """The launch-config file the kernels would read (named, else the GPU's packaged one), or None
+    when the kernels cannot be imported here."""
+    try:
+        from .kernels.common import config_file
+    except Exception:
+        return None
+    return str(config_file(cfg.kernel_config))
+
+
 def doctor(as_json: bool = False, apply_patches: bool = False) -> int:
     from . import __version__
     from .config import ConfigError, from_env
-    from .launch_server import entry_point_registered
+    from .launch_server import entry_point_registered, kernel_config_problem, plugins_allowlist_problem
     from .patches import active_patches, all_patches, apply, staged_patches, status, verify
-    from .patches.registry import sglang_version
+    from .patches.registry import SGLANG_MISSING, PatchError, require_applicable, sglang_version
 
     info = {
         "sglang_replayssm": __version__,
@@ -39,7 +50,7 @@ def doctor(as_json: bool = False, apply_patches: bool = False) -> int:
         info["cuda"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
     except Exception as e:  # pragma: no cover
         info["cuda"] = f"unknown ({e})"
-    rc = 0
+    problems: List[str] = []
     cfg = None
     try:
         cfg = from_env()
@@ -47,23 +58,43 @@ def doctor(as_json: bool = False, apply_patches: bool = False) -> int:
         info["config_source"] = dict(cfg.source)
     except ConfigError as e:
         info["config_error"] = str(e)
-        rc = 1
+        problems.append(f"config error: {e}")
     # what a server with this config applies: the launch checks, and the seams unless staged is false
     seams_on = cfg.staged if cfg is not None else True
-    if apply_patches:
+    missing = info["sglang"] == SGLANG_MISSING
+    try:  # SGLang missing or outside every patch's range: enabling would patch nothing
+        require_applicable(active_patches(seams_on))
+    except PatchError as e:
+        problems.append(str(e))
+    if not info["entry_point_registered"]:
+        problems.append("the sglang.srt.plugins entry point is not registered (pip install the package), so "
+                        "SGLang's processes would run unpatched")
+    allow = plugins_allowlist_problem()
+    if allow:
+        problems.append(allow)
+    if cfg is not None:
+        kfile = _kernel_config_in_force(cfg) or cfg.kernel_config
+        info["kernel_config"] = kfile
+        bad = kernel_config_problem(kfile) if kfile and (cfg.kernel_config or Path(kfile).is_file()) else None
+        if bad:
+            problems.append(bad)
+    if apply_patches and not missing:
         try:
             active = active_patches(seams_on)
             apply(active)
             verify(active)
         except Exception as e:
             info["apply_error"] = str(e)
-            rc = 1
-    rows = status(all_patches())
+            problems.append(f"apply error: {e}")
+    rows = [] if missing else status(all_patches())
     info["targets"] = [{"target": t, "state": s, "detail": d} for t, s, d in rows]
-    staged = status(staged_patches())
+    staged = [] if missing else status(staged_patches())
     info["staged_targets"] = [{"target": t, "state": s, "detail": d} for t, s, d in staged]
-    if any(s == "missing" for _, s, _ in rows) or (seams_on and any(s == "missing" for _, s, _ in staged)):
-        rc = 1
+    gone = [t for t, s, _ in rows + (staged if seams_on else []) if s == "missing"]
+    if gone:
+        problems.append(f"{len(gone)} patch target(s) missing in SGLang {info['sglang']}: {', '.join(gone)}")
+    info["problems"] = problems
+    rc = 1 if problems else 0
     if as_json:
         print(json.dumps(info, indent=2))
         return rc
@@ -74,28 +105,30 @@ def doctor(as_json: bool = False, apply_patches: bool = False) -> int:
         print("  config in force:")
         for k, v in info["config"].items():
             print(f"    {k:<16} {v!s:<28} ({info['config_source'].get(k, 'default')})")
-    else:
-        print(f"  config error: {info['config_error']}")
-    if "apply_error" in info:
-        print(f"  apply error: {info['apply_error']}")
-    print(f"  patch targets ({len(rows)}):")
-    for t, s, d in rows:
-        print(f"    [{s:<8}] {t}" + (f"  -- {d}" if d and s != "resolved" and s != "patched" else ""))
-    print(f"  replay-ring seams, applied unless --replayssm-staged false ({len(staged)}"
-          + ("" if seams_on else "; off in this config") + "):")
-    for t, s, d in staged:
-        print(f"    [{s:<8}] {t}" + (f"  -- {d}" if s == "missing" else ""))
+        if info.get("kernel_config"):
+            print(f"  kernel launch-config file: {info['kernel_config']}")
+    if not missing:
+        print(f"  patch targets ({len(rows)}):")
+        for t, s, d in rows:
+            print(f"    [{s:<8}] {t}" + (f"  -- {d}" if d and s != "resolved" and s != "patched" else ""))
+        print(f"  replay-ring seams, applied unless --replayssm-staged false ({len(staged)}"
+              + ("" if seams_on else "; off in this config") + "):")
+        for t, s, d in staged:
+            print(f"    [{s:<8}] {t}" + (f"  -- {d}" if s == "missing" else ""))
+    for msg in problems:
+        print(f"  error: {msg}")
     print("  status:", "OK" if rc == 0 else "PROBLEMS FOUND")
     return rc
 
 
-def serve_command(model: str, extra: List[str], stock: bool = False) -> List[str]:
-    """The server command line for ``serve`` (built-in models get dummy weights and no tokenizer)."""
+def serve_command(model: str, extra: List[str], stock: bool = False, root: Optional[str] = None) -> List[str]:
+    """The server command line for ``serve`` (built-in models get dummy weights and no tokenizer; their
+    config.json is written under ``root``, a fresh temporary directory when None)."""
     from . import models
 
     cmd = [sys.executable, "-m", "sglang.launch_server" if stock else "sglang_replayssm.launch_server"]
     if model in models.names():
-        path = models.materialize(model)
+        path = models.materialize(model, root=root)
         cmd += ["--model-path", path, "--load-format", "dummy", "--skip-tokenizer-init",
                 "--attention-backend", models.ATTENTION_BACKEND[model], "--disable-radix-cache",
                 "--mem-fraction-static", "0.5", "--context-length", "4096"]
@@ -105,11 +138,17 @@ def serve_command(model: str, extra: List[str], stock: bool = False) -> List[str
 
 
 def serve(model: str, extra: List[str], stock: bool = False) -> int:
+    """Run the server as a child process; a built-in model's config directory lives only as long as it."""
     import subprocess
+    import tempfile
 
-    cmd = serve_command(model, extra, stock)
-    print("+ " + " ".join(cmd), flush=True)
-    return subprocess.call(cmd)
+    with tempfile.TemporaryDirectory(prefix="replayssm-serve-") as root:
+        cmd = serve_command(model, extra, stock, root=root)
+        print("+ " + " ".join(cmd), flush=True)
+        try:
+            return subprocess.call(cmd)
+        except KeyboardInterrupt:  # the child got the same Ctrl-C; the directory is still removed
+            return 130
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -121,7 +160,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     d.add_argument("--json", action="store_true", help="machine-readable output")
     d.add_argument("--apply", action="store_true", help="also apply and verify the patches in this process")
     sub.add_parser("launch", help="same as python -m sglang_replayssm.launch_server", add_help=False)
-    sub.add_parser("flags", help="list the --replayssm-* flags and their environment variables")
+    sub.add_parser("flags", help="list the launcher's --replayssm-* flags and their environment variables")
     sv = sub.add_parser("serve", help="GPU host: launch the patched server on a built-in tiny model "
                         "(dummy weights, no download) or on --model PATH; extra args go to SGLang")
     sv.add_argument("--model", default="tiny-nemotron-h",
@@ -140,6 +179,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.cmd == "flags":
         from .config import flags_help
 
+        print("the launcher's --replayssm-* flags (python -m sglang_replayssm.launch_server / sglang-replayssm "
+              "launch), each with its environment variable:")
         print(flags_help())
         return 0
     return 2  # pragma: no cover

@@ -4,6 +4,17 @@ Strips the ``--replayssm-*`` flags, validates them, exports them as
 ``SGLANG_REPLAYSSM_*`` (so SGLang's spawned scheduler processes inherit them, and the
 plugin applies the patches there), then runs SGLang's own ``sglang.launch_server``
 entry in this process: every SGLang flag behaves exactly as with stock SGLang.
+
+Everything that would otherwise fail late, or serve stock SGLang while claiming to be
+patched, is refused first in one ``error:`` line with exit status 2, before SGLang is
+imported: an unknown ``--replayssm-*`` flag, a bad setting, a kernel launch-config file
+that does not exist or does not validate, SGLang missing or outside the supported range,
+an ``SGLANG_PLUGINS`` allow-list without this plugin, and no CUDA device (unless
+``--device`` names another device).
+
+``SGLANG_PLUGINS`` is reported, not amended: it is an allow-list someone set on purpose
+(often to keep other plugins out of a deployment), and rewriting it behind their back
+would hide the conflict; the same rule holds for ``enable()`` and ``doctor``.
 """
 
 from __future__ import annotations
@@ -12,15 +23,24 @@ import argparse
 import os
 import runpy
 import sys
+from pathlib import Path
 from typing import List, Optional
 
-from .config import CONFIG_FILE_ENV, ConfigError, ReplaySSMConfig, add_flags, from_flags
+from .config import CONFIG_FILE_ENV, ConfigError, ReplaySSMConfig, add_flags, from_flags, unknown_flag_error
 
 PROG = "python -m sglang_replayssm.launch_server"
+PLUGINS_ENV = "SGLANG_PLUGINS"
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad ``--replayssm-*`` value as one ``prog: error:`` line (no usage block)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _own_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, add_help=False, allow_abbrev=False)
+    p = _OneLineParser(prog=PROG, add_help=False, allow_abbrev=False)
     add_flags(p)
     return p
 
@@ -41,10 +61,87 @@ def full_help() -> str:
     return p.format_help()
 
 
-def entry_point_registered() -> bool:
+def _our_entry_points() -> List[str]:
     from importlib.metadata import entry_points
 
-    return any(ep.value.startswith("sglang_replayssm.plugin") for ep in entry_points(group="sglang.srt.plugins"))
+    return [ep.name for ep in entry_points(group="sglang.srt.plugins") if ep.value.startswith("sglang_replayssm.plugin")]
+
+
+def entry_point_registered() -> bool:
+    return bool(_our_entry_points())
+
+
+def plugins_allowlist_problem(environ=None) -> Optional[str]:
+    """Why SGLang would skip this plugin: ``SGLANG_PLUGINS`` set to a list that does not name it.
+
+    SGLang 0.5.15, 0.5.17 and 0.5.23 read it alike (``sglang.srt.plugins.load_plugins_by_group``): a
+    non-empty value is split on commas, entries stripped, and only the entry points named load, in
+    every process; the patches would never be applied and the server would run stock."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(PLUGINS_ENV, "")
+    allowed = {x.strip() for x in raw.split(",") if x.strip()}
+    names = _our_entry_points()
+    if not allowed or not names or allowed & set(names):
+        return None
+    return (f"{PLUGINS_ENV}={raw!r} does not name this plugin, so SGLang would load no ReplaySSM patches: "
+            f"add {names[0]} to {PLUGINS_ENV} or unset it")
+
+
+def kernel_config_problem(path: str) -> Optional[str]:
+    """Why the kernel launch-config file ``path`` would fail at the first kernel call (one line), or None.
+
+    The whole file is checked by ``kernels.common.validate_config_file`` (families, entries, parameter
+    names and values); imported here, not at module import, as it pulls in torch and Triton."""
+    if not Path(path).is_file():
+        return f"kernel launch-config file {path!r} does not exist (--replayssm-kernel-config)"
+    from .kernels.common import validate_config_file
+
+    try:
+        validate_config_file(path)
+    except ValueError as e:
+        return " ".join(str(e).split())
+    return None
+
+
+def sglang_problem(cfg: ReplaySSMConfig) -> Optional[str]:
+    """SGLang missing, or (enabled) outside the versions the patches declare."""
+    from .patches.registry import SGLANG_MISSING, PatchError, require_applicable, sglang_version
+
+    if not cfg.enable:
+        if sglang_version() == SGLANG_MISSING:
+            return "SGLang is not installed (pip install sglang)"
+        return None
+    from .patches import active_patches
+
+    try:
+        require_applicable(active_patches(cfg.staged))
+    except PatchError as e:
+        return str(e)
+    return None
+
+
+def _flag_value(argv: List[str], flag: str) -> Optional[str]:
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def cuda_problem(sglang_argv: List[str], environ=None) -> Optional[str]:
+    """No CUDA device while SGLang would serve on CUDA. ``--device <other>`` (cpu, xpu, npu, ...) or
+    SGLang's ``SGLANG_USE_CPU_ENGINE=1`` leave the device to SGLang."""
+    environ = os.environ if environ is None else environ
+    device = _flag_value(sglang_argv, "--device")
+    if (device and not device.startswith("cuda")) or environ.get("SGLANG_USE_CPU_ENGINE", "0") == "1":
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return ("a CUDA GPU is required to serve (torch.cuda.is_available() is False); check the driver / "
+            "CUDA_VISIBLE_DEVICES, or pass SGLang's --device for another device")
 
 
 def _has_flag(argv: List[str], flag: str) -> bool:
@@ -64,22 +161,47 @@ def resolve_spec_max_running(cfg: ReplaySSMConfig, sglang_argv: List[str]) -> Re
     return cfg.replace(spec_max_running="sglang" if explicit else "auto")
 
 
+def _error(msg: str) -> int:
+    print(f"{PROG}: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def launch_problem(cfg: ReplaySSMConfig, sglang_argv: List[str]) -> Optional[str]:
+    """The first reason not to start SGLang with ``cfg`` (one line), or None."""
+    if cfg.enable:
+        if not entry_point_registered():
+            return ("the sglang_replayssm plugin entry point is not registered, so SGLang's scheduler processes "
+                    "would run unpatched. Install the package (pip install -e . or pip install sglang-replayssm) "
+                    "in the environment that runs SGLang.")
+        problem = plugins_allowlist_problem()
+        if problem:
+            return problem
+    problem = sglang_problem(cfg)
+    if problem:
+        return problem
+    if cfg.enable and cfg.kernel_config:
+        problem = kernel_config_problem(cfg.kernel_config)
+        if problem:
+            return problem
+    return cuda_problem(sglang_argv)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ns, rest = _own_parser().parse_known_args(argv)
     if "-h" in rest or "--help" in rest:
         print(full_help())
         return 0
+    unknown = unknown_flag_error(rest)
+    if unknown:
+        return _error(unknown)
     try:
         cfg = resolve_spec_max_running(from_flags(ns), rest)
     except ConfigError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
-    if cfg.enable and not entry_point_registered():
-        print(f"{PROG}: error: the sglang_replayssm plugin entry point is not registered, so SGLang's "
-              "scheduler processes would run unpatched. Install the package (pip install -e . or "
-              "pip install sglang-replayssm) in the environment that runs SGLang.", file=sys.stderr)
-        return 2
+        return _error(str(e))
+    problem = launch_problem(cfg, rest)
+    if problem:
+        return _error(problem)
     os.environ.update(cfg.to_env())
     if ns.replayssm_config:
         os.environ[CONFIG_FILE_ENV] = os.path.abspath(ns.replayssm_config)

@@ -7,6 +7,12 @@ changes nothing for plain ``python -m sglang.launch_server``.
 
 SGLang logs and swallows plugin exceptions; a half-patched server would silently
 compute with the wrong kernels, so a failure here exits the process instead.
+
+"Enabled" is decided from ``SGLANG_REPLAYSSM_ENABLE`` alone: set to anything but an
+off value (unset, empty, 0, false, no, off) counts as enabled, so a typo such as
+``ture`` fails loudly instead of serving stock SGLang. A bad setting in any other
+``SGLANG_REPLAYSSM_*`` variable fails an enabled process and is one warning line in an
+inert one (plain ``python -m sglang.launch_server`` must keep working).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 
-from .config import ConfigError, ReplaySSMConfig, from_env
+from .config import ENABLE_ENV, ConfigError, ReplaySSMConfig, enable_requested, from_env
 
 logger = logging.getLogger("sglang_replayssm")
 
@@ -32,8 +38,16 @@ def activate(cfg: ReplaySSMConfig) -> list:
     """Apply and verify this config's patches in this process (the launch checks, plus the replay-ring
     seams unless ``staged`` is false); returns the newly patched targets."""
     from .patches import active_patches, apply, verify
+    from .patches.registry import require_applicable
 
     patches = active_patches(cfg.staged)
+    todo = require_applicable(patches)  # SGLang missing or outside every patch's range: an error, never "OK"
+    if cfg.kernel_config:  # plugin-only use (no launcher): a bad file fails here, not at the first kernel call
+        from .launch_server import kernel_config_problem
+
+        problem = kernel_config_problem(cfg.kernel_config)
+        if problem:
+            raise ValueError(problem)
     if not cfg.staged:
         logger.info("sglang_replayssm: --replayssm-staged false: launch checks only; SGLang's own SSM kernels "
                     "and state pool serve every request")
@@ -43,7 +57,7 @@ def activate(cfg: ReplaySSMConfig) -> list:
     kernel_cfg = cfg.kernel_config or "the GPU's packaged file (kernels/configs/<gpu>.yaml)"
     logger.info("sglang_replayssm active (pid %d): L=%d, ssm_types=%s, spec=%s, staged=%s, kernel config %s, "
                 "%d patch(es) verified", os.getpid(), cfg.buffer_len, ",".join(cfg.ssm_types), cfg.spec, cfg.staged,
-                kernel_cfg, len(patches))
+                kernel_cfg, len(todo))
     return newly
 
 
@@ -51,6 +65,10 @@ def register() -> None:
     try:
         cfg = from_env()
     except ConfigError as e:
+        if not enable_requested(os.environ):
+            logger.warning("sglang_replayssm: not enabled (%s unset/off), so ignoring a bad setting: %s",
+                           ENABLE_ENV, e)
+            return
         raise SystemExit(f"sglang_replayssm: bad configuration: {e}") from None
     if not cfg.enable:
         logger.debug("sglang_replayssm installed but not enabled (SGLANG_REPLAYSSM_ENABLE unset): inert")
@@ -60,4 +78,4 @@ def register() -> None:
         activate(cfg)
     except Exception as e:
         logger.critical("sglang_replayssm could not patch SGLang: %s", e)
-        raise SystemExit(f"sglang_replayssm: refusing to run half-patched: {e}") from None
+        raise SystemExit(f"sglang_replayssm: enabled but refusing to run (unpatched or half-patched): {e}") from None

@@ -44,46 +44,30 @@ def sglang_version() -> str:
 
         return version("sglang")
     except Exception:
-        return "not installed"
+        return SGLANG_MISSING
 
 
-def parse_version(v: str) -> Tuple[int, ...]:
-    parts: List[int] = []
-    for p in v.split("+")[0].split("."):
-        num = ""
-        for ch in p:
-            if ch.isdigit():
-                num += ch
-            else:
-                break
-        if num == "":
-            break
-        parts.append(int(num))
-    return tuple(parts)
+SGLANG_MISSING = "not installed"
 
 
 def version_matches(version: str, spec: str) -> bool:
-    """``spec`` is a comma-separated list of ``>=X``, ``<X``, ``==X``, ``!=X``, ``<=X``, ``>X``."""
-    v = parse_version(version)
-    if not v:
+    """PEP 440 match of ``version`` against ``spec`` (e.g. ``">=0.5.15,<0.6"``), by ``packaging``.
+
+    Pre-releases (``0.5.15rc1``, ``0.5.18.dev0``) match only a spec that names a pre-release, so a
+    release candidate is never taken for the release whose code the patches were checked against.
+    A version string that is not PEP 440 (or "not installed") matches nothing; a bad spec raises."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        specs = SpecifierSet(spec)
+    except InvalidSpecifier as e:
+        raise ValueError(f"bad version spec {spec!r}: {e}") from None
+    try:
+        v = Version(version)
+    except InvalidVersion:
         return False
-    ops = {
-        ">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "==": lambda a, b: a == b,
-        "!=": lambda a, b: a != b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
-    }
-    for clause in filter(None, (c.strip() for c in spec.split(","))):
-        for op in (">=", "<=", "==", "!=", ">", "<"):
-            if clause.startswith(op):
-                want = parse_version(clause[len(op):].strip())
-                n = max(len(v), len(want))
-                a = v + (0,) * (n - len(v))
-                b = want + (0,) * (n - len(want))
-                if not ops[op](a, b):
-                    return False
-                break
-        else:
-            raise ValueError(f"bad version clause {clause!r} in {spec!r}")
-    return True
+    return specs.contains(v, prereleases=bool(specs.prereleases))
 
 
 @dataclass(frozen=True)
@@ -276,6 +260,45 @@ def applicable(patches: Iterable[Patch], version: Optional[str] = None) -> List[
     return [p for p in patches if p.applies_to(version)]
 
 
+def supported_range(patches: Iterable[Patch]) -> str:
+    """The SGLang versions ``patches`` declare, as one PEP 440 range where their ``>=A,<B`` specs
+    join up (``">=0.5.15,<0.6"``), else the disjoint pieces or distinct specs joined by " or "."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    specs = sorted({p.versions for p in patches})
+    spans = []
+    for spec in specs:
+        ops = {s.operator: s.version for s in SpecifierSet(spec)}
+        if set(ops) != {">=", "<"} or len(SpecifierSet(spec)) != 2:
+            return " or ".join(specs)
+        spans.append((Version(ops[">="]), Version(ops["<"]), ops[">="], ops["<"]))
+    merged: List[list] = []
+    for lo, hi, lo_s, hi_s in sorted(spans):
+        if merged and lo <= merged[-1][1]:
+            if hi > merged[-1][1]:
+                merged[-1][1], merged[-1][3] = hi, hi_s
+        else:
+            merged.append([lo, hi, lo_s, hi_s])
+    return " or ".join(f">={lo_s},<{hi_s}" for _, _, lo_s, hi_s in merged)
+
+
+def require_applicable(patches: Sequence[Patch], version: Optional[str] = None) -> List[Patch]:
+    """The patches that apply to ``version``; :class:`PatchError` naming the installed SGLang and the
+    supported range when SGLang is missing or none applies (enabled with nothing to patch would be
+    stock SGLang reported as patched)."""
+    version = version or sglang_version()
+    supported = supported_range(patches) if patches else "none"
+    install = f"pip install 'sglang{supported.split(' or ')[0]}'"
+    if version == SGLANG_MISSING:
+        raise PatchError(f"SGLang is not installed; sglang_replayssm patches SGLang {supported} ({install})")
+    todo = applicable(patches, version)
+    if not todo:
+        raise PatchError(f"SGLang {version} is installed but sglang_replayssm supports SGLang {supported} "
+                         f"(pre-releases excluded): no patch applies, so nothing would be patched ({install})")
+    return todo
+
+
 def apply(patches: Sequence[Patch], version: Optional[str] = None) -> List[str]:
     """Install every applicable patch, all or nothing. Returns the targets newly patched."""
     version = version or sglang_version()
@@ -355,6 +378,9 @@ def status(patches: Sequence[Patch], version: Optional[str] = None) -> List[Tupl
     version = version or sglang_version()
     rows = []
     for p in patches:
+        if version == SGLANG_MISSING:
+            rows.append((p.target, "skipped", "SGLang not installed"))
+            continue
         if not p.applies_to(version):
             rows.append((p.target, "skipped", f"not for SGLang {version} (applies to {p.versions})"))
             continue

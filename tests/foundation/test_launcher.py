@@ -14,23 +14,23 @@ def run(args, env=None, timeout=300):
 def test_help_shows_sglang_and_replayssm_flags():
     r = run(["-m", "sglang_replayssm.launch_server", "--help"])
     assert r.returncode == 0, r.stderr[-2000:]
-    for flag in ("--model-path", "--speculative-algorithm", "--replayssm-buffer-len", "--replayssm-mamba2-route",
+    for flag in ("--model-path", "--speculative-algorithm", "--replayssm-buffer-len", "--replayssm-log-level",
                  "--replayssm-ssm-types", "--replayssm-spec", "--replayssm-config", "--replayssm-disable",
                  "SGLANG_REPLAYSSM_BUFFER_LEN"):
         assert flag in r.stdout, flag
 
 
 def test_bad_flag_value_fails_before_sglang_starts():
-    r = run(["-m", "sglang_replayssm.launch_server", "--replayssm-mamba2-route", "turbo", "--model-path", "x"])
+    r = run(["-m", "sglang_replayssm.launch_server", "--replayssm-log-level", "turbo", "--model-path", "x"])
     assert r.returncode == 2
-    assert "--replayssm-mamba2-route" in r.stderr and "output_only" in r.stderr
+    assert "--replayssm-log-level" in r.stderr and "warning" in r.stderr
 
 
 def test_launcher_runs_sglangs_entry_and_rejects_unsupported_combo(tmp_path):
     r = run(["-m", "sglang_replayssm.launch_server", "--replayssm-buffer-len", "8",
-             *cpu_server_argv(tmp_path, "--tp-size", "2")])
+             *cpu_server_argv(tmp_path, "--pp-size", "2")])
     assert r.returncode != 0
-    assert "UnsupportedConfigError" in r.stderr and "--tp-size 2" in r.stderr
+    assert "UnsupportedConfigError" in r.stderr and "--pp-size 2" in r.stderr
     assert "sglang_replayssm patched sglang.srt.server_args.ServerArgs.check_server_args" in r.stderr
 
 
@@ -54,13 +54,14 @@ def test_doctor_lists_targets_resolved():
     assert "off in this config" in r.stdout
 
 
-def test_serve_command_for_builtin_model():
+def test_serve_command_for_builtin_model(tmp_path):
     from sglang_replayssm.cli import serve_command
 
-    cmd = serve_command("tiny-nemotron-h", ["--port", "31000"])
+    cmd = serve_command("tiny-nemotron-h", ["--port", "31000"], root=str(tmp_path))
     assert cmd[1:3] == ["-m", "sglang_replayssm.launch_server"]
     assert "--load-format" in cmd and "flashinfer" in cmd and cmd[-2:] == ["--port", "31000"]
-    assert serve_command("tiny-qwen3-next", [], stock=True)[2] == "sglang.launch_server"
+    assert cmd[cmd.index("--model-path") + 1].startswith(str(tmp_path))
+    assert serve_command("tiny-qwen3-next", [], stock=True, root=str(tmp_path))[2] == "sglang.launch_server"
 
 
 def test_launcher_default_for_spec_max_running():

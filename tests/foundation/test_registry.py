@@ -37,13 +37,13 @@ def test_apply_verify_idempotent_and_keeps_wrapped():
     with pytest.raises(PatchError) as e:
         verify(patches)
     assert TARGET in str(e.value) and "0.5.17" in str(e.value)
-    assert apply(patches) == [TARGET]
+    assert apply(patches) == [p.target for p in patches] and TARGET in [p.target for p in patches]
     patched = ServerArgs.__dict__["check_server_args"]
     assert patched.__wrapped__ is original and getattr(patched, MARKER) == TARGET
     assert apply(patches) == []  # idempotent: no double wrapping
     assert ServerArgs.__dict__["check_server_args"] is patched
     verify(patches)
-    assert [s for _, s, _ in status(patches)] == ["patched"]
+    assert [s for _, s, _ in status(patches)] == ["patched"] * len(patches)
     unapply_all()
     assert ServerArgs.__dict__["check_server_args"] is original
 
@@ -82,7 +82,9 @@ def test_version_gating():
     assert version_matches("0.5.17", ">=0.5.15,<0.6")
     assert not version_matches("0.6.0", ">=0.5.15,<0.6")
     assert not version_matches("0.5.14", ">=0.5.15,<0.6")
-    assert version_matches("0.5.23.post1", "==0.5.23")
+    assert version_matches("0.5.23.post1", ">=0.5.23,<0.5.24")
+    assert not version_matches("0.5.23.post1", "==0.5.23")  # PEP 440: == is that release only
+    assert not version_matches("0.5.15rc1", ">=0.5.15,<0.6")
     p = Patch(TARGET, "after", lambda r, *a, **k: None, versions="==0.5.23")
     assert apply([p]) == []
     assert status([p])[0][1] == "skipped"
