@@ -1,4 +1,4 @@
-"""Reports of the A/B harness (``eval/ab.py``): JSON, Markdown, PNG, stdout table.
+"""Reports of the A/B harness (``eval/ab/``): JSON, Markdown, PNG, stdout table.
 
 Works from the result dict alone, so ``python -m eval.ab --render FILE.json`` re-draws the
 Markdown and PNG of a committed result; nothing here starts a server.

@@ -36,7 +36,7 @@ for j in "${!pids[@]}"; do
   tar -C "${dirs[$j]}" -czf "$OUT/ab-run$((j + 1)).tgz" .
 done
 if [ "${JIT:-1}" = 1 ] && [ -n "${SGLANG_CACHE_ROOT:-}" ] && [ -d "$SGLANG_CACHE_ROOT" ]; then
-  # without Triton's text IRs (a cache hit needs only each kernel's .json, .cubin and launcher .so; eval/ab.py)
+  # without Triton's text IRs (a cache hit needs only each kernel's .json, .cubin and launcher .so; eval/ab/servers.py)
   (cd "$SGLANG_CACHE_ROOT" && tar -czf "$OUT/jit-triton.tgz" --exclude='*.llir' --exclude='*.ptx' \
      --exclude='*.ttir' --exclude='*.ttgir' --exclude='*.source' triton 2>/dev/null
    tar -czf "$OUT/jit-other.tgz" $(ls -d flashinfer tvm-ffi 2>/dev/null))

@@ -2,6 +2,10 @@
 
 TRITON_INTERPRET must be set before any @triton.jit function is decorated, so it is
 set here, before the package's kernel modules are imported by the tests.
+
+`slow` tests (the kernels' full launch-config grid and the real model geometries) are the GPU host's
+(`make gpu-test`): in the CPU interpreter they are deselected unless REPLAYSSM_TEST_FULL=1 (`make test-full`)
+or a -m expression names the marker. `gpu` tests are skipped without CUDA.
 """
 
 import os
@@ -14,6 +18,15 @@ if not HAS_CUDA:
 
 import pytest  # noqa: E402
 
+FULL_ENV = "REPLAYSSM_TEST_FULL"
+
+# pytest-xdist workers (make test, eval/gpu_kernels.sh) share the CPU cores out for torch's threads unless
+# OMP_NUM_THREADS says otherwise: torch's default, every core in every worker, oversubscribes them
+_WORKERS = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+if _WORKERS.isdigit() and not os.environ.get("OMP_NUM_THREADS"):
+    _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    torch.set_num_threads(max(1, _CORES // int(_WORKERS)))
+
 
 @pytest.fixture
 def device():
@@ -22,54 +35,38 @@ def device():
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
-    config.addinivalue_line("markers", "slow: real model geometries; minutes in the CPU interpreter")
+    config.addinivalue_line("markers", "slow: the kernels' full launch-config grid and real model geometries; "
+                                       f"CUDA only unless {FULL_ENV}=1 (minutes each in the CPU interpreter)")
 
 
-def _test_shard():
-    """REPLAYSSM_TEST_SHARD=i/n keeps the i-th (0-based) of n shards of the collected tests, by
-    REPLAYSSM_TEST_SHARD_ORDER: "blocks" (default), n contiguous blocks: eval/gpu_kernels.sh runs n pytest
-    processes side by side on the GPU host, whose test time is Triton compiles on the CPU cores (contiguous blocks
-    keep a test's parametrisations, which share compiled kernels, in one process); "stride", every n-th test from
-    the i-th: `make test` (tests/run_shards.sh) on the CPU, where the interpreter compiles nothing and the slow
-    kernel tests sit together in a few files. It cuts the collection before pytest's own -k / -m deselection, so
-    shards of a filtered run are uneven."""
-    spec = os.environ.get("REPLAYSSM_TEST_SHARD", "").strip()
-    if not spec:
-        return None
-    try:
-        i, n = (int(x) for x in spec.split("/"))
-    except ValueError:
-        i, n = -1, 0
-    if not 0 <= i < n:
-        raise pytest.UsageError(f"REPLAYSSM_TEST_SHARD must be i/n with 0 <= i < n, got {spec!r}")
-    order = os.environ.get("REPLAYSSM_TEST_SHARD_ORDER", "").strip() or "blocks"
-    if order not in ("blocks", "stride"):
-        raise pytest.UsageError(f"REPLAYSSM_TEST_SHARD_ORDER must be blocks or stride, got {order!r}")
-    return i, n, order
+def _run_slow(config) -> bool:
+    """Whether `slow` tests stay in the run: always on CUDA; in the interpreter only when asked for."""
+    full = os.environ.get(FULL_ENV, "").strip()
+    if full not in ("", "0", "1"):
+        raise pytest.UsageError(f"{FULL_ENV} must be 0 or 1 (1: run the slow kernel tests on the CPU too), "
+                                f"got {full!r}")
+    return HAS_CUDA or full == "1" or "slow" in (config.getoption("markexpr", "") or "")
 
 
 def pytest_collection_modifyitems(config, items):
-    shard = _test_shard()
-    if shard is not None:
-        i, n, order = shard
-        if order == "stride":
-            keep = set(range(i, len(items), n))
-        else:
-            keep = set(range(len(items) * i // n, len(items) * (i + 1) // n))
-        config.hook.pytest_deselected(items=[it for k, it in enumerate(items) if k not in keep])
-        items[:] = [it for k, it in enumerate(items) if k in keep]
+    if not _run_slow(config):
+        slow = [item for item in items if item.get_closest_marker("slow")]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if not item.get_closest_marker("slow")]
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs CUDA")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu"):
             item.add_marker(skip)
 
 
 def pytest_runtest_logreport(report):
-    """REPLAYSSM_TEST_TIMES=<file>: append each test's call time and outcome as it finishes (a GPU-host run
-    cut by its time limit still says where the time went)."""
+    """REPLAYSSM_TEST_TIMES=<file>: append each test's call time and outcome as it finishes, so that a GPU-host
+    run cut by its time limit still says where the time went. Under pytest-xdist the controlling process
+    writes it (every worker's reports reach it; PYTEST_XDIST_WORKER is set in the workers), once per test."""
     path = os.environ.get("REPLAYSSM_TEST_TIMES")
-    if path and report.when == "call":
+    if path and report.when == "call" and not os.environ.get("PYTEST_XDIST_WORKER"):
         with open(path, "a") as f:
             f.write(f"{report.duration:8.2f} {report.outcome:7s} {report.nodeid}\n")

@@ -1,4 +1,4 @@
-"""CPU tests of the A/B harness (eval/ab.py, eval/ab_report.py, eval/bench_sweep.py).
+"""CPU tests of the A/B harness (eval/ab/, eval/ab_report.py, eval/bench_sweep.py).
 
 No GPU, no network: command lines are checked against SGLang 0.5.17's own argument parser,
 parity/metrics/bench parsing against recorded samples, and the whole harness runs end to end
