@@ -1,7 +1,7 @@
 """ReplaySSM autoregressive decode for Mamba2 (selective state update), Triton.
 
 Math (per row r, head h; slot s = state_indices[r], w = write_pos[r]; see
-docs/replayssm-method.md section 1.1).  The decode window holds positions
+docs/method.md).  The decode window holds positions
 j = 0..w: ring entries 0..w-1 of slot s plus the current token at w.  With
 Δ_j the processed step sizes and Λ_j their inclusive prefix sums,
 

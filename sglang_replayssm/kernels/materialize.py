@@ -6,8 +6,7 @@ the checkpoint must be the EXACT state at the cached length.  The decode kernels
 the last ``w = write_pos[slot]`` tokens' SSM inputs in the ring instead; this module
 folds them in and empties the ring.  Pure math: no SGLang import.
 
-Math (per live slot with ``w > 0``; j = 0..w-1 ring positions; docs/replayssm-method.md
-§1-2)
+Math (per live slot with ``w > 0``; j = 0..w-1 ring positions; docs/method.md)
 
 Mamba2 (per head h; Δ_j processed step sizes, Λ_j = Σ_{i<=j} Δ_i, Λ = Λ_{w-1})::
 

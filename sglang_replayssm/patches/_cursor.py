@@ -125,7 +125,6 @@ class LayerContext:
     num_slots: int
     pool_idx: int
     layer_id: int
-    route: Optional[str] = None   # Mamba2: kernel route
     geom: Any = None              # GDN: the layer's head geometry
     calls: int = 0
     # "decode": standard-decode ring (per-row cursors wp_rows); "decode_spec": a decode row on
