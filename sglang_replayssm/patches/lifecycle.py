@@ -51,6 +51,10 @@ Deliberately NOT folded
   wasted work and, with the overlap scheduler, would race with the forward still in
   flight for the retracted request (launched on the forward stream).
 * ChunkCache / radix disabled: same (the slot is freed).
+* ``extra_buffer`` trees (``tree_cache.enable_mamba_extra_buffer``): the finish caches the
+  request's *track* slot at ``mamba_last_track_seqlen`` (materialised when it was tracked,
+  ``patches/prefix_track.py``) and frees the live slot; folding the live slot would be
+  wasted work racing the overlap scheduler's forward in flight.
 * ``cache_unfinished_req``: it follows an extend, whose chunked scan left ``temporal``
   exact and the cursor at 0.  Under the overlap scheduler the next forward may already
   have appended the request's first decode token to the live ring when this runs, and
@@ -251,6 +255,10 @@ def release_kv_cache_before(*args, **kwargs):
     if ring_of_pool(pool) is None:
         return None
     if not tree_keeps_state(req, tree_cache, _insert_flag(args, kwargs)):
+        return None
+    if getattr(tree_cache, "enable_mamba_extra_buffer", False):
+        # extra_buffer: the tree keeps the request's tracked ping-pong slot (already materialised by
+        # patches/prefix_track.py at the track step), never the live slot, which is freed
         return None
     slot = request_slot(req, pool)
     if slot is None:

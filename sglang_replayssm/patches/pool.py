@@ -43,8 +43,9 @@ Hooks (targets identical in SGLang 0.5.15, 0.5.17 and 0.5.23)
    never built, from the process's published ``ServerArgs``
    (``runtime_context.get_server_args().model_config``: ``ServerArgs.get_model_config``
    caches it during ``__post_init__`` in the launcher and it is pickled to the
-   scheduler; 0.5.15 and 0.5.17).  Without it (0.5.23 keeps no cached ModelConfig;
-   unit tests) the type falls back to the shape: only the Qwen3-Next family records
+   scheduler; 0.5.15 and 0.5.17; 0.5.23: ``_model_config``, the memo of
+   ``arg_groups.model_config_of``, when one was built for the record's ``model_path``).
+   Without it (no memo in 0.5.23; unit tests) the type falls back to the shape: only the Qwen3-Next family records
    ``conv_shard_groups`` (``[key_dim, key_dim, value_dim]``) -> GDN, anything else ->
    Mamba2.  A wrong guess must not compute silently: a decode seam checks
    ``ring.kind``/``ring.geom`` against its backend and raises (``mamba2_decode`` does;
@@ -56,6 +57,13 @@ Hooks (targets identical in SGLang 0.5.15, 0.5.17 and 0.5.23)
    Hence, per TP rank, ``G = (conv[0][0] - H*P) / (2*N)`` (GDN: ``Hk = (conv[0][0] -
    HV*V) / (2*K)``), which is the group count the mixer uses after widening.  A
    remainder, a non-positive G, or ``H % G != 0`` raises :class:`RingGeometryError`.
+
+   *Tensor parallelism.*  Every TP rank runs this hook on its own pool, whose
+   ``cache_params`` SGLang built for the rank's head shard (``get_parallel().attn_tp_size``
+   in each ``*Config.mamba2_cache_params``), so the ring, the byte charge (hook 4) and the
+   solver (hook 5) all see the rank's geometry.  Nothing here talks to the other ranks:
+   they schedule the same slots, and the solver's inputs are the same on every rank
+   (SGLang min-reduces the free memory first), so every rank sizes the same pool.
 
    *Dtypes.*  Activation dtype (x/B rings, GDN k ring) = the model dtype SGLang runs
    the layers in, ``ModelConfig.dtype`` (``configs/model_config.py``
@@ -133,6 +141,7 @@ and refusing the modes that move state around ``clear_slots``/``copy_from``
 from __future__ import annotations
 
 import logging
+import weakref
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple, Union
@@ -187,7 +196,11 @@ def published_config() -> Tuple[Optional[Any], Optional[Any]]:
         server_args = get_server_args()
     except Exception:  # not published in this process (unit tests)
         return None, None
-    return server_args, getattr(server_args, "__dict__", {}).get("model_config")
+    cached = getattr(server_args, "__dict__", {})
+    model_config = cached.get("model_config")
+    if model_config is None and cached.get("_model_config_built_from") == getattr(server_args, "model_path", None):
+        model_config = cached.get("_model_config")  # 0.5.23: arg_groups' model_config_of memo, for model_path
+    return server_args, model_config
 
 
 def kind_from_model_config(model_config) -> Optional[str]:
@@ -445,7 +458,23 @@ def init_mamba_pool_around(original, self, *args, **kwargs):
         ring = build_ring(self.mamba_pool, cache_params, _arg(args, kwargs, "mamba_layer_ids", 3), cfg,
                           window=window)
     setattr(self.mamba_pool, RING_ATTR, ring)
+    if ring is not None:
+        _RINGS[ring] = weakref.ref(self.mamba_pool)
     return result
+
+
+_RINGS: "weakref.WeakKeyDictionary[ReplayRing, Any]" = weakref.WeakKeyDictionary()
+
+
+def registered_rings():
+    """``(ring, mamba_pool)`` of every live pool this process built a ring for (the seams that see
+    only a ring's views, e.g. ``prefix_track``, find their pool here)."""
+    out = []
+    for ring, ref in list(_RINGS.items()):
+        mamba_pool = ref()
+        if mamba_pool is not None and getattr(mamba_pool, RING_ATTR, None) is ring:
+            out.append((ring, mamba_pool))
+    return out
 
 
 def pool_spec_window(cfg: ReplaySSMConfig, num_draft_tokens: Optional[int]) -> Optional[int]:

@@ -1,0 +1,244 @@
+"""Seam: SGLang's ``extra_buffer`` decode track copy -> a materialised state (no math; the
+fold is ``kernels.materialize`` through :func:`lifecycle.fold_slots`).
+
+What SGLang does (0.5.17; read, not run; ``docs/prefix-caching.md`` has the whole flow)
+----------------------------------------------------------------------------------------
+With ``--mamba-radix-cache-strategy extra_buffer`` every request holds, besides its live
+mamba slot, a ping-pong pair of *track* slots.  ``ScheduleBatch.prepare_for_decode`` sets
+``mamba_track_mask = seq_lens % mamba_track_interval == 0`` (seq_lens already counting the
+token this forward decodes) and ``mamba_track_indices`` = the request's
+``mamba_ping_pong_track_buffer[mamba_next_track_idx]``.  Inside the decode forward, after
+the SSM update, SGLang copies conv + ``temporal`` of the live slot into the track slot of
+every masked row: per layer for Mamba2 (``Mamba2AttnBackend.forward`` ->
+``track_mamba_states_if_needed``), once for all layers at the last GDN layer
+(``MambaAttnBackendBase._track_mamba_state_decode`` -> ``track_mamba_states_all_layers``,
+or the per-layer fallback).  Both are module globals of ``hybrid_linear_attn_backend``.
+The result processor then swaps ``mamba_next_track_idx`` and records
+``mamba_last_track_seqlen``; the radix tree later receives that track slot
+(``donate_mamba_ping_pong_slot`` / ``cache_finished_req``'s keep slot), keyed by
+``mamba_last_track_seqlen`` tokens.
+
+Why it needs a seam: with the replay ring, the live slot's ``temporal`` lags the request by
+the ring's pending entries, so the copied checkpoint is not the state at the track length.
+
+Hooks (AROUND both module globals; no propagation: only ``hybrid_linear_attn_backend``
+calls them by these names)
+* Outside a replay decode context (no ring, prefill, draft workers): SGLang's copy, untouched.
+* Inside one (``mamba2_decode`` / ``gdn_decode`` layer context, i.e. *before* the forward's
+  cursor advance): SGLang's copy runs first (conv windows + checkpoint).  At the LAST mamba
+  layer (the GDN all-layers call comes only there) :func:`materialize_track` then
+  1. copies the live slot's ring rows (all layers) into the track slot with SGLang's own
+     masked row copier (``track_mamba_states_all_layers``, unpatched; 0.5.15: the per-layer one
+     in a loop): only masked rows move data, the others exit at once, as for SGLang's state copy;
+  2. sets the track slot's cursor to the entries pending *after* this step: ``0`` when this
+     step flushed (``w == L-1``: the kernel wrote the new state to ``temporal``), else
+     ``w + 1`` (``w = write_pos[live]``, not yet advanced);
+  3. folds the track slot (``lifecycle.fold_slots``: all layers, then ``write_pos[track] = 0``;
+     slot -1 for unmasked rows, which the fold kernels skip).
+  The live slot is not touched, so its cursor advance and ring cycle go on as before.  All
+  device ops with fixed shapes, no host sync: captured with the rest of the decode graph.
+* AFTER ``MambaAttnBackendBase._track_mamba_state_extend`` (prefill tracking, 0.5.15-0.5.17):
+  the track slots that received a chunk-boundary state get cursor 0 (their prefill state is
+  exact: an extend starts from a slot whose ring is empty, see ``docs/prefix-caching.md``).
+* BEFORE ``MambaMixer2.forward``: under a Mamba2 ring context, publish
+  the mixer's ``A`` for the layer (``lifecycle.register_layer_params``), so that the fold at
+  the last layer has every layer's ``A`` already on the first forward (the decode seam
+  registers it only after the layer returns).
+
+Not handled here: speculative rings (``spec_window``; SGLang tracks verify states through
+``spec_commit``, which refuses tracking) -- raises :class:`ReplayDecodeError`.
+
+Wiring: the decode seams (``mamba2_decode._plan``, ``gdn_decode._plan``) still raise on a
+decode forward that carries ``mamba_track_mask``, and the launcher still refuses
+``extra_buffer`` (``patches/server_args.py``); both are lifted together, for standard-decode
+rings only, once this seam has run on the GPU.  Until then these hooks are inert in a server.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import List, Tuple
+
+import torch
+
+from ._cursor import NULL_SLOT, ReplayDecodeError
+from .registry import Patch
+
+logger = logging.getLogger("sglang_replayssm.patches")
+
+BACKEND_MODULE = "sglang.srt.layers.attention.hybrid_linear_attn_backend"
+TRACK_TARGET = BACKEND_MODULE + ".track_mamba_states_if_needed"
+TRACK_ALL_TARGET = BACKEND_MODULE + ".track_mamba_states_all_layers"
+TRACK_EXTEND_TARGET = BACKEND_MODULE + ".MambaAttnBackendBase._track_mamba_state_extend"
+MIXER_TARGET = "sglang.srt.layers.attention.mamba.mamba.MambaMixer2.forward"
+TRACK_PARAMS = ("conv_states", "ssm_states", "cache_indices", "mamba_track_mask", "mamba_track_indices",
+                "batch_size")
+TRACK_ALL_PARAMS = ("conv_states_pool", "ssm_states_pool", "cache_indices", "mamba_track_mask",
+                    "mamba_track_indices", "batch_size")
+
+
+def _active_context():
+    """The replay layer context of the decode seam running now, or None."""
+    from . import gdn_decode, mamba2_decode
+
+    return mamba2_decode.current_context() or gdn_decode.current_context()
+
+
+_OWNER_CACHE: dict = {}   # (pool layer, data pointers of its ring views) -> weak (ring, mamba_pool)
+
+
+def ring_of_context(ctx) -> Tuple[object, object]:
+    """(ring, mamba_pool) whose pool layer ``ctx.pool_idx`` views are ``ctx.ring_views``."""
+    from .pool import registered_rings
+
+    want = tuple(sorted((k, v.data_ptr()) for k, v in ctx.ring_views.items()))
+    key = (ctx.pool_idx, want)
+    hit = _OWNER_CACHE.get(key)
+    if hit is not None:
+        ring, mamba_pool = hit[0](), hit[1]()   # weak: a live ring's views cannot move
+        if ring is not None and mamba_pool is not None:
+            return ring, mamba_pool
+    for ring, mamba_pool in registered_rings():
+        if 0 <= ctx.pool_idx < ring.num_layers and \
+                tuple(sorted((k, v.data_ptr()) for k, v in ring.layer(ctx.pool_idx).items())) == want:
+            _OWNER_CACHE[key] = (weakref.ref(ring), weakref.ref(mamba_pool))
+            return ring, mamba_pool
+    raise ReplayDecodeError(f"extra_buffer track copy: no registered replay ring owns the layer context of "
+                            f"pool layer {ctx.pool_idx}")
+
+
+def _per_layer(copy_rows):
+    """A per-layer masked row copier (``track_mamba_states_if_needed``) applied to every layer of
+    ``[layers, S, ...]`` ring tensors."""
+    def copy_all(a, b, src, rows, dst, bs):
+        for i in range(a.shape[0]):
+            copy_rows(a[i], b[i], src, rows, dst, bs)
+    return copy_all
+
+
+def default_row_copier():
+    """SGLang's own masked row copier (unpatched), all layers per call: the all-layers kernel where
+    the release has it (0.5.17+), else the per-layer one in a loop."""
+    import sys
+
+    mod = sys.modules.get(BACKEND_MODULE) or __import__(BACKEND_MODULE, fromlist=["_"])
+    fn = getattr(mod, "track_mamba_states_all_layers", None)
+    if fn is not None:
+        return getattr(fn, "__wrapped__", fn)
+    fn = mod.track_mamba_states_if_needed
+    return _per_layer(getattr(fn, "__wrapped__", fn))
+
+
+def materialize_track(ring, mamba_pool, live: torch.Tensor, mask: torch.Tensor, track: torch.Tensor,
+                      copy_rows=None) -> None:
+    """Make the track slots of the masked rows the exact state of their live slots after this step.
+
+    Call after SGLang's own copy of conv + ``temporal`` (live -> track) and *before* the
+    forward's cursor advance: ``write_pos[live]`` is the cursor the step started from.
+    ``live``, ``mask``, ``track``: one entry per row (physical slot ids; padded rows -1).
+    ``copy_rows(a, b, src, rows, dst, bs)``: SGLang's masked row copier over ``[layers, S, ...]``
+    tensors (:func:`default_row_copier`); only masked rows move data, the others exit at once,
+    so the cost is paid on track steps only (the fold kernels skip slot -1 the same way).
+    """
+    if ring.spec_window is not None:
+        raise ReplayDecodeError("extra_buffer state tracking on a speculative replay ring is not supported; use "
+                                "--mamba-radix-cache-strategy no_buffer or --replayssm-spec false")
+    dev = ring.device
+    live = live.reshape(-1).to(dev, torch.long)
+    track = track.reshape(-1).to(dev, torch.long)
+    rows = (mask.reshape(-1).to(dev) != 0) & (live > NULL_SLOT) & (track > NULL_SLOT)
+    src = torch.where(rows, live, torch.zeros_like(live))
+    dst = torch.where(rows, track, torch.zeros_like(track))
+    # 1. the live slot's ring rows -> the track slot (all layers, masked rows only)
+    copy_rows = copy_rows or default_row_copier()
+    names = list(ring.tensors)                      # Mamba2 x, B, dt; GDN d, k, g
+    bs = int(rows.shape[0])
+    copy_rows(ring.tensors[names[0]], ring.tensors[names[1]], src, rows, dst, bs)
+    copy_rows(ring.tensors[names[2]], ring.tensors[names[2]], src, rows, dst, bs)
+    # 2. the track slot's cursor: the entries pending after this step (a flush step left none)
+    L = ring.buffer_len
+    w = ring.write_pos[src].to(torch.long).clamp(0, L - 1)
+    pending = torch.where(w == L - 1, torch.zeros_like(w), w + 1)
+    ring.write_pos[dst] = torch.where(rows, pending, torch.zeros_like(pending)).to(ring.write_pos.dtype)
+    # 3. fold the track slot (all layers), cursor -> 0
+    from .lifecycle import fold_slots
+
+    fold_slots(mamba_pool, torch.where(rows, track, torch.full_like(track, -1)))
+
+
+def _after_copy(ctx, original, per_layer: bool, cache_indices, mask, track, batch_size) -> None:
+    ring, mamba_pool = ring_of_context(ctx)
+    if per_layer and ctx.pool_idx != ring.num_layers - 1:
+        return
+    bs = int(batch_size)
+    # the per-layer call (Mamba2) copies the ring of every layer at once where SGLang has the
+    # all-layers copier (0.5.17+: two launches instead of two per layer)
+    materialize_track(ring, mamba_pool, cache_indices[:bs], mask[:bs], track[:bs],
+                      copy_rows=default_row_copier() if per_layer else original)
+
+
+def track_if_needed_around(original, conv_states, ssm_states, cache_indices, mamba_track_mask,
+                           mamba_track_indices, batch_size, *args, **kwargs):
+    """AROUND ``track_mamba_states_if_needed`` (per layer): SGLang's copy, then at the last
+    layer the ring fold into the track slots."""
+    result = original(conv_states, ssm_states, cache_indices, mamba_track_mask, mamba_track_indices, batch_size,
+                      *args, **kwargs)
+    ctx = _active_context()
+    if ctx is not None:
+        _after_copy(ctx, original, True, cache_indices, mamba_track_mask, mamba_track_indices, batch_size)
+    return result
+
+
+def track_all_layers_around(original, conv_states_pool, ssm_states_pool, cache_indices, mamba_track_mask,
+                            mamba_track_indices, batch_size, *args, **kwargs):
+    """AROUND ``track_mamba_states_all_layers`` (called once, at the last mamba layer)."""
+    result = original(conv_states_pool, ssm_states_pool, cache_indices, mamba_track_mask, mamba_track_indices,
+                      batch_size, *args, **kwargs)
+    ctx = _active_context()
+    if ctx is not None:
+        _after_copy(ctx, original, False, cache_indices, mamba_track_mask, mamba_track_indices, batch_size)
+    return result
+
+
+def track_extend_after(result, self, forward_batch, h, ssm_states, forward_metadata, *args, **kwargs):
+    """AFTER ``MambaAttnBackendBase._track_mamba_state_extend`` (0.5.15-0.5.17): the track slots
+    that just received a prefill state hold a checkpoint with no ring entries -> cursor 0
+    (they may carry a stale cursor from an earlier owner; a tree slot must read flushed)."""
+    mamba_pool = getattr(getattr(self, "req_to_token_pool", None), "mamba_pool", None)
+    ring = getattr(mamba_pool, "rssm_ring", None)
+    if ring is None or not getattr(forward_metadata, "has_mamba_track_mask", False):
+        return None
+    for name in ("track_ssm_h_dst", "track_ssm_final_dst"):
+        dst = getattr(forward_metadata, name, None)
+        if dst is not None:
+            ring.reset_nosync(dst)
+    return None
+
+
+def mixer_forward_before(self, *args, **kwargs):
+    """BEFORE ``MambaMixer2.forward``: under a Mamba2 ring context publish the layer's ``A``."""
+    from . import lifecycle, mamba2_decode
+
+    ctx = mamba2_decode.current_context()
+    A = getattr(self, "A", None)
+    if ctx is not None and A is not None:
+        try:
+            ring, _ = ring_of_context(ctx)
+        except ReplayDecodeError:
+            return None  # a ring not built by the pool seam: the track hook itself refuses if it is reached
+        lifecycle.register_layer_params(ring, ctx.pool_idx, A=A)
+    return None
+
+
+PATCHES: List[Patch] = [
+    Patch(TRACK_TARGET, "around", track_if_needed_around, params=TRACK_PARAMS,
+          description="extra_buffer decode track copy: fold the ring into the track slot (per-layer copy)"),
+    Patch(TRACK_ALL_TARGET, "around", track_all_layers_around, versions=">=0.5.17,<0.6", params=TRACK_ALL_PARAMS,
+          description="extra_buffer decode track copy: fold the ring into the track slot (all-layers copy)"),
+    Patch(TRACK_EXTEND_TARGET, "after", track_extend_after, versions=">=0.5.15,<0.5.23",
+          params=("self", "forward_batch", "h", "ssm_states", "forward_metadata"),
+          description="extra_buffer prefill track: the track slots' ring cursors to 0"),
+    Patch(MIXER_TARGET, "before", mixer_forward_before, params=("self",),
+          description="publish each Mamba2 layer's A before its decode, for track-slot folds"),
+]
