@@ -53,6 +53,8 @@ class Geometry:
     server_flags: Tuple[str, ...] = ()
     env: Dict[str, str] = field(default_factory=dict)
     h200: str = "not run"            # what has run on the H200 with this geometry
+    min_tp: int = 1                  # fewest GPUs (SGLang --tp-size) the geometry fits on, H200-sized
+    min_tp_reason: str = ""          # why, for eval.ab's message when --tp is lower
 
     def config_json(self, spec: bool = False, **overrides) -> Dict:
         cfg = copy.deepcopy(self.config)
@@ -78,6 +80,21 @@ def _with_qwen35_rope(cfg: Dict) -> Dict:
                               "partial_rotary_factor": cfg["partial_rotary_factor"]}
     return cfg
 
+
+# Qwen/Qwen3-Next-80B-A3B-Instruct's config.json with 64 of its 512 routed experts (qwen3-next-80b-a3b-e64);
+# qwen3-next-80b-a3b restores the 512
+_QWEN3_NEXT_80B_E64: Dict = {
+    "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "torch_dtype": "bfloat16",
+    "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5120, "num_hidden_layers": 48,
+    "full_attention_interval": 4, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+    "partial_rotary_factor": 0.25, "rope_theta": 10000000, "max_position_embeddings": 262144,
+    "rms_norm_eps": 1e-6, "hidden_act": "silu", "attn_output_gate": True,
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+    "num_experts": 64, "num_experts_per_tok": 10, "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512, "decoder_sparse_step": 1, "norm_topk_prob": True,
+    "mlp_only_layers": [], "tie_word_embeddings": False, "bos_token_id": 151643, "eos_token_id": 151645,
+}
 
 _FLASHINFER_ENV = {"SGLANG_FLASHINFER_USE_TENSOR_CORE": "true"}
 
@@ -169,18 +186,7 @@ _GEOMETRIES: List[Geometry] = [
     ),
     Geometry(
         name="qwen3-next-80b-a3b-e64", family="gdn", size="real",
-        config={
-            "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "torch_dtype": "bfloat16",
-            "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5120, "num_hidden_layers": 48,
-            "full_attention_interval": 4, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
-            "partial_rotary_factor": 0.25, "rope_theta": 10000000, "max_position_embeddings": 262144,
-            "rms_norm_eps": 1e-6, "hidden_act": "silu", "attn_output_gate": True,
-            "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
-            "linear_num_key_heads": 16, "linear_num_value_heads": 32,
-            "num_experts": 64, "num_experts_per_tok": 10, "moe_intermediate_size": 512,
-            "shared_expert_intermediate_size": 512, "decoder_sparse_step": 1, "norm_topk_prob": True,
-            "mlp_only_layers": [], "tie_word_embeddings": False, "bos_token_id": 151643, "eos_token_id": 151645,
-        },
+        config=copy.deepcopy(_QWEN3_NEXT_80B_E64),
         attention_backend="triton",
         source="Qwen/Qwen3-Next-80B-A3B-Instruct config.json: all 48 layers with their shapes (36 GDN: 16 K / "
                "32 V heads x 128, conv 4; 12 gated attention: 16 q / 2 kv heads x 256; hidden 2048), MoE "
@@ -190,6 +196,17 @@ _GEOMETRIES: List[Geometry] = [
         spec_keys={"num_nextn_predict_layers": 1},
         notes="fewer experts than the released model: expert-weight memory and MoE routing spread differ",
         h200="harness: decode A/B bs 1-256 (stock/staged/upstream)",
+    ),
+    Geometry(
+        name="qwen3-next-80b-a3b", family="gdn", size="real",
+        config={**copy.deepcopy(_QWEN3_NEXT_80B_E64), "num_experts": 512},
+        attention_backend="triton",
+        source="Qwen/Qwen3-Next-80B-A3B-Instruct config.json at full size: the qwen3-next-80b-a3b-e64 shapes (48 "
+               "layers, 36 GDN: 16 K / 32 V heads x 128; 12 gated attention; hidden 2048; MoE top-10 of 512-wide "
+               "experts + shared expert) with all 512 routed experts: ~80B parameters, ~160 GB bf16",
+        spec_keys={"num_nextn_predict_layers": 1},
+        notes="needs two H200s: python -m eval.ab --model qwen3-next-80b-a3b --tp 2 (per rank 8 K / 16 V GDN heads)",
+        min_tp=2, min_tp_reason="~160 GB of bf16 weights, one H200 holds 141 GB",
     ),
     Geometry(
         name="qwen3.5-4b-like", family="gdn", size="real",
@@ -329,10 +346,10 @@ def describe() -> str:
     for g in _GEOMETRIES:
         lc = ", ".join(f"{v} {k}" for k, v in layer_counts(g.config).items())
         rows.append([g.name, g.size, g.family, g.config["architectures"][0], lc,
-                     f"{ssm_state_bytes_per_seq(g.config) / 2**20:.1f}", g.attention_backend, g.h200])
+                     f"{ssm_state_bytes_per_seq(g.config) / 2**20:.1f}", g.attention_backend, str(g.min_tp), g.h200])
     return report.markdown_table(
-        ["model", "size", "ssm", "architecture", "layers", "state MiB/seq (fp32)", "attention", "H200"], rows,
-        align=["l", "l", "l", "l", "l", "r", "l", "l"])
+        ["model", "size", "ssm", "architecture", "layers", "state MiB/seq (fp32)", "attention", "min --tp", "H200"],
+        rows, align=["l", "l", "l", "l", "l", "r", "l", "r", "l"])
 
 
 def main() -> int:

@@ -16,6 +16,7 @@ server (SIGTERM to its process group, SIGKILL after a grace period), also on fai
     python -m eval.ab --model nemotron-h-8b --batch 1,32,128,256
     python -m eval.ab --model tiny-nemotron-h --arms stock,stock,staged    # + noise floor
     python -m eval.ab --model tiny-qwen3-next --spec nextn --sim-acc-len 2.5
+    python -m eval.ab --model qwen3-next-80b-a3b --tp 2                   # full size, --tp-size 2 (two GPUs)
     python -m eval.ab --render eval/results/ab-....json                   # re-draw md/png
     python -m eval.ab --list-models
 

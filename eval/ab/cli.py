@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 from eval.ab.common import ROOT
 from eval.ab.parity import parity_prompts
 from eval.ab.plan import Phase, parse_batches, plan_phases
-from eval.ab.results import finish_record, run_record, write_results
+from eval.ab.results import finish_record, model_tag, run_record, write_results
 from eval.ab.servers import (PATCHED_MODULE, SPEC_ALGOS, STOCK_MODULE, ModelSpec, _stop_all, arm_launch, env_delta,
                              launch_cmd, prepare_models, server_env, server_pythonpath)
 from eval.ab.workloads import bench_serving_argv, run_servers
@@ -55,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: 0.25 for tiny built-in geometries, 0.85 otherwise")
     s.add_argument("--context-length", type=int, default=4096)
     s.add_argument("--max-running-requests", type=int, default=0, help="0: SGLang decides (reported)")
+    s.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="tensor parallelism: --tp-size N on every server (N GPUs each, SGLang's own NCCL TP; "
+                        "peak memory is sampled on --gpu-index, the first GPU, i.e. one rank's share); a built-in "
+                        "geometry too large for one GPU names its minimum (--list-models)")
     s.add_argument("--cuda-graph", choices=("on", "off"), default="on")
     s.add_argument("--radix-cache", choices=("on", "off"), default="off",
                    help="on: radix cache with SGLang's no_buffer mamba strategy and --disable-overlap-schedule "
@@ -131,12 +135,25 @@ def checked_plan(args) -> List[Phase]:
     """The plan, once the flags it does not read are checked too (a ValueError names the flag)."""
     phases = plan_phases(args)
     parse_batches(args.batch)
+    check_tp(args)
     if args.profile_batch:
         parse_batches(args.profile_batch, "--profile-batch")
         if args.profile_steps < 1 or args.profile_delay_s < 0:
             raise ValueError("--profile-steps takes a positive integer and --profile-delay-s a non-negative "
                              f"number, got {args.profile_steps} and {args.profile_delay_s}")
     return phases
+
+
+def check_tp(args) -> None:
+    """``--tp`` is a positive GPU count, at least what a built-in geometry needs (a ValueError names the flag)."""
+    from eval import models
+
+    if args.tp < 1:
+        raise ValueError(f"--tp takes a positive number of GPUs per server, got {args.tp}")
+    g = models.GEOMETRIES.get(args.model)
+    if g is not None and args.tp < g.min_tp:
+        raise ValueError(f"--model {g.name} needs --tp {g.min_tp} or more (it does not fit {args.tp} GPU"
+                         f"{'s' if args.tp > 1 else ''}: {g.min_tp_reason}), got --tp {args.tp}")
 
 
 def print_plan(args, phases: List[Phase], spec_models: Dict[bool, Optional[ModelSpec]], flags: Dict[bool, List[str]],
@@ -179,7 +196,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     spec_models, flags = prepare_models(args, phases, workdir)
     model0 = spec_models[phases[0].spec]
     out_dir = Path(args.out_dir)
-    stem0 = "-".join(["ab", model0.name] + ([args.spec] if args.spec != "none" else [])
+    stem0 = "-".join(["ab", model_tag(model0.name, args)] + ([args.spec] if args.spec != "none" else [])
                      + ([args.tag] if args.tag else []))
     logdir = Path(args.log_dir) if args.log_dir else out_dir / f"logs-{stem0}"
     pythonpath = server_pythonpath(args, workdir)

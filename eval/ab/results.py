@@ -63,7 +63,8 @@ def run_record(args, argv: Optional[List[str]], phases: List[Phase], model0: Mod
     run: Dict[str, Any] = {
         "schema": SCHEMA, "kind": "ab", "git_commit": git_commit(),
         "sglang_version": dist_version("sglang"), "sglang_replayssm_version": entry_points.package_version(),
-        "gpu": gpu_info(), "python": sys.version.split()[0], "host": socket.gethostname(),
+        "gpu": gpu_info(), "tp_size": getattr(args, "tp", 1) or 1,
+        "python": sys.version.split()[0], "host": socket.gethostname(),
         "env_inherited": recorded_env(dict(os.environ)),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)),
         "model": {"name": model0.name, "builtin": model0.builtin, "source": model0.source, "notes": model0.notes, "size": model0.size,
@@ -199,6 +200,13 @@ def build_result(run: Dict[str, Any], a: Dict[str, Any], b: Dict[str, Any], args
     return res
 
 
+def model_tag(name: str, args) -> str:
+    """The model's part of the result names: its name, with ``-tp<N>`` under tensor parallelism (so a TP run
+    never writes over a single-GPU one)."""
+    tp = getattr(args, "tp", 1) or 1
+    return f"{name}-tp{tp}" if tp > 1 else name
+
+
 def result_stem(model: str, spec: str, a_kind: str, b_kind: str, tag: Optional[str]) -> str:
     parts = ["ab", model] + ([spec] if spec != "none" else []) + [f"{a_kind}-vs-{b_kind}"] + ([tag] if tag else [])
     return "-".join(parts)
@@ -212,16 +220,17 @@ def write_results(run: Dict[str, Any], args, model0: ModelSpec, out_dir: Path, s
 
     written = []
     pairs = comparisons(run["phases"])
+    name = model_tag(model0.name, args)
     stems: set = set()
     for a, b in pairs:
         res = build_result(run, a, b, args)
-        stem = result_stem(model0.name, args.spec, a["phase"]["kind"], b["phase"]["kind"], args.tag)
+        stem = result_stem(name, args.spec, a["phase"]["kind"], b["phase"]["kind"], args.tag)
         if stem in stems or b["phase"].get("kernel_config"):
             # a second arm of one kind (staged,staged) or a launch-config variant (staged@FILE): its label
-            stem = result_stem(model0.name, args.spec, a["label"], b["label"], args.tag)
+            stem = result_stem(name, args.spec, a["label"], b["label"], args.tag)
         n = 2
         while stem in stems:  # labels are unique, but a label may equal an earlier kind-named stem
-            stem = result_stem(model0.name, args.spec, a["label"], f"{b['label']}-{n}", args.tag)
+            stem = result_stem(name, args.spec, a["label"], f"{b['label']}-{n}", args.tag)
             n += 1
         stems.add(stem)
         written += ab_report.write_all(res, out_dir, stem)

@@ -94,6 +94,8 @@ def common_server_flags(args, model: ModelSpec, spec: bool) -> List[str]:
           "--enable-metrics"]
     if args.max_running_requests:
         f += ["--max-running-requests", str(args.max_running_requests)]
+    # tensor parallelism: SGLang's own (NCCL), the same on every arm; each rank's pool gets the ring of its heads
+    f += ["--tp-size", str(getattr(args, "tp", 1) or 1)]
     if args.cuda_graph == "off":
         f += ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
     else:

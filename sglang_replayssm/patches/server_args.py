@@ -43,9 +43,11 @@ def unsupported_reasons(args, cfg: ReplaySSMConfig) -> List[str]:
     extra = getattr(args, "enable_mamba_extra_buffer", None)
     extra_on = extra() if callable(extra) else str(g("mamba_radix_cache_strategy") or "").startswith("extra_buffer")
     if extra_on:
-        out.append(f"--mamba-radix-cache-strategy {g('mamba_radix_cache_strategy')}: ping-pong slot donation and "
-                   "per-step state tracking bypass the replay ring; use --disable-radix-cache, or "
-                   "--mamba-radix-cache-strategy no_buffer (which SGLang runs only with --disable-overlap-schedule)")
+        # the tracked states themselves are materialised (patches/prefix_track.py, CPU-tested); what is
+        # missing is the decode seams taking a tracked decode forward (they refuse mamba_track_mask)
+        out.append(f"--mamba-radix-cache-strategy {g('mamba_radix_cache_strategy')}: the replay ring's decode path "
+                   "does not run SGLang's extra_buffer state tracking yet; use --mamba-radix-cache-strategy "
+                   "no_buffer --disable-overlap-schedule (prefix caching kept), or --disable-radix-cache")
     if g("enable_int8_mamba_checkpoint"):
         out.append("--enable-int8-mamba-checkpoint: the int8 checkpoint pool loads cached states into slots without "
                    "clearing or copying them, so their replay-ring cursors would be stale; not supported")
@@ -54,9 +56,18 @@ def unsupported_reasons(args, cfg: ReplaySSMConfig) -> List[str]:
                    "radix cache's fold of the replay ring; not supported")
     if g("enable_unified_memory"):
         out.append("--enable-unified-memory: the unified mamba pool is not supported yet")
-    if (g("tp_size") or 1) > 1 or (g("pp_size") or 1) > 1:
-        out.append(f"--tp-size {g('tp_size')} / --pp-size {g('pp_size')}: sglang_replayssm is validated at "
-                   "TP=1, PP=1 only; run with --tp-size 1 --pp-size 1 or --replayssm-disable")
+    # tensor parallelism (--tp-size N) is supported: every rank's pool holds its shard of the SSM heads and
+    # gets a ring of that shard's geometry (patches/pool.py); the other ways of splitting a model are not
+    if (g("pp_size") or 1) > 1:
+        out.append(f"--pp-size {g('pp_size')}: pipeline parallelism is not supported (PP=1 only); split the "
+                   "model with --tp-size instead, or use --replayssm-disable")
+    if g("enable_dp_attention"):
+        out.append("--enable-dp-attention: data-parallel attention is not supported; use --tp-size without it, "
+                   "or --replayssm-disable")
+    for name, flag in (("attn_cp_size", "--attn-cp-size"), ("dcp_size", "--dcp-size")):
+        if (g(name) or 1) > 1:
+            out.append(f"{flag} {g(name)}: context parallelism is not supported; use --tp-size without it, "
+                       "or --replayssm-disable")
     if g("enable_mixed_chunk"):
         out.append("--enable-mixed-chunk: SGLang runs the running decode rows of a mixed batch through the "
                    "prefill scan, which reads the checkpoint without the replay ring; drop the flag")

@@ -29,10 +29,11 @@ def test_supported_args_pass_and_unsupported_are_listed(args_for, monkeypatch):
     apply(all_patches())
     ok = args_for()
     ok.check_server_args()  # accepted
-    bad = args_for("--tp-size", "2")
+    args_for("--tp-size", "2").check_server_args()  # tensor parallelism: accepted (per-rank rings)
+    bad = args_for("--pp-size", "2")
     with pytest.raises(UnsupportedConfigError) as e:
         bad.check_server_args()
-    assert "--tp-size 2" in str(e.value)
+    assert "--pp-size 2" in str(e.value)
 
 
 def test_tree_spec_rejected(args_for, monkeypatch):
@@ -47,7 +48,7 @@ def test_tree_spec_rejected(args_for, monkeypatch):
 def test_hook_is_inert_when_disabled(args_for, monkeypatch):
     monkeypatch.delenv("SGLANG_REPLAYSSM_ENABLE", raising=False)
     apply(all_patches())
-    args_for("--tp-size", "2").check_server_args()  # stock behaviour: accepted
+    args_for("--pp-size", "2").check_server_args()  # stock behaviour: accepted
 
 
 def test_reasons_cover_each_combination(args_for):
