@@ -226,3 +226,14 @@ def test_explicit_missing_path_is_refused(tmp_path, monkeypatch):
 def test_unknown_family_in_a_lookup():
     with pytest.raises(ValueError, match=r"unknown kernel family 'gdn_decod' \(did you mean 'gdn_decode'\?\)"):
         common.launch_config("gdn_decod", "HV32_HK16_K128_V128_L16")
+
+
+@pytest.mark.parametrize("tp_key,tp1_key", [("HV16_HK8", "HV32_HK16"), ("HV8_HK4", "HV32_HK16"),
+                                            ("HV32_HK8", "HV64_HK16"), ("HV16_HK4", "HV64_HK16")])
+@pytest.mark.parametrize("tag", ["fp32", "bf16"])
+def test_h200_tp_rank_keys_take_the_tp1_entries(tp_key, tp1_key, tag):
+    """Under tensor parallelism a rank's GDN key has HV/TP, Hk/TP heads: it resolves to its TP = 1 entry."""
+    def resolve(k):
+        return common.launch_config("gdn_decode", common.config_keys(f"{k}_K128_V128_L16", DTYPES[tag]), path=str(H200))
+
+    assert resolve(tp_key) == resolve(tp1_key) != common.launch_config("gdn_decode", "none", path=str(H200))
