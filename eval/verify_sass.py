@@ -51,13 +51,14 @@ DEFAULT_VARIANTS = ("packaged:", "mamba2/w2:num_warps=2", "mamba2/w4:num_warps=4
 
 
 def packaged_config(family: str) -> Dict[str, Any]:
-    """The verify family's ``default`` entry of the packaged H200 file (empty when it has none)."""
-    import yaml
+    """The verify family's geometry-free launch config on the H200: the built-in defaults under the packaged H200
+    file's ``default`` entry (variants are written on top of it)."""
+    import importlib
 
-    from sglang_replayssm.kernels.common import CONFIG_DIR
+    from sglang_replayssm.kernels.common import CONFIG_DIR, launch_config
 
-    section = (yaml.safe_load((CONFIG_DIR / "h200.yaml").read_text()) or {}).get(FAMILY_KEY[family]) or {}
-    return dict(section.get("default") or {})
+    importlib.import_module(f"sglang_replayssm.kernels.{FAMILY_KEY[family]}")  # registers the family's defaults
+    return launch_config(FAMILY_KEY[family], "default", path=str(CONFIG_DIR / "h200.yaml"))
 
 
 def _call_mamba2(geom, T, hist, state_dtype, act_dtype, batch):
