@@ -4,6 +4,8 @@
 #                       patch targets against, runs pytest (kernels in TRITON_INTERPRET=1) in TEST_JOBS
 #                       pytest-xdist workers (default 2); the `slow` kernel tests (full launch-config grid,
 #                       real geometries) are left to gpu-test. make test-full: those too, in the interpreter
+#   make test-sglang-0.5.23  tests/foundation + tests/patches against SGLang 0.5.23's classes (its wheel, unpacked)
+#   make sglang-versions     those suites on 0.5.17 and 0.5.23 -> eval/results/sglang-versions.json
 #   make doctor         versions, config, and every patch target: resolved / patched / missing
 #   make serve          GPU host: launch the patched server (built-in tiny model unless MODEL=...)
 #   make bench-kernels  GPU host: kernel benchmark vs SGLang's stock kernels -> eval/results/
@@ -56,6 +58,16 @@ test: venv sglang-wheels
 # the slow kernel tests too, in the interpreter (REPLAYSSM_TEST_FULL=1: the full launch-config grid, real geometries)
 test-full: venv sglang-wheels
 	REPLAYSSM_TEST_FULL=1 $(PYTEST_RUN)
+
+# the seam and pool tests (tests/foundation, tests/patches) against SGLang 0.5.23's real classes: its wheel is
+# unpacked into .cache/sglang-site/0.5.23 and put first on PYTHONPATH in this venv (eval/sglang_versions.py)
+.PHONY: test-sglang-0.5.23 sglang-versions
+test-sglang-0.5.23: venv sglang-wheels
+	$(PY) -m eval.sglang_versions --versions 0.5.23 --jobs $(TEST_JOBS)
+
+# eval/results/sglang-versions.json: the same suites on 0.5.17 and 0.5.23, counts per release (at a commit)
+sglang-versions: venv sglang-wheels
+	$(PY) -m eval.sglang_versions --versions 0.5.17,0.5.23 --jobs $(TEST_JOBS) --out eval/results/sglang-versions.json
 
 doctor: venv
 	$(PY) -m sglang_replayssm doctor

@@ -12,6 +12,8 @@ tokens (their SSM inputs sit in the ring).  Anything in SGLang that keys a slot'
 
 Where SGLang keeps a request's mamba state (0.5.17; read, not run)
 ------------------------------------------------------------------
+(The 0.5.23 notes below are also run: ``make test-sglang-0.5.23`` drives 0.5.23's own
+``release_kv_cache`` through tests/patches/test_lifecycle.py.)
 * Finish under a mamba radix tree: ``sglang.srt.mem_cache.common.release_kv_cache``
   (``common.py:132``) calls ``tree_cache.cache_finished_req(req, is_insert=...,
   kv_len_to_handle=...)`` (``:149``), which *donates the live slot id* to the tree

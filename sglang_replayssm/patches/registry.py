@@ -283,19 +283,52 @@ def supported_range(patches: Iterable[Patch]) -> str:
     return " or ".join(f">={lo_s},<{hi_s}" for _, _, lo_s, hi_s in merged)
 
 
+# The SGLang releases the seam and pool tests run against (tests/, eval/sglang_versions.py): 0.5.17 installed,
+# 0.5.15's and 0.5.23's classes checked from their wheels. A release between them is refused, not guessed:
+# SGLang moves internals between patch releases (0.5.23 moved the request's KV record, the radix cache and
+# the model config's home), and a moved seam computes silently wrong instead of failing.
+TESTED_SGLANG = ("0.5.15", "0.5.17", "0.5.23")
+# the release run end to end on an H200 (torch 2.11 there; 0.5.23 needs torch 2.14.1)
+RECOMMENDED_SGLANG = "0.5.17"
+
+
+def is_tested_release(version: str, releases: Iterable[str] = TESTED_SGLANG) -> bool:
+    """Whether ``version`` is one of ``releases`` or a ``.postN`` of one (a local label such as ``+cu128`` is
+    a build of the same code and passes). Pre-/dev-releases and anything not PEP 440 do not."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        v = Version(version)
+    except InvalidVersion:
+        return False
+    if v.is_prerelease or v.is_devrelease:
+        return False
+    return any(Version(v.base_version) == Version(r) for r in releases)
+
+
+def _join(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
 def require_applicable(patches: Sequence[Patch], version: Optional[str] = None) -> List[Patch]:
     """The patches that apply to ``version``; :class:`PatchError` naming the installed SGLang and the
-    supported range when SGLang is missing or none applies (enabled with nothing to patch would be
-    stock SGLang reported as patched)."""
+    supported releases when SGLang is missing, is not one of the tested releases (:data:`TESTED_SGLANG`,
+    ``.postN`` included) inside the patches' range, or no patch applies (enabled with nothing to patch
+    would be stock SGLang reported as patched)."""
     version = version or sglang_version()
     supported = supported_range(patches) if patches else "none"
-    install = f"pip install 'sglang{supported.split(' or ')[0]}'"
+    tested = [r for r in TESTED_SGLANG if applicable(patches, r)]
+    names = f"{_join(tested)} (and their .postN releases)" if tested else "no tested release"
+    install = f"pip install 'sglang=={RECOMMENDED_SGLANG if RECOMMENDED_SGLANG in tested else tested[-1]}'" \
+        if tested else "no SGLang release fits"
     if version == SGLANG_MISSING:
-        raise PatchError(f"SGLang is not installed; sglang_replayssm patches SGLang {supported} ({install})")
+        raise PatchError(f"SGLang is not installed; sglang_replayssm patches SGLang {names}, within "
+                         f"{supported} ({install})")
     todo = applicable(patches, version)
-    if not todo:
-        raise PatchError(f"SGLang {version} is installed but sglang_replayssm supports SGLang {supported} "
-                         f"(pre-releases excluded): no patch applies, so nothing would be patched ({install})")
+    if not todo or not is_tested_release(version, tested):
+        raise PatchError(f"SGLang {version} is installed but sglang_replayssm supports SGLang {names} only, "
+                         f"the releases its patches are tested on within {supported}; untested and pre-releases "
+                         f"are refused, so nothing would be patched ({install})")
     return todo
 
 

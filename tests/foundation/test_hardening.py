@@ -73,10 +73,10 @@ def test_supported_range_is_the_union_of_the_declared_ranges():
 
 
 @pytest.mark.parametrize("version,needle", [
-    ("0.4.9", "SGLang 0.4.9 is installed but sglang_replayssm supports SGLang >=0.5.15,<0.6"),
+    ("0.4.9", "SGLang 0.4.9 is installed but sglang_replayssm supports SGLang 0.5.15, 0.5.17 and 0.5.23"),
     ("0.6.1", "SGLang 0.6.1 is installed"),
     ("0.5.17rc1", "SGLang 0.5.17rc1 is installed"),
-    (SGLANG_MISSING, "SGLang is not installed; sglang_replayssm patches SGLang >=0.5.15,<0.6"),
+    (SGLANG_MISSING, "SGLang is not installed; sglang_replayssm patches SGLang 0.5.15, 0.5.17 and 0.5.23"),
 ])
 def test_require_applicable_names_version_and_range(version, needle):
     with pytest.raises(PatchError) as e:
@@ -135,7 +135,8 @@ DOCTOR = "from sglang_replayssm.cli import main\nraise SystemExit(main(['doctor'
 def test_doctor_fails_for_unsupported_sglang():
     r = fake_sglang("0.6.0", DOCTOR)
     assert r.returncode == 1, r.stdout + r.stderr[-2000:]
-    assert "error: SGLang 0.6.0 is installed but sglang_replayssm supports SGLang >=0.5.15,<0.6" in r.stdout
+    assert "error: SGLang 0.6.0 is installed but sglang_replayssm supports SGLang 0.5.15, 0.5.17 and 0.5.23" in r.stdout
+    assert ">=0.5.15,<0.6" in r.stdout
     assert "status: PROBLEMS FOUND" in r.stdout and "status: OK" not in r.stdout
 
 

@@ -1,4 +1,5 @@
-"""The patch registry against real SGLang 0.5.17 classes (imported on CPU)."""
+"""The patch registry against real SGLang classes (imported on CPU): the venv's 0.5.17, or another tested
+release first on PYTHONPATH (``make test-sglang-0.5.23``)."""
 
 import sys
 import types
@@ -7,7 +8,7 @@ import pytest
 
 from sglang_replayssm.patches import all_patches
 from sglang_replayssm.patches.registry import (
-    MARKER, Patch, PatchError, apply, is_patched, resolve, sglang_version, status, unapply_all, verify,
+    MARKER, TESTED_SGLANG, Patch, PatchError, apply, is_patched, resolve, sglang_version, status, unapply_all, verify,
     version_matches,
 )
 
@@ -22,7 +23,7 @@ def _clean():
 
 
 def test_every_registered_target_resolves_in_installed_sglang():
-    assert sglang_version().startswith("0.5.17")
+    assert sglang_version().startswith(TESTED_SGLANG)
     rows = status(all_patches())
     assert rows, "registry is empty"
     for target, state, detail in rows:
@@ -36,7 +37,7 @@ def test_apply_verify_idempotent_and_keeps_wrapped():
     patches = all_patches()
     with pytest.raises(PatchError) as e:
         verify(patches)
-    assert TARGET in str(e.value) and "0.5.17" in str(e.value)
+    assert TARGET in str(e.value) and sglang_version() in str(e.value)
     assert apply(patches) == [p.target for p in patches] and TARGET in [p.target for p in patches]
     patched = ServerArgs.__dict__["check_server_args"]
     assert patched.__wrapped__ is original and getattr(patched, MARKER) == TARGET
@@ -57,7 +58,7 @@ def test_missing_target_names_target_and_version_and_rolls_back():
     with pytest.raises(PatchError) as e:
         apply(good + [bad])
     msg = str(e.value)
-    assert "sglang.srt.server_args.ServerArgs.no_such_method" in msg and "0.5.17" in msg
+    assert "sglang.srt.server_args.ServerArgs.no_such_method" in msg and sglang_version() in msg
     assert ServerArgs.__dict__["check_server_args"] is original, "half-patched after a failure"
     rows = dict((t, s) for t, s, _ in status([bad]))
     assert rows[bad.target] == "missing"
@@ -85,7 +86,7 @@ def test_version_gating():
     assert version_matches("0.5.23.post1", ">=0.5.23,<0.5.24")
     assert not version_matches("0.5.23.post1", "==0.5.23")  # PEP 440: == is that release only
     assert not version_matches("0.5.15rc1", ">=0.5.15,<0.6")
-    p = Patch(TARGET, "after", lambda r, *a, **k: None, versions="==0.5.23")
+    p = Patch(TARGET, "after", lambda r, *a, **k: None, versions="==0.5.99")  # not the installed release
     assert apply([p]) == []
     assert status([p])[0][1] == "skipped"
 

@@ -1,4 +1,5 @@
-"""The launch-time validation hook on real SGLang 0.5.17 ServerArgs (built on CPU)."""
+"""The launch-time validation hook on real SGLang ServerArgs (built on CPU; 0.5.17, or 0.5.23 with
+``make test-sglang-0.5.23``)."""
 
 from types import SimpleNamespace
 
@@ -17,8 +18,11 @@ def args_for(tmp_path, monkeypatch):
     path = models.materialize("tiny-qwen3-next", root=tmp_path)
 
     def make(*extra):
-        return prepare_server_args(["--model-path", path, "--load-format", "dummy", "--skip-tokenizer-init",
+        args = prepare_server_args(["--model-path", path, "--load-format", "dummy", "--skip-tokenizer-init",
                                     "--device", "cpu", "--disable-radix-cache", *extra])
+        if hasattr(args, "resolve_once"):  # 0.5.23: the engine resolves the record before check_server_args
+            args.resolve_once()
+        return args
 
     yield make
     unapply_all()
@@ -30,7 +34,7 @@ def test_supported_args_pass_and_unsupported_are_listed(args_for, monkeypatch):
     ok = args_for()
     ok.check_server_args()  # accepted
     args_for("--tp-size", "2").check_server_args()  # tensor parallelism: accepted (per-rank rings)
-    bad = args_for("--pp-size", "2")
+    bad = args_for("--pp-size", "2", "--disable-overlap-schedule")  # SGLang itself refuses PP with overlap
     with pytest.raises(UnsupportedConfigError) as e:
         bad.check_server_args()
     assert "--pp-size 2" in str(e.value)
@@ -48,7 +52,7 @@ def test_tree_spec_rejected(args_for, monkeypatch):
 def test_hook_is_inert_when_disabled(args_for, monkeypatch):
     monkeypatch.delenv("SGLANG_REPLAYSSM_ENABLE", raising=False)
     apply(all_patches())
-    args_for("--pp-size", "2").check_server_args()  # stock behaviour: accepted
+    args_for("--pp-size", "2", "--disable-overlap-schedule").check_server_args()  # stock behaviour: accepted
 
 
 def test_reasons_cover_each_combination(args_for):
@@ -65,7 +69,9 @@ def test_reasons_cover_each_combination(args_for):
         "enable_int8_mamba_checkpoint": (True, "--enable-int8-mamba-checkpoint"),
         "enable_streaming_session": (True, "--enable-streaming-session"),
     }
-    base = dict(vars(a))  # resolved ServerArgs are read-only: vary a plain copy of their fields
+    # resolved ServerArgs are read-only: vary a plain copy of their fields (0.5.23: a msgspec Struct)
+    fields = getattr(type(a), "__struct_fields__", None)
+    base = {f: getattr(a, f) for f in fields} if fields else dict(vars(a))
     for field, (value, needle) in cases.items():
         assert field in base, field
         reasons = unsupported_reasons(SimpleNamespace(**{**base, field: value}), cfg)

@@ -113,6 +113,9 @@ class Harness:
         b.is_draft_worker = False
         b.enable_unified_memory = False
         b.forward_metadata = None
+        b.mis_metadata = None  # 0.5.23: set by its init_forward_metadata (None: no multi-item scoring)
+        # 0.5.23: the verify scratch row per request (row i for request i without PP; + the padding row)
+        b.verify_intermediate_state_indices = torch.arange(MAMBA_SIZE + 2, dtype=torch.int32)
         b.kernel_dispatcher = sgl.dispatcher()
         self.backend = b
         hy = object.__new__(sgl.hlab.HybridLinearAttnBackend)
@@ -142,7 +145,8 @@ class Harness:
         self.backend.forward_metadata = sgl.ForwardMetadata(
             query_start_loc=torch.arange(bs + 1, dtype=torch.int32),
             mamba_cache_indices=torch.tensor(slots, dtype=torch.int32))
-        return types.SimpleNamespace(forward_mode=mode or sgl.ForwardMode.DECODE, mamba_track_mask=None,
+        mode = mode or sgl.ForwardMode.DECODE  # 0.5.23 dispatches linear layers on logical_forward_mode
+        return types.SimpleNamespace(forward_mode=mode, logical_forward_mode=mode, mamba_track_mask=None,
                                      batch_size=bs)
 
     def layer(self, lid, inp, fb):
@@ -391,7 +395,8 @@ def test_extend_verify_pass_through_and_mixed_is_refused(sgl):
         assert gdn.forward_extend_around(original, h.backend, lay, fb, x, None, None, save_kv_cache=True) == "sglang"
     assert [c[2] for c in calls] == [sgl.ForwardMode.EXTEND, sgl.ForwardMode.TARGET_VERIFY]
     assert calls[0][4] == {"save_kv_cache": True} and calls[0][3] is x
-    fb = types.SimpleNamespace(forward_mode=sgl.ForwardMode.MIXED, mamba_track_mask=None)
+    fb = types.SimpleNamespace(forward_mode=sgl.ForwardMode.MIXED, logical_forward_mode=sgl.ForwardMode.MIXED,
+                               mamba_track_mask=None)
     with pytest.raises(gdn.ReplayDecodeError, match="enable-mixed-chunk"):
         gdn.forward_extend_around(original, h.backend, lay, fb, x, None, None)
     h.backend.is_draft_worker = True

@@ -9,10 +9,12 @@ pool).  Kernels run in Triton's CPU interpreter (tests/conftest.py).
 """
 
 import os
+from importlib.metadata import version
 from types import SimpleNamespace
 
 import pytest
 import torch
+from packaging.version import Version
 
 from sglang_replayssm.kernels.materialize import gdn_materialize_ref, mamba2_materialize_ref
 from sglang_replayssm.patches import active_patches, all_patches, staged_patches
@@ -25,6 +27,9 @@ from sglang_replayssm.patches.source_check import check
 
 L = 4
 MAMBA_SIZE = 6
+# 0.5.23: release_kv_cache(req, tree_cache, *, checkpoint) calls tree_cache.checkpoint (insert) or frees the
+# row (tree_cache.free_kv_row); the request's KV record and mamba slot live on req.kv
+SGLANG_0523 = Version(version("sglang")) >= Version("0.5.23")
 
 
 @pytest.fixture(autouse=True)
@@ -114,19 +119,44 @@ class StandInTree:
         self.seen = (mp.mamba_cache.temporal.clone(), None if ring is None else ring.write_pos.clone(), is_insert)
         raise Cached
 
+    # 0.5.23: a checkpoint keeps the state (insert); free_kv_row frees the row without caching
+    def claim_kv_row(self, req):
+        return False
+
+    def checkpoint(self, req, up_to=None):
+        self.cache_finished_req(req, is_insert=True)
+
+    def free_kv_row(self, kv, spans):
+        self.cache_finished_req(None, is_insert=False)
+
 
 def make_req(slot, **kw):
-    base = dict(req_pool_idx=0, kv=SimpleNamespace(), mamba_pool_idx=torch.tensor(slot),
-                skip_radix_cache_insert=False, effective_kv_committed_len=lambda: 5)
+    if SGLANG_0523:  # the KV record (and the mamba slot) on req.kv
+        holds = kw.pop("req_pool_idx", 0) is not None
+        kv = SimpleNamespace(holds_kv=holds, is_kv_released=not holds, holds_mamba=True, cache_protected_len=0,
+                             mamba_pool_idx=kw.pop("mamba_pool_idx", torch.tensor(slot)))
+        kw.pop("kv", None)
+        base = dict(kv=kv, skip_radix_cache_insert=False, owned_kv_len=lambda: 5, finished=lambda: True,
+                    refresh_fill_ids=lambda: None, rid="r0")
+    else:
+        base = dict(req_pool_idx=0, kv=SimpleNamespace(), mamba_pool_idx=torch.tensor(slot),
+                    skip_radix_cache_insert=False, effective_kv_committed_len=lambda: 5)
     base.update(kw)
     return SimpleNamespace(**base)
+
+
+def release_kw(**kw):
+    """``release_kv_cache`` keywords: ``is_insert`` (default true) before 0.5.23, ``checkpoint`` (required) after."""
+    if SGLANG_0523:
+        return {"checkpoint": kw.pop("is_insert", True), **kw}
+    return kw
 
 
 def release(req, tree, **kw):
     from sglang.srt.mem_cache import common
 
     with pytest.raises(Cached):
-        common.release_kv_cache(req, tree, **kw)
+        common.release_kv_cache(req, tree, **release_kw(**kw))
 
 
 def expected(kind, ring, temporal, A, slot):
@@ -217,8 +247,8 @@ def test_early_free_path_is_left_alone(patched):
     req = make_req(int(slot[0]), req_pool_idx=None, kv=None, mamba_pool_idx=slot[0])
     from sglang.srt.mem_cache import common
 
-    common.release_kv_cache(req, StandInTree(pool))  # returns normally after freeing the slot
-    assert req.mamba_pool_idx is None
+    common.release_kv_cache(req, StandInTree(pool), **release_kw())  # returns normally after freeing the slot
+    assert (req.kv.mamba_pool_idx if SGLANG_0523 else req.mamba_pool_idx) is None
     assert torch.equal(temporal, before)
 
 
@@ -234,12 +264,12 @@ def test_mamba2_registration_rules(patched):
     from sglang.srt.mem_cache import common
 
     with pytest.raises(lifecycle.LifecycleError, match="no decode seam registered"):
-        common.release_kv_cache(make_req(2), StandInTree(pool))
+        common.release_kv_cache(make_req(2), StandInTree(pool), **release_kw())
     pool.mamba_pool.debug_memory_pool = False
     # partial registration is a seam bug
     lifecycle.register_layer_params(ring, 0, A=-torch.ones(4))
     with pytest.raises(lifecycle.LifecycleError, match=r"not registered for pool layer\(s\) \[1, 2\]"):
-        common.release_kv_cache(make_req(2), StandInTree(pool))
+        common.release_kv_cache(make_req(2), StandInTree(pool), **release_kw())
     with pytest.raises(ValueError, match="needs its A"):
         lifecycle.register_layer_params(ring, 1)
     with pytest.raises(IndexError):
@@ -256,7 +286,7 @@ def test_overlap_scheduler_is_refused(patched, env):
     from sglang.srt.mem_cache import common
 
     with pytest.raises(lifecycle.LifecycleError, match="overlap"):
-        common.release_kv_cache(make_req(2), StandInTree(pool))
+        common.release_kv_cache(make_req(2), StandInTree(pool), **release_kw())
     env.setattr(runtime_context.get_context(), "_server_args", SimpleNamespace(disable_overlap_schedule=True))
     release(make_req(2), StandInTree(pool))
 

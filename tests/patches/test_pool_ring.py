@@ -190,10 +190,18 @@ def publish_tiny(env, tmp_path, name, *extra):
     path = models.materialize(name, root=tmp_path)
     args = prepare_server_args(["--model-path", path, "--load-format", "dummy", "--skip-tokenizer-init",
                                 "--device", "cpu", "--disable-radix-cache", *extra])
-    assert "model_config" in vars(args)  # cached by ServerArgs.get_model_config in __post_init__
     env.setattr(runtime_context.get_context(), "_server_args", args)
-    with runtime_context.get_parallel().override(attn_tp_size=1):
-        return args.model_config, args.model_config.hf_config.mamba2_cache_params
+    if hasattr(runtime_context, "process_model_config"):  # 0.5.23: built on first use, memoized on the record
+        mc = runtime_context.process_model_config()
+        assert vars(args)["_model_config"] is mc
+    else:
+        assert "model_config" in vars(args)  # cached by ServerArgs.get_model_config in __post_init__
+        mc = args.model_config
+    assert pool_seam.published_config() == (args, mc)
+    par = runtime_context.get_parallel()
+    sharing = {"enable_cp_tp_group_sharing": False} if hasattr(runtime_context, "linear_attn_tp_size") else {}
+    with par.override(attn_tp_size=1, **sharing):
+        return mc, mc.hf_config.mamba2_cache_params
 
 
 def test_model_config_gives_type_and_activation_dtype(env, tmp_path, patched):
@@ -484,8 +492,13 @@ def test_spec_disabled_keeps_sglangs_snapshots(env, patched, monkeypatch):
     """--replayssm-spec false: no spec ring, and SGLang allocates its snapshots as usual (on CUDA,
     hard-coded in 0.5.17: on a CPU-only host that allocation is what fails)."""
     monkeypatch.setenv("SGLANG_REPLAYSSM_SPEC", "false")
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
     params = mamba2_params()
-    if torch.cuda.is_available():
+    # 0.5.23 allocates the snapshots on the pool's device: they build on a CPU-only host too
+    if torch.cuda.is_available() or Version(version("sglang")) >= Version("0.5.23"):
         pool = make_spec_pool(params, 2)
         assert pool.mamba_pool.mamba_cache.intermediate_ssm.shape[1] == 5
         assert ring_of(pool).spec_window is None
@@ -678,12 +691,18 @@ def spec_solver(env, tmp_path, patched):
                                 "--device", "cpu", "--disable-radix-cache"])
     runtime_context.publish(args, role="test")
     ctx.override("test: NEXTN as SGLang resolves it", speculative_num_draft_tokens=4, max_running_requests=48)
-    mc = args.model_config
+    mc = runtime_context.process_model_config() if hasattr(runtime_context, "process_model_config") \
+        else args.model_config  # 0.5.23 keeps ModelConfig as a memo built on first use
     kc = object.__new__(KVCacheConfigurator)
-    for name, value in dict(model_config=mc, server_args=args, spec_algorithm=SpeculativeAlgorithm.EAGLE,
-                            spec_aux_config=SpecAuxHiddenStateConfig(), mambaish_config=mambaish_config(mc),
-                            hybrid_gdn_config=None,
-                            ps=SimpleNamespace(pp_size=1, attn_dp_size=1)).items():
+    fields = dict(model_config=mc, server_args=args, spec_algorithm=SpeculativeAlgorithm.EAGLE,
+                  spec_aux_config=SpecAuxHiddenStateConfig(), mambaish_config=mambaish_config(mc),
+                  hybrid_gdn_config=None)
+    if hasattr(KVCacheConfigurator, "fused_entry_bytes"):  # 0.5.23: a slotted dataclass, PP and KDA fields
+        fields.update(pp_size=1, attn_dp_size=1, hybrid_kda_config=None, extra_mamba_cache_bytes_per_req=0)
+        env.setattr(KVCacheConfigurator, "fused_entry_bytes", lambda self, name: None)  # no fused draft
+    else:
+        fields.update(ps=SimpleNamespace(pp_size=1, attn_dp_size=1))
+    for name, value in fields.items():
         setattr(kc, name, value)
     with runtime_context.get_parallel().override(attn_tp_size=1):
         params = kc.mambaish_config.mamba2_cache_params

@@ -32,13 +32,20 @@ HIST = 4
 
 @pytest.fixture(autouse=True)
 def _verify_shims(monkeypatch):
-    from sglang.kernels.ops.attention.fla import fused_sigmoid_gating_recurrent as fsg
+    import importlib.util
+
+    import sglang.srt.layers.attention.hybrid_linear_attn_backend as hlab
     from sglang.kernels.ops.mamba import mamba_state_scatter_triton as mss
 
     monkeypatch.setattr(mss, "fused_mamba_state_scatter_with_mask", _cpu_masked_scatter)
     monkeypatch.setattr(mss, "fused_conv_window_scatter_with_mask", _cpu_masked_scatter)
-    if hasattr(fsg, "exp"):
-        monkeypatch.setattr(fsg, "exp", _interp_exp)
+    if hasattr(hlab, "fused_conv_window_scatter_with_mask"):  # 0.5.23: the backend's own import
+        monkeypatch.setattr(hlab, "fused_conv_window_scatter_with_mask", _cpu_masked_scatter)
+    fsg_name = "sglang.kernels.ops.attention.fla.fused_sigmoid_gating_recurrent"  # gone in 0.5.23
+    if importlib.util.find_spec(fsg_name) is not None:
+        fsg = importlib.import_module(fsg_name)
+        if hasattr(fsg, "exp"):
+            monkeypatch.setattr(fsg, "exp", _interp_exp)
 
 
 class SpecHarness(Harness):
@@ -70,7 +77,9 @@ class SpecHarness(Harness):
             query_start_loc=torch.arange(0, bs * D + 1, D, dtype=torch.int32),
             mamba_cache_indices=torch.tensor(slots, dtype=torch.int32))
         fb = types.SimpleNamespace(forward_mode=sgl.ForwardMode.TARGET_VERIFY, mamba_track_mask=None,
-                                   batch_size=bs, spec_info=types.SimpleNamespace(draft_token_num=D))
+                                   logical_forward_mode=sgl.ForwardMode.TARGET_VERIFY,  # read by 0.5.23
+                                   batch_size=bs, spec_info=types.SimpleNamespace(draft_token_num=D),
+                                   req_pool_indices=torch.arange(bs))  # read by 0.5.23 (PP scratch rows)
         return [self.layer(lid, inp, fb) for lid, inp in zip(LAYER_IDS, inputs)]
 
 
