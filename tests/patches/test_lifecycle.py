@@ -24,6 +24,7 @@ from sglang_replayssm.patches.registry import apply, applicable, is_patched, una
 from sglang_wheels import wheel_for
 
 from sglang_replayssm.patches.source_check import check
+from seam_env import replayssm_env
 
 L = 4
 MAMBA_SIZE = 6
@@ -34,14 +35,7 @@ SGLANG_0523 = Version(version("sglang")) >= Version("0.5.23")
 
 @pytest.fixture(autouse=True)
 def env(monkeypatch):
-    from sglang.srt import runtime_context
-
-    for k in [k for k in os.environ if k.startswith("SGLANG_REPLAYSSM_")]:
-        monkeypatch.delenv(k)
-    monkeypatch.setenv("SGLANG_REPLAYSSM_ENABLE", "1")
-    monkeypatch.setenv("SGLANG_REPLAYSSM_BUFFER_LEN", str(L))
-    monkeypatch.setattr(runtime_context.get_context(), "_server_args", None)
-    unapply_all()
+    replayssm_env(monkeypatch, L)
     lifecycle.clear_layer_params()
     yield monkeypatch
     unapply_all()

@@ -22,6 +22,7 @@ from sglang_wheels import wheel_for
 
 from sglang_replayssm.patches.source_check import WheelSource, check
 from sglang_replayssm.ring import GDNRingGeometry, Mamba2RingGeometry, ring_bytes_per_slot
+from seam_env import replayssm_env
 
 L = 4
 MAMBA_SIZE = 6                      # slots 1..6, slot 0 is the dummy -> 7 ring slots
@@ -34,14 +35,7 @@ MAMBA_SIZE = 6                      # slots 1..6, slot 0 is the dummy -> 7 ring 
 @pytest.fixture(autouse=True)
 def env(monkeypatch):
     """ReplaySSM enabled with L=4, nothing else set, and no published ServerArgs."""
-    from sglang.srt import runtime_context
-
-    for k in [k for k in os.environ if k.startswith("SGLANG_REPLAYSSM_")]:
-        monkeypatch.delenv(k)
-    monkeypatch.setenv("SGLANG_REPLAYSSM_ENABLE", "1")
-    monkeypatch.setenv("SGLANG_REPLAYSSM_BUFFER_LEN", str(L))
-    monkeypatch.setattr(runtime_context.get_context(), "_server_args", None)
-    unapply_all()
+    replayssm_env(monkeypatch, L)
     yield monkeypatch
     unapply_all()
 

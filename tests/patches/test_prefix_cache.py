@@ -32,6 +32,7 @@ from sglang_replayssm.patches import gdn_decode, lifecycle, mamba2_decode, prefi
 from sglang_replayssm.patches import pool as pool_seam
 from sglang_replayssm.patches._cursor import LayerContext, ReplayDecodeError, advance_cursors
 from sglang_replayssm.patches.registry import apply, unapply_all, verify
+from seam_env import replayssm_env
 
 L = 4                    # --replayssm-buffer-len
 INTERVAL = 8             # --mamba-track-interval
@@ -46,14 +47,7 @@ _SHIMS = pytest.MonkeyPatch()
 
 @pytest.fixture(autouse=True)
 def env(monkeypatch):
-    from sglang.srt import runtime_context
-
-    for k in [k for k in os.environ if k.startswith("SGLANG_REPLAYSSM_")]:
-        monkeypatch.delenv(k)
-    monkeypatch.setenv("SGLANG_REPLAYSSM_ENABLE", "1")
-    monkeypatch.setenv("SGLANG_REPLAYSSM_BUFFER_LEN", str(L))
-    monkeypatch.setattr(runtime_context.get_context(), "_server_args", None)
-    unapply_all()
+    replayssm_env(monkeypatch, L)
     lifecycle.clear_layer_params()
     import sglang.srt.managers.schedule_batch  # noqa: F401  (imported before the patches: see test_spec_slot_reuse)
     import sglang.srt.managers.scheduler_components.batch_result_processor  # noqa: F401

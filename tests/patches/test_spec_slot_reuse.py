@@ -37,6 +37,7 @@ from sglang_replayssm.patches import lifecycle
 from sglang_replayssm.patches import pool as pool_seam
 from sglang_replayssm.patches.registry import apply, unapply_all, verify
 from sglang_replayssm.ring import ReplayRing
+from seam_env import replayssm_env
 
 L = 5                   # history block B (--replayssm-buffer-len)
 T = 3                   # verify window (speculative_num_draft_tokens): ring length R = 8
@@ -57,13 +58,7 @@ _SHIMS = pytest.MonkeyPatch()   # scenario-level shims, undone after every test 
 
 @pytest.fixture(autouse=True)
 def env(monkeypatch):
-    from sglang.srt import runtime_context
-
-    for k in [k for k in os.environ if k.startswith("SGLANG_REPLAYSSM_")]:
-        monkeypatch.delenv(k)
-    monkeypatch.setenv("SGLANG_REPLAYSSM_ENABLE", "1")
-    monkeypatch.setenv("SGLANG_REPLAYSSM_BUFFER_LEN", str(L))
-    monkeypatch.setattr(runtime_context.get_context(), "_server_args", None)
+    replayssm_env(monkeypatch, L)
     if not torch.cuda.is_available():  # MambaPool allocates its conv windows with device="cuda"
         orig = pool_seam._SnapshotFreeTorch.zeros
         monkeypatch.setattr(pool_seam._SnapshotFreeTorch, "zeros",
