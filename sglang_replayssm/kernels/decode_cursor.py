@@ -3,10 +3,9 @@
 A decode forward reads every row's cursor ``write_pos[slot]`` once, before its first mamba
 layer, and moves it once, after its last (``patches/_cursor.py`` decides when).  Written as
 PyTorch ops these were nine launches per forward (clamp, index_select; clamp, compare, where,
-fill, add, where, index_put): at batch 1 about 19 us per decode step on the H200, a fifth of
-what the replay server loses to stock there (``eval/results/e2e-h200/decode-nemotron-h-8b-
-profile``).  Here each is one launch of fixed shape that never reads a device value on the
-host, so it replays inside a captured CUDA graph.  Pure math: no SGLang import.
+fill, add, where, index_put), a visible share of a batch-1 decode step (``eval/results/e2e-h200/
+decode-nemotron-h-8b-profile``).  Here each is one launch of fixed shape that never reads a device
+value on the host, so it replays inside a captured CUDA graph.  Pure math: no SGLang import.
 
 Rules (``L`` the ring's buffer length, ``null_slot`` 0: SGLang's dummy / capture slot)
 

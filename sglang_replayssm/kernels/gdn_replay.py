@@ -63,25 +63,10 @@ DRAM bytes per (row, v-head) at Qwen3-Next with an fp32 state: non-flush 64 KiB 
 S_ck + 0.5*w KiB of d + (0.25*w KiB of raw k per k-head, i.e. /2 per v-head);
 flush: + a 64 KiB write. Stock decode: 128 KiB every step.
 
-Measured on an H200 (Qwen3-Next, L=16, batch 256, fp32 state, bf16 activations,
-CUDA-graph replays, all rows in one phase; default config): non-flush w=0 158 us,
-w=7 186 us, w=14 190 us, flush 454 us, amortised 195 us, against SGLang's stock packed
-decode 275 us (1.41x) and upstream's ``--enable-linear-replayssm`` kernel 185 us
-(0.95x). The design goals (1.8x stock, 1.15x upstream) are not met yet; see the
-report for what limits it (history cost grows with w, the fp32 rank-1 flush is
-compute-bound at ~2x a state read+write).
-
-Offline sm_90a build of that config (``python -m eval.gdn_sass``: ptxas / nvdisasm, no
-GPU), SASS instructions per warp (one warp per program, 65,536 warps at batch 256):
-168 registers, no spills, 12 resident warps per SM (register-limited); common part
-(loads, output pass) 1132, non-flush branch 42, flush branch 1970 with ``flush=rank1``
-(1024 FFMA = the (L-1) BV K / 32 rank-1 FMAs + the alpha pass; 369 FMUL: c_j d_j on all
-16 rows every lane holds, e^G S, d_w k^T; 120 CS2R zero-fills of masked loads; 75 LDG;
-~150 for picking c_j out of a lane-distributed vector).  So a flush launch issues 2.6x
-the warp instructions of a non-flush one (3102 vs 1174 per warp) on top of 2x the DRAM
-bytes; with 12 warps per SM that each load, then compute, the two barely overlap.  A bf16
-state with ``flush=rank1, cast=bits`` needs 255 registers (8 warps/SM on every step), 168
-with ``cast=cvt``.
+Timings against SGLang's stock and upstream kernels, and the offline SASS of the packaged
+configs, are in eval/results (kernels-h200.md, kernel-variants-h200/, gdn-decode-sass-offline-*.md):
+a flush step moves twice the DRAM bytes of a non-flush one and issues more instructions, so the
+cycle is amortised over L steps.
 
 Why this ring (d in the state dtype + raw k in the activation dtype + g fp32)
 ---------------------------------------------------------------------------

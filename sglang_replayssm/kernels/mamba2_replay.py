@@ -37,19 +37,10 @@ Two launches:
      runtime loop).  The current token's inputs (x, C, dt, D, z) do not depend on the
      slot and are loaded before the branch on the cursor, overlapping its latency.
 
-Measured on H200 (H=128 P=64 N=128 G=8, L=16, batch 256, fp32 state, bf16 act, CUDA
-graphs): SGLang's selective_state_update 720 us per step; output_only 289 us on a
-non-flush step (87% of copy bandwidth for the checkpoint read), 724 us on the flush
-step, 327 us amortised over the flush cycle (2.2x).  Rebuilding S_w on every step instead
-(y = S_w·C, a "state_and_output" route) was slower at every batch and was removed.
-
-Known limits: at batch 1 two launches cost more than SGLang's one, so
-``inline_bc_max_batch`` (launch config, default 1) folds the pre-kernel into the main
-kernel for small batches (one launch; each program re-reads its group's B window);
-with a bf16 checkpoint the same tiles move half the bytes per program and reach only
-~60% of copy bandwidth (still 3.2x at batch 256) — per-dtype tuning (larger BLOCK_M)
-is open; the BLOCK_M 32 / BLOCK_NC 64 fp32 flush path keeps 255 registers with a few
-spills.
+Rebuilding S_w on every step instead (y = S_w·C, a "state_and_output" route) was slower at every
+batch and was removed (timings: eval/results/kernels-h200.md).  At batch 1 two launches cost more
+than SGLang's one, so ``inline_bc_max_batch`` (launch config, default 1) folds the pre-kernel into the
+main kernel for small batches (one launch; each program re-reads its group's B window).
 
 Flush vs non-flush is a per-row runtime branch on device data (write_pos), so one
 CUDA graph serves every cursor phase; rows are freely desynchronised.

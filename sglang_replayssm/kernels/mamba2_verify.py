@@ -35,14 +35,10 @@ reduced as one 3-D broadcast (``reduce: bcast``) or T 2-D row reductions (``redu
 behind the previous chunk's conditional ring / checkpoint stores); ``nonflush: stream`` lets
 non-flush rows read the whole [BLOCK_M, N] tile at once, all loads in flight together (the decode
 kernel's output-only read), and keeps the chunk loop for flush rows.
-``eval/verify_sass.py`` compares the variants offline.  On the H200
-(eval/results/spec-variants-h200/, Nemotron-H-8B, T=4, fp32 state, amortised, incl. commit) one
-warp + ``reduce: token`` + ``bc: pre`` ran 794 us per layer at batch 256 against SGLang's 2758 us
-(3.47x), and with ``nonflush: stream`` 677 us (4.08x, 48% of copy bandwidth; the H200 file's
-config, and the built-in defaults below; 4 warps with the broadcast reduction, the earlier
-defaults, ran at 0.92x).  Rows whose slot is < 0 or == null_slot write nothing.  The
-window is ``T`` tokens per row (SGLang's chain verify: ``draft_token_num`` for every
-row); ``wp`` is clamped to [0, R − T] for memory safety only.
+``eval/verify_sass.py`` compares the variants offline; their H200 timings (one warp, ``reduce:
+token``, ``bc: pre``, ``nonflush: stream``: the built-in defaults) are in eval/results/spec-variants-h200/.
+Rows whose slot is < 0 or == null_slot write nothing.  The window is ``T`` tokens per row (SGLang's
+chain verify: ``draft_token_num`` for every row); ``wp`` is clamped to [0, R − T] for memory safety only.
 
 Numerics: every reduction fp32, no rounding of intermediates; the only roundings are
 the stores (ring entries, the checkpoint on flush, the outputs).
