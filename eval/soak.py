@@ -719,6 +719,7 @@ def soak_server(args, plan: Plan, label: str, index: int, workdir: Path, logdir:
     port = ab.free_port(args.host)
     cmd = ab.launch_cmd(args.python, module, flags, args.host, port, extra)
     env = ab.server_env(base_env, abns, phase, model, pythonpath)
+    env["PYTHONFAULTHANDLER"] = "1"  # a hung server's processes print every thread's stack on SIGABRT (dump_stacks)
     vocab = int(model.config.get("vocab_size", 1024))
     lim = Limits(vocab, args.context_length, min(args.max_new_tokens, args.context_length // 2),
                  margin=16 + (args.spec_steps + 1 if spec else 0))
@@ -809,7 +810,12 @@ def _crash(rec: Dict[str, Any], server: ab.Server, chaos: Optional[Chaos]) -> No
     elif hung:
         when = chaos.last_healthy
     crash: Dict[str, Any] = {"kind": f"hung (/health failing for {chaos.hang_s:.0f} s)" if hung else "died",
-                             "rc": rc, "at": round(when - server.t0, 1), "log_tail": server.tail(60)}
+                             "rc": rc, "at": round(when - server.t0, 1)}
+    if hung:  # where it hangs: the GPU busy or idle, and every process's Python stacks (into the server log)
+        crash["gpu_utilization_pct"] = gpu_utilization()
+        crash["stacks_dumped_pids"] = dump_stacks(server.proc.pid)
+        time.sleep(3.0)
+    crash["log_tail"] = server.tail(200 if hung else 60)
     if chaos is not None:  # suspects: sent before the death was seen, never answered, and not refused at connect
         near = [r for r in chaos.recs if r.t0 <= when and r.outcome not in ("ok", "cut", "4xx")
                 and not r.detail.startswith("ClientConnectorError")]
@@ -819,6 +825,47 @@ def _crash(rec: Dict[str, Any], server: ab.Server, chaos: Optional[Chaos]) -> No
     rec["crash"] = crash
     log(f"{rec['label']}: CRASHED, {crash['kind']} (rc={rc}); bad requests near its death: "
         f"{crash.get('bad_kinds_near_death')}")
+
+
+def gpu_utilization() -> Optional[List[int]]:
+    """nvidia-smi's utilization.gpu (%) of every GPU, sampled 5 times 0.2 s apart (None without nvidia-smi)."""
+    import subprocess
+
+    out: List[int] = []
+    for _ in range(5):
+        try:
+            r = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+                               capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if r.returncode != 0:
+            return None
+        out += [int(x) for x in r.stdout.split() if x.strip().isdigit()]
+        time.sleep(0.2)
+    return out
+
+
+def dump_stacks(pid: int) -> List[int]:
+    """SIGABRT to the server's Python processes, children first: started with ``PYTHONFAULTHANDLER=1``, each
+    prints every thread's Python stack to its stderr (the server log) before it dies. The pids signalled."""
+    try:
+        import psutil
+    except ImportError:
+        return []
+    try:
+        root = psutil.Process(pid)
+        procs = root.children(recursive=True) + [root]
+    except psutil.Error:
+        return []
+    sent = []
+    for p in procs:
+        try:
+            if "python" in (p.name() + " " + " ".join(p.cmdline()[:1])).lower():
+                p.send_signal(signal.SIGABRT)
+                sent.append(p.pid)
+        except psutil.Error:
+            continue
+    return sent
 
 
 def _served_model(url: str) -> Optional[str]:
@@ -840,10 +887,11 @@ def _warmup(url: str, lim: Limits, args, model_name: Optional[str], alive) -> Di
 
         async def one(i: int) -> Rec:
             rng = random.Random(args.seed + i)
-            plen = max(1, lim.context - 8 - lim.margin - rng.randrange(0, max(1, lim.context // 4)))
+            new = max(8, min(64, lim.max_new))  # long enough to decode the whole warm-up batch for a while
+            plen = max(1, lim.context - new - lim.margin - rng.randrange(0, max(1, lim.context // 4)))
             rec = Rec("warmup", "warmup", time.time())
             payload = {"input_ids": random_ids(rng, plen, lim.vocab),
-                       "sampling_params": {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}}
+                       "sampling_params": {"max_new_tokens": new, "temperature": 0.0, "ignore_eos": True}}
             try:
                 await chaos._post(session, rec, "/generate", json.dumps(payload).encode())
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:

@@ -1,4 +1,4 @@
-"""Seam: ``TokenizerManager.generate_request`` -- reject bad token ids before they reach the scheduler.
+"""Seam: ``TokenizerManager.generate_request`` -- reject bad token ids (and unknown sampling keys) up front.
 
 A launch check (listed by :func:`sglang_replayssm.patches.all_patches`, so it is applied whenever the
 package is enabled, also with ``--replayssm-staged false``). No math.
@@ -16,12 +16,19 @@ any tokenization, and before anything is sent to the scheduler. An AROUND hook c
 :class:`InvalidTokenIdsError` (a ``ValueError``) at the generator's first step -- where SGLang raises its
 own request errors -- so the HTTP handlers turn it into a 400 and no part of a bad batch is dispatched.
 Ids that SGLang itself produces (tokenizer, multimodal processor) are not checked here.
+
+The same hook refuses ``sampling_params`` keys that SGLang's sampling-params class does not take
+(:class:`UnknownSamplingParamError`, 400): SGLang builds that class with ``**sampling_params`` and an unknown key
+raises ``TypeError``, which its handlers answer with a 500 and an unhandled-exception traceback that also drops
+the keep-alive connection (the soak saw other requests on it reset).
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Optional
+import difflib
+import inspect
+from typing import Any, FrozenSet, Optional
 
 from .registry import Patch
 
@@ -31,10 +38,18 @@ _SEQ = (list, tuple)
 _SHAPE = "input_ids must be one prompt (a list of int token ids) or a batch (a list of such lists)"
 
 
-class InvalidTokenIdsError(ValueError):
-    """A request's ``input_ids`` are not token ids of the served model (SGLang answers HTTP 400)."""
+class InvalidRequestError(ValueError):
+    """A request refused by this check (a ``ValueError``: SGLang answers HTTP 400)."""
 
     status_code = 400
+
+
+class InvalidTokenIdsError(InvalidRequestError):
+    """A request's ``input_ids`` are not token ids of the served model (SGLang answers HTTP 400)."""
+
+
+class UnknownSamplingParamError(InvalidRequestError):
+    """A request's ``sampling_params`` hold a key SGLang's sampling-params class does not take (HTTP 400)."""
 
 
 def _show(x: Any) -> str:
@@ -92,19 +107,68 @@ def input_ids_error(input_ids, vocab_size: Optional[int], name: str = "input_ids
     return None
 
 
+def sampling_param_names(cls) -> Optional[FrozenSet[str]]:
+    """The keyword arguments ``cls(**kwargs)`` takes (a msgspec Struct's fields or ``__init__``'s named
+    parameters), or None when that cannot be told (``**kwargs`` in the signature: every key is taken)."""
+    fields = getattr(cls, "__struct_fields__", None)
+    if fields:
+        return frozenset(fields)
+    try:
+        params = inspect.signature(cls.__init__).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params if p.name != "self" and p.kind is not inspect.Parameter.VAR_POSITIONAL)
+
+
+def sampling_params_error(sampling_params, names: Optional[FrozenSet[str]]) -> Optional[str]:
+    """One line naming the first unknown key of ``sampling_params`` (a dict, or a batch: a list of dicts), or
+    None. Values and non-dict entries are left to SGLang's own checks (which answer 400)."""
+    if not names:
+        return None
+    batch = isinstance(sampling_params, (list, tuple))
+    for i, sp in enumerate(sampling_params if batch else [sampling_params]):
+        if not isinstance(sp, dict):
+            continue
+        for key in sp:
+            if key not in names:
+                where = f"sampling_params[{i}]" if batch else "sampling_params"
+                near = difflib.get_close_matches(str(key), sorted(names), n=1)
+                hint = f" (did you mean {near[0]!r}?)" if near else ""
+                return f"{where} has an unknown key {key!r}{hint}: SGLang's sampling parameters do not include it"
+    return None
+
+
 def check_request(tokenizer_manager, obj) -> None:
-    """Raise :class:`InvalidTokenIdsError` when ``obj.input_ids`` (a Generate/EmbeddingReqInput) is bad."""
+    """Raise :class:`InvalidRequestError` when ``obj`` (a Generate/EmbeddingReqInput) has bad ``input_ids``
+    or an unknown ``sampling_params`` key."""
+    err = None
     input_ids = getattr(obj, "input_ids", None)
-    if input_ids is None:
-        return
-    vocab_size = getattr(getattr(tokenizer_manager, "model_config", None), "vocab_size", None)
-    err = input_ids_error(input_ids, vocab_size)
-    if err is not None:
-        # refused before normalize_batch_and_arguments, which sets is_single and the rids; SGLang's streaming
-        # /generate still runs its deferred client-disconnect abort (create_abort_task) over them: leave it an
-        # empty batch, so it neither fails on a missing attribute nor aborts a caller-chosen rid
-        obj.is_single, obj.rid = False, []
-        raise InvalidTokenIdsError(err)
+    if input_ids is not None:
+        vocab_size = getattr(getattr(tokenizer_manager, "model_config", None), "vocab_size", None)
+        err = input_ids_error(input_ids, vocab_size)
+        if err is not None:
+            _refuse(obj, InvalidTokenIdsError(err))
+    sampling_params = getattr(obj, "sampling_params", None)
+    if sampling_params:
+        cls = getattr(tokenizer_manager, "sampling_params_class", None)
+        if cls is None:
+            try:
+                from sglang.srt.sampling.sampling_params import SamplingParams as cls
+            except ImportError:
+                return
+        err = sampling_params_error(sampling_params, sampling_param_names(cls))
+        if err is not None:
+            _refuse(obj, UnknownSamplingParamError(err))
+
+
+def _refuse(obj, error: InvalidRequestError) -> None:
+    # refused before normalize_batch_and_arguments, which sets is_single and the rids; SGLang's streaming
+    # /generate still runs its deferred client-disconnect abort (create_abort_task) over them: leave it an
+    # empty batch, so it neither fails on a missing attribute nor aborts a caller-chosen rid
+    obj.is_single, obj.rid = False, []
+    raise error
 
 
 async def generate_request_around(original, self, obj, *args, **kwargs):
@@ -117,5 +181,6 @@ async def generate_request_around(original, self, obj, *args, **kwargs):
 
 PATCHES = [
     Patch(TARGET, "around", generate_request_around, params=("self", "obj"),
-          description="reject requests whose input_ids are not token ids of the model (HTTP 400)"),
+          description="reject requests whose input_ids are not token ids of the model, or whose sampling_params "
+                      "hold an unknown key (HTTP 400)"),
 ]

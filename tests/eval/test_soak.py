@@ -310,6 +310,10 @@ def test_dying_or_hung_servers_are_crashes_and_a_drifting_one_is_not_identical(t
     assert hung["status"] == "crashed" and hung["crash"]["rc"] is None and hung["crash"]["kind"].startswith("hung")
     assert hung["chaos"]["seconds"] < 10 and hung["chaos"]["cancelled_at_drain"] > 0
     assert hung["shutdown"]["stopped"] and "baseline_after" not in hung
+    # where it hung: its processes got SIGABRT and faulthandler printed their stacks into the log
+    assert hung["crash"]["stacks_dumped_pids"] and "Fatal Python error: Aborted" in hung["crash"]["log_tail"]
+    assert "File " in hung["crash"]["log_tail"].split("Fatal Python error: Aborted", 1)[1]
+    assert "gpu_utilization_pct" in hung["crash"] and "stacks_dumped_pids" not in dead["crash"]
     s = res["summary"]
     assert (s["server_crashes"], s["baseline_identical"]) == (2, 0)
     assert s["crashed_servers"] == ["tiny-nemotron-h", "tiny-qwen3-next"]

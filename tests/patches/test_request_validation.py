@@ -308,3 +308,79 @@ def test_http_openai_completions_answer_400(client, stream):
     assert tm.started == []
     r = c.post("/v1/completions", json={"model": "m", "prompt": [0, V - 1], "max_tokens": 4, "stream": stream})
     assert r.json()["message"] == "reached SGLang's generate_request" and tm.started == [True]
+
+
+# ---- unknown sampling_params keys ----------------------------------------------------------------
+
+def _names():
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    return rv.sampling_param_names(SamplingParams)
+
+
+def test_sampling_param_names_are_sglangs_own():
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    names = _names()
+    assert {"max_new_tokens", "temperature", "top_p", "ignore_eos", "stop"} <= names
+    assert "frobnicate" not in names
+    # the names are exactly what SamplingParams(**kwargs) takes: each alone constructs, an extra key raises
+    for key in ("max_new_tokens", "top_k", "n"):
+        SamplingParams(**{key: 1})
+    with pytest.raises(TypeError):
+        SamplingParams(frobnicate=1)
+
+
+def test_sampling_params_error_names_the_key_and_position():
+    names = _names()
+    assert rv.sampling_params_error({"max_new_tokens": 4, "temperature": 0.0}, names) is None
+    assert rv.sampling_params_error(None, names) is None
+    err = rv.sampling_params_error({"max_new_tokens": 4, "frobnicate": [1]}, names)
+    assert err.startswith("sampling_params has an unknown key 'frobnicate'") and "\n" not in err
+    err = rv.sampling_params_error({"temprature": 0.5}, names)
+    assert "unknown key 'temprature' (did you mean 'temperature'?)" in err
+    err = rv.sampling_params_error([{"top_p": 0.9}, {"top_q": 0.9}], names)
+    assert err.startswith("sampling_params[1] has an unknown key 'top_q'")
+    assert rv.sampling_params_error([{"top_p": 0.9}, "not a dict"], names) is None  # left to SGLang
+    assert rv.sampling_params_error({"anything": 1}, None) is None  # names unknown: no check
+
+
+def test_sampling_param_names_of_plain_classes():
+    class Named:
+        def __init__(self, a=1, *args, b=2):
+            pass
+
+    class Open:
+        def __init__(self, a=1, **kwargs):
+            pass
+
+    assert rv.sampling_param_names(Named) == {"a", "b"}
+    assert rv.sampling_param_names(Open) is None
+
+
+def test_openai_chat_sampling_params_pass_the_check():
+    """SGLang's OpenAI layer builds sampling_params itself: every key it builds must pass."""
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                temperature=0.5, top_p=0.9, top_k=5, min_p=0.1, stop=["x"], seed=3,
+                                logit_bias={"1": 0.5}, response_format={"type": "json_object"})
+    try:
+        built = req.to_sampling_params(stop=["x"], model_generation_config={})
+    except TypeError as e:  # another release's signature
+        pytest.skip(f"ChatCompletionRequest.to_sampling_params signature differs here: {e}")
+    assert len(built) > 5
+    assert rv.sampling_params_error(built, _names()) is None, sorted(set(built) - _names())
+
+
+def test_http_generate_unknown_sampling_key_answers_400(client):
+    c, tm = client
+    r = c.post("/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4, "frobnicate": [1]}})
+    assert r.status_code == 400, r.text
+    assert "sampling_params has an unknown key 'frobnicate'" in r.json()["error"]["message"]
+    r = c.post("/generate", json={"input_ids": [[1], [2]],
+                                  "sampling_params": [{"max_new_tokens": 4}, {"max_new_tokns": 4}]})
+    assert r.status_code == 400 and "sampling_params[1] has an unknown key 'max_new_tokns'" in r.text
+    assert tm.started == []
+    r = c.post("/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+    assert r.json()["error"]["message"] == "reached SGLang's generate_request" and tm.started == [True]
