@@ -813,6 +813,7 @@ def _crash(rec: Dict[str, Any], server: ab.Server, chaos: Optional[Chaos]) -> No
                              "rc": rc, "at": round(when - server.t0, 1)}
     if hung:  # where it hangs: the GPU busy or idle, and every process's Python stacks (into the server log)
         crash["gpu_utilization_pct"] = gpu_utilization()
+        crash["process_cpu"] = process_cpu(server.proc.pid)
         crash["stacks_dumped_pids"] = dump_stacks(server.proc.pid)
         time.sleep(3.0)
     crash["log_tail"] = server.tail(200 if hung else 60)
@@ -845,25 +846,45 @@ def gpu_utilization() -> Optional[List[int]]:
     return out
 
 
-def dump_stacks(pid: int) -> List[int]:
-    """SIGABRT to the server's Python processes, children first: started with ``PYTHONFAULTHANDLER=1``, each
-    prints every thread's Python stack to its stderr (the server log) before it dies. The pids signalled."""
+def _tree(pid: int) -> list:
+    """The server's process and its descendants (children first), as psutil processes ([] without psutil)."""
     try:
         import psutil
-    except ImportError:
-        return []
-    try:
+
         root = psutil.Process(pid)
-        procs = root.children(recursive=True) + [root]
-    except psutil.Error:
+        return root.children(recursive=True) + [root]
+    except Exception:  # noqa: BLE001 - no psutil, or the server is gone
         return []
-    sent = []
+
+
+def process_cpu(pid: int, seconds: float = 1.0) -> List[Dict[str, Any]]:
+    """Each server process's name (SGLang titles them ``sglang::scheduler`` etc.), state and CPU % over
+    ``seconds``: a process at ~100 % spins, one near 0 % waits."""
+    procs = _tree(pid)
     for p in procs:
         try:
-            if "python" in (p.name() + " " + " ".join(p.cmdline()[:1])).lower():
-                p.send_signal(signal.SIGABRT)
-                sent.append(p.pid)
-        except psutil.Error:
+            p.cpu_percent(None)
+        except Exception:  # noqa: BLE001
+            pass
+    time.sleep(seconds)
+    out = []
+    for p in procs:
+        try:
+            out.append({"pid": p.pid, "name": p.name(), "status": p.status(), "cpu_pct": p.cpu_percent(None)})
+        except Exception:  # noqa: BLE001 - gone meanwhile
+            continue
+    return out
+
+
+def dump_stacks(pid: int) -> List[int]:
+    """SIGABRT to the server's processes, children first: started with ``PYTHONFAULTHANDLER=1``, each prints
+    every thread's Python stack to its stderr (the server log) before it dies. The pids signalled."""
+    sent = []
+    for p in _tree(pid):
+        try:
+            p.send_signal(signal.SIGABRT)
+            sent.append(p.pid)
+        except Exception:  # noqa: BLE001 - gone meanwhile
             continue
     return sent
 

@@ -314,6 +314,9 @@ def test_dying_or_hung_servers_are_crashes_and_a_drifting_one_is_not_identical(t
     assert hung["crash"]["stacks_dumped_pids"] and "Fatal Python error: Aborted" in hung["crash"]["log_tail"]
     assert "File " in hung["crash"]["log_tail"].split("Fatal Python error: Aborted", 1)[1]
     assert "gpu_utilization_pct" in hung["crash"] and "stacks_dumped_pids" not in dead["crash"]
+    cpu = hung["crash"]["process_cpu"]
+    assert cpu and all({"pid", "name", "status", "cpu_pct"} <= set(x) for x in cpu)
+    assert set(hung["crash"]["stacks_dumped_pids"]) == {x["pid"] for x in cpu}
     s = res["summary"]
     assert (s["server_crashes"], s["baseline_identical"]) == (2, 0)
     assert s["crashed_servers"] == ["tiny-nemotron-h", "tiny-qwen3-next"]
