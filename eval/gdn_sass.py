@@ -155,7 +155,19 @@ def compile_offline(launch: Dict[str, Any], capability: int = 90) -> Dict[str, A
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     bound, spec, opts = binder(*args, **kwargs)
     options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, spec, opts)
-    ck = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+    src = ASTSource(fn, signature, constexprs, attrs)
+    ck = triton.compile(src, target=target, options=options.__dict__)
+    if "ptx" not in ck.asm:  # a hit in a cache kept without the text IRs (the carried JIT caches): compile afresh
+        old = os.environ.get("TRITON_CACHE_DIR")
+        with tempfile.TemporaryDirectory() as d:
+            os.environ["TRITON_CACHE_DIR"] = d
+            try:
+                ck = triton.compile(src, target=target, options=options.__dict__)
+            finally:
+                if old is None:
+                    os.environ.pop("TRITON_CACHE_DIR", None)
+                else:
+                    os.environ["TRITON_CACHE_DIR"] = old
     return {"ptx": ck.asm["ptx"], "cubin": ck.asm["cubin"], "ttgir": ck.asm.get("ttgir", ""),
             "num_warps": options.num_warps, "shared": getattr(ck.metadata, "shared", None)}
 

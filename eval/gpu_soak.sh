@@ -5,7 +5,7 @@
 #   GIT_COMMIT=<sha> OUT=<dir> bash eval/gpu_soak.sh [more python -m eval.soak flags...]
 # Knobs (environment):
 #   OUT=<dir>          soak-h200.json / soak-h200.md and soak-logs.tgz (server logs, per-request records,
-#                      console) go here (default eval/results)
+#                      console) go here (default eval/results), and the warm JIT caches (eval/jit_cache.sh; JIT=0: not)
 #   SOAK_PLAN="..."    servers in order, MODEL:SPEC:MINUTES each, space-separated (default below)
 #   SOAK_DEADLINE_S=N  wall cap of the harness in seconds (default 480): a server that no longer fits is skipped
 #                      and recorded as such, the chaos of the last one is cut short
@@ -19,6 +19,7 @@ OUT="${OUT:-eval/results}"
 mkdir -p "$OUT"
 # the HTTP server needs the bundle's HTTP extras (jsonschema, fastapi, ...), not only sglang
 if [ -f .sglang-bundle/bootstrap.sh ] && ! "${PYTHON:-python3}" -c "import sglang, jsonschema, fastapi, aiohttp" 2>/dev/null; then
+  bash eval/jit_cache.sh restore  # carried warm caches (.sglang-bundle/jitcache/*.txz)
   SGLANG_BUNDLE_HTTP=1 source .sglang-bundle/bootstrap.sh
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -33,4 +34,5 @@ nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
   --out "$OUT/soak-h200.json" --log-dir "$LOGS" --python "$PY" --no-progress "$@" 2>&1 | tee "$LOGS/soak-console.log"
 rc=${PIPESTATUS[0]}
 tar -C "$LOGS" -czf "$OUT/soak-logs.tgz" . && echo "packed $(du -h "$OUT/soak-logs.tgz" | cut -f1) -> $OUT/soak-logs.tgz"
+[ "${JIT:-1}" = 1 ] && bash eval/jit_cache.sh save "$OUT"  # JIT=0: no cache tarballs
 exit "$rc"

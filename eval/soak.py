@@ -344,7 +344,7 @@ class Chaos:
 
     def __init__(self, url: str, lim: Limits, *, concurrency: int, bad_fraction: float, lenient_fraction: float,
                  request_timeout: float, seed: int, model_name: Optional[str], alive: Callable[[], bool],
-                 hang_s: float = 60.0):
+                 hang_s: float = 60.0, compiling: Optional[Callable[[], bool]] = None):
         self.url, self.lim, self.concurrency = url, lim, concurrency
         self.bad_fraction, self.lenient_fraction = bad_fraction, lenient_fraction
         self.request_timeout, self.seed, self.model_name, self.alive = request_timeout, seed, model_name, alive
@@ -354,6 +354,8 @@ class Chaos:
         self.crashed_at: Optional[float] = None
         self.hung_at: Optional[float] = None    # /health failed for hang_s on end while the process lived
         self.hang_s = hang_s
+        self.compiling = compiling              # is the server JIT-compiling (nvcc & co. running under it)?
+        self.compile_wait_s = 0.0               # /health-stale time forgiven because a compile was running
         self.last_healthy = 0.0
         self.health_failures = 0
         self._stop = False
@@ -504,7 +506,12 @@ class Chaos:
                     self.crashed_at = time.time()
                     self._stop = True
                     return
-                if time.time() - self.last_healthy > self.hang_s:
+                stale, look = time.time() - self.last_healthy, min(5.0, self.hang_s / 2)
+                if stale > look and self.compiling is not None and self.compiling():
+                    # a first-use JIT compile (SGLang / FlashInfer / Triton) stalls the scheduler: not a hang
+                    self.compile_wait_s += 0.5
+                    self.last_healthy = time.time() - look
+                elif stale > self.hang_s:
                     self.hung_at = time.time()
                     self._stop = True
                     return
@@ -758,10 +765,11 @@ def soak_server(args, plan: Plan, label: str, index: int, workdir: Path, logdir:
         chaos = Chaos(server.url, lim, concurrency=args.concurrency, bad_fraction=args.bad_fraction,
                       lenient_fraction=args.lenient_fraction, request_timeout=args.request_timeout,
                       seed=args.seed + 7919 * (index + 1), model_name=model_name, alive=server.alive,
-                      hang_s=args.hang_s)
+                      hang_s=args.hang_s, compiling=lambda: jit_compiling(server.proc.pid))
         run = asyncio.run(chaos.run(seconds, args.max_requests, args.drain_timeout, progress=not args.no_progress))
         rec["chaos"] = dict(run, **tally(chaos.recs), aborts=dict(chaos.aborts),
-                            health_failures_during=chaos.health_failures)
+                            health_failures_during=chaos.health_failures,
+                            jit_compile_wait_s=round(chaos.compile_wait_s, 1))
         _write_requests(logdir / f"requests-{label}.jsonl", chaos.recs)
         c = rec["chaos"]
         log(f"{label}: {c['requests']} requests ({c['bad']} bad, {c['bad_not_4xx']} of them not 4xx; "
@@ -876,6 +884,20 @@ def process_cpu(pid: int, seconds: float = 1.0) -> List[Dict[str, Any]]:
     return out
 
 
+COMPILERS = frozenset({"nvcc", "cicc", "ptxas", "ninja", "cudafe++", "fatbinary", "nvlink", "cc1plus", "cc1", "ld"})
+
+
+def jit_compiling(pid: int) -> bool:
+    """Whether a compiler (nvcc, cicc, ptxas, ninja, ...) runs under the server: a JIT compile in progress."""
+    for p in _tree(pid):
+        try:
+            if p.name() in COMPILERS:
+                return True
+        except Exception:  # noqa: BLE001 - gone meanwhile
+            continue
+    return False
+
+
 def dump_stacks(pid: int) -> List[int]:
     """SIGABRT to the server's processes, children first: started with ``PYTHONFAULTHANDLER=1``, each prints
     every thread's Python stack to its stderr (the server log) before it dies. The pids signalled."""
@@ -898,7 +920,9 @@ def _served_model(url: str) -> Optional[str]:
 
 
 def _warmup(url: str, lim: Limits, args, model_name: Optional[str], alive) -> Dict[str, Any]:
-    """``concurrency`` long greedy prompts at once, before any idle reading (not part of the chaos)."""
+    """``concurrency`` long prompts at once, greedy and sampled (top-k / top-p / min-p), before any idle reading
+    (not part of the chaos): SGLang JIT-compiles some kernels on first use (FlashInfer's top-k renorm for
+    sampled speculative verify: minutes of nvcc on a cold host), and that belongs here, not in the chaos."""
     async def go() -> Dict[str, Any]:
         import aiohttp
 
@@ -911,15 +935,18 @@ def _warmup(url: str, lim: Limits, args, model_name: Optional[str], alive) -> Di
             new = max(8, min(64, lim.max_new))  # long enough to decode the whole warm-up batch for a while
             plen = max(1, lim.context - new - lim.margin - rng.randrange(0, max(1, lim.context // 4)))
             rec = Rec("warmup", "warmup", time.time())
-            payload = {"input_ids": random_ids(rng, plen, lim.vocab),
-                       "sampling_params": {"max_new_tokens": new, "temperature": 0.0, "ignore_eos": True}}
+            sp: Dict[str, Any] = {"max_new_tokens": new, "temperature": 0.0, "ignore_eos": True}
+            if i % 2:
+                sp.update(temperature=0.8, top_p=0.9, top_k=50, min_p=0.05)
+            payload = {"input_ids": random_ids(rng, plen, lim.vocab), "sampling_params": sp}
             try:
                 await chaos._post(session, rec, "/generate", json.dumps(payload).encode())
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
                 rec.outcome = type(e).__name__
             return rec
 
-        async with aiohttp.ClientSession(timeout=_timeout(args.request_timeout)) as session:
+        # a cold JIT compile can outlast a chaos request's timeout: the warm-up waits as long as a server start
+        async with aiohttp.ClientSession(timeout=_timeout(max(args.request_timeout, args.server_timeout))) as session:
             recs = await asyncio.gather(*(one(i) for i in range(n)))
         return {"requests": n, "outcomes": dict(Counter(r.outcome for r in recs))}
 
@@ -1149,7 +1176,8 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--min-server-s", type=float, default=90.0, help="skip a server if less time than this is left")
     o.add_argument("--server-timeout", type=float, default=600.0, help="seconds to wait for /health")
     o.add_argument("--hang-s", type=float, default=60.0, help="a server whose /health fails this long during the "
-                   "chaos (its process alive) is recorded as crashed (hung) and the chaos stops")
+                   "chaos (its process alive, no compiler running under it: a first-use JIT compile is waited for "
+                   "and its time recorded) is recorded as crashed (hung) and the chaos stops")
     o.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds after SIGTERM before SIGKILL")
     o.add_argument("--python", default=sys.executable, help="interpreter for the servers")
     o.add_argument("--stock-module", default=ab.STOCK_MODULE, help="launcher module of --arm stock/upstream")

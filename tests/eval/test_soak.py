@@ -334,3 +334,18 @@ def test_leaked_slots_and_skipped_servers(tmp_path):
     r, res, _ = _soak(tmp_path / "skip", "tiny-nemotron-h", extra=("--deadline-s", "1", "--min-server-s", "30"))
     assert r.returncode == 0 and res["servers"][0]["status"] == "skipped"
     assert res["summary"]["requests"] == 0 and res["summary"]["servers_not_ran"] == ["tiny-nemotron-h"]
+
+
+def test_a_jit_compile_is_not_a_hang(tmp_path):
+    """A server whose scheduler stalls while a compiler runs under it (a first-use JIT compile: FlashInfer's
+    nvcc) is waited for, and the wait is recorded; the same stall without a compiler is a hang."""
+    from eval import soak
+
+    r, res, _ = _soak(tmp_path, "tiny-nemotron-h:none:0.15 --fake-hang-after 40 --fake-compile-s 4",
+                      extra=("--hang-s", "1.5"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (srv,) = res["servers"]
+    assert srv["status"] == "ok" and not srv["crashed"], srv.get("crash")
+    assert srv["chaos"]["jit_compile_wait_s"] >= 1.5
+    assert srv["chaos"]["requests"] > 40 and srv["numbers"]["baseline_identical"] is True
+    assert not soak.jit_compiling(os.getpid())

@@ -1,0 +1,41 @@
+"""eval/jit_cache.sh: save trims Triton's text IRs and xz-packs the other JIT builds; restore unpacks them."""
+
+import os
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(*args, cwd, root):
+    env = dict(os.environ, SGLANG_CACHE_ROOT=str(root))
+    return subprocess.run(["bash", str(REPO / "eval" / "jit_cache.sh"), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_save_then_restore_round_trip(tmp_path):
+    root = tmp_path / "cache"
+    for rel, text in (("triton/k1/k.cubin", "cubin"), ("triton/k1/k.json", "{}"), ("triton/k1/k.ptx", "ptx"),
+                      ("triton/k1/k.ttgir", "ir"), ("flashinfer/ops/top_k.so", "so"), ("tvm-ffi/a/b.so", "b")):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    out = tmp_path / "out"
+    r = _run("save", str(out), cwd=tmp_path, root=root)
+    assert r.returncode == 0, r.stderr
+    assert {p.name for p in out.iterdir()} == {"jit-triton.tgz", "jit-other.txz"}
+    # restore from a checkout's .sglang-bundle/jitcache/ (the Triton tarball is the bootstrap's to restore)
+    work = tmp_path / "work"
+    (work / ".sglang-bundle" / "jitcache").mkdir(parents=True)
+    (out / "jit-other.txz").rename(work / ".sglang-bundle" / "jitcache" / "jit-other.txz")
+    fresh = tmp_path / "fresh"
+    r = _run("restore", cwd=work, root=fresh)
+    assert r.returncode == 0, r.stderr
+    assert (fresh / "flashinfer" / "ops" / "top_k.so").read_text() == "so"
+    assert (fresh / "tvm-ffi" / "a" / "b.so").read_text() == "b"
+    names = subprocess.run(["tar", "tzf", str(out / "jit-triton.tgz")], capture_output=True, text=True).stdout
+    assert "triton/k1/k.cubin" in names and "k.json" in names and ".ptx" not in names and ".ttgir" not in names
+
+
+def test_usage_error():
+    r = subprocess.run(["bash", str(REPO / "eval" / "jit_cache.sh"), "frob"], capture_output=True, text=True)
+    assert r.returncode == 2 and "usage" in r.stderr
