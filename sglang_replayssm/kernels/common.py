@@ -75,6 +75,37 @@ def softplus(x, THRESHOLD: tl.constexpr):
     return tl.where(x <= THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
 
 
+@triton.jit
+def _suffix_excl_combine(t1, e1, i1, t2, e2, i2):
+    """Scan combine of two disjoint index sets: (total, total without the set's lowest index, lowest index).
+
+    Commutative as well as associative, so the result does not depend on which operand the
+    compiled or the interpreted reverse scan passes first."""
+    first = i1 < i2
+    return t1 + t2, tl.where(first, e1 + t2, t1 + e2), tl.minimum(i1, i2)
+
+
+@triton.jit
+def suffix_sum_excl(x, offs):
+    """Exclusive suffix sums of a 1-D fp32 tensor: out_j = sum_{i > j} x_i (``offs`` = tl.arange over x).
+
+    Replay weights are exponentials of such sums (sum of the log-decays after position j). Taking
+    them as a difference of two prefix sums, or of an inclusive suffix sum and x_j, cancels
+    catastrophically when one step is large (dt + dt_bias ~ 22): here every partial sum only
+    adds terms of the sequence, so a sum of same-sign terms keeps its relative accuracy. Pad
+    masked lanes with zeros. One register scan, no extra loads."""
+    _, excl, _ = tl.associative_scan((x, tl.zeros_like(x), offs), 0, _suffix_excl_combine, reverse=True)
+    return excl
+
+
+def suffix_sum_excl_torch(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """PyTorch twin of :func:`suffix_sum_excl` along ``dim``: out_j = sum_{i > j} x_i, summed directly
+    (a reversed cumsum of the entries after j, never a difference of two cumulative sums)."""
+    n = x.shape[dim]
+    tail = torch.flip(torch.cumsum(torch.flip(x.narrow(dim, min(n, 1), max(n - 1, 0)), [dim]), dim), [dim])
+    return torch.cat([tail, torch.zeros_like(x.narrow(dim, 0, min(n, 1)))], dim)
+
+
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -121,9 +152,34 @@ def _load_yaml(path: str, required: bool = False) -> Dict[str, Any]:
     return data
 
 
+# the launch-config file of the process's activated ReplaySSM config (:func:`activate_config_file`): a path,
+# None (the per-GPU file) or _UNSET (nothing activated: SGLANG_REPLAYSSM_KERNEL_CONFIG, as standalone use reads it)
+_UNSET = object()
+_ACTIVE_FILE: Any = _UNSET
+
+
+def activate_config_file(path: Optional[str]) -> None:
+    """Hand the kernels the launch-config file of the config in force (its ``kernel_config``; None: the per-GPU
+    file), resolved once per process by ``sglang_replayssm.plugin.activate``. This module never imports the
+    package's config (SGLang-free); kernels used on their own (benchmarks, tuning, tests) read the env override."""
+    global _ACTIVE_FILE
+    _ACTIVE_FILE = None if path is None else str(path)
+
+
+def reset_config_file() -> None:
+    """Forget the activated file (``config.reset_for_tests``, ``disable()``): back to the env override."""
+    global _ACTIVE_FILE
+    _ACTIVE_FILE = _UNSET
+
+
 def _explicit_file(explicit: Optional[str] = None) -> Optional[str]:
-    """The launch-config path someone named (argument, then env override), or None for the per-GPU file."""
-    return explicit or os.environ.get(ENV_CONFIG_FILE) or None
+    """The launch-config path someone named (argument, then the activated config's, then the env override of
+    standalone use), or None for the per-GPU file."""
+    if explicit:
+        return explicit
+    if _ACTIVE_FILE is not _UNSET:
+        return _ACTIVE_FILE
+    return os.environ.get(ENV_CONFIG_FILE) or None
 
 
 def config_file(explicit: Optional[str] = None) -> Path:
@@ -195,7 +251,8 @@ def dot_precision_param(default: str = "tf32x3") -> Param:
 
 _FAMILIES: Dict[str, Dict[str, Param]] = {}
 # the modules that register the kernel families (imported by validate_config_file)
-_FAMILY_MODULES = ("gdn_replay", "gdn_verify", "mamba2_replay", "mamba2_verify")
+_FAMILY_MODULES = ("gdn_replay", "gdn_verify", "mamba2_replay", "mamba2_verify", "mamba2_tree_verify",
+                   "gdn_tree_verify")
 
 
 def register_family(family: str, params: Dict[str, Param]) -> Dict[str, Any]:

@@ -28,6 +28,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from .common import suffix_sum_excl_torch
+
 SOFTPLUS_THRESHOLD = 20.0
 L2NORM_EPS = 1e-6
 
@@ -114,19 +116,21 @@ def history_weights(g_hist: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Replay weights from cached log-decays ``g_hist`` [..., w].
 
     Returns ``(c [..., w], eG [...])`` with c_j = exp(G - G_j) = exp(sum_{i>j} g_i) and
-    eG = exp(G), G = sum of all g. The exponents come from suffix sums (no
-    cancellation between two large prefix sums), exactly as the kernel does.
+    eG = exp(G), G = sum of all g. The exponents are exclusive suffix sums summed
+    directly (no cancellation after a large gate), as the kernel forms them.
     """
-    suffix = torch.flip(torch.cumsum(torch.flip(g_hist, [-1]), -1), [-1])  # sum_{i>=j}
-    return torch.exp(suffix - g_hist), torch.exp(g_hist.sum(-1))
+    return torch.exp(suffix_sum_excl_torch(g_hist, -1)), torch.exp(g_hist.sum(-1))
 
 
 @torch.no_grad()
 def gdn_replay_decode_ref(
     mixed_qkv, a, b, A_log, dt_bias, state, d_ring, k_ring, g_ring, state_indices, write_pos,
-    *, scale=None, use_qk_l2norm=True, out=None, null_slot=0, compute_dtype=torch.float32,
+    *, scale=None, use_qk_l2norm=True, out=None, null_slot=0, compute_dtype=torch.float32, dbeta_out=None,
 ):
     """Reference replay decode: same arguments and side effects as ``gdn_replay_decode``.
+
+    ``dbeta_out`` (optional [B, HV, V] tensor) receives do/dbeta = (v - alpha S_{w-1} k^)(k^ . q^) of each
+    live row: tests bound the effect of beta's rounding to b's dtype with it.
 
     Per live row (slot s, w = write_pos clamped to [0, L-1]):
       S_{w-1} x = e^G (S_ck x) + sum_{j<w} e^{G-G_j} (k^_j . x) d_j   for x in {q^, k^}
@@ -176,8 +180,11 @@ def gdn_replay_decode_ref(
             sq = eG[:, None] * sq + torch.einsum("hjv,hj->hv", dh, c * sc_q)
             sk = eG[:, None] * sk + torch.einsum("hjv,hj->hv", dh, c * sc_k)
         d_cur = beta[:, None] * (v - alpha[:, None] * sk)
-        o = alpha[:, None] * sq + d_cur * (kh * qh).sum(-1).repeat_interleave(r, 0)[:, None]
+        kq = (kh * qh).sum(-1).repeat_interleave(r, 0)[:, None]
+        o = alpha[:, None] * sq + d_cur * kq
         out3[i] = o.to(out3.dtype)
+        if dbeta_out is not None:
+            dbeta_out[i] = ((v - alpha[:, None] * sk) * kq).to(dbeta_out.dtype)
         if w == L - 1:
             S_prev = S_ck
             if w > 0:

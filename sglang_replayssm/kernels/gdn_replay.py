@@ -113,7 +113,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import L2NORM_EPS, SOFTPLUS_THRESHOLD, interpreting, launch_config, next_pow2, softplus
+from .common import L2NORM_EPS, SOFTPLUS_THRESHOLD, interpreting, launch_config, next_pow2, softplus, suffix_sum_excl
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, register_cap, register_family
 from .common import block_param, choice_param, count_param, dot_precision_param, maxnreg_param, warps_param
 
@@ -224,12 +224,12 @@ def _load_history(g_head, k_head, stride_kl, d_head, stride_dl, o_v, mask_v, n_h
 @triton.jit
 def _history_weights(g, n_hist, LP: tl.constexpr):
     """Replay weights from the cached log-decays g [LP] (zeros past n_hist):
-    c_j = e^{G - G_j} (0 for j >= n_hist) and e^G. The exponents are suffix sums, so
-    no two large prefix sums are subtracted."""
+    c_j = e^{G - G_j} (0 for j >= n_hist) and e^G. The exponents are exclusive suffix sums
+    sum_{i>j} g_i summed directly (``suffix_sum_excl``): neither two prefix sums nor an
+    inclusive suffix sum and g_j are subtracted, which would cancel after a large gate."""
     o_j = tl.arange(0, LP)
     g = g.to(tl.float32)
-    suffix = tl.cumsum(g, axis=0, reverse=True)  # sum_{i >= j}
-    c = tl.where(o_j < n_hist, tl.exp(suffix - g), 0.0)
+    c = tl.where(o_j < n_hist, tl.exp(suffix_sum_excl(g, o_j)), 0.0)
     eG = tl.exp(tl.sum(g, axis=0))
     return c, eG
 

@@ -86,8 +86,8 @@ Numerics
 --------
 Every reduction and every element-wise product is fp32 on CUDA cores (no tensor
 cores, no TF32): decays come from the standard-decode helper ``_history_weights``
-(suffix sums, so no two large prefix sums are subtracted; the window's
-e^{Gamma_i - Gamma_j} likewise come from suffix sums over g_{j+1..i}), keys are
+(exclusive suffix sums summed directly, so nothing is subtracted; the window's
+e^{Gamma_i - Gamma_j} likewise come from sums over g_{j+1..i}), keys are
 re-normalised with the same fp32 formula as the current token.  The flush fold
 is w exact fp32 rank-1 updates (``flush: rank1``, default) or one ``tl.dot`` [BV, LP] x
 [LP, K] with ``dot_precision`` "tf32x3" / "ieee" (``flush: dot``; plain tf32 is
@@ -404,7 +404,9 @@ def _gdn_verify_kernel(
         col = sel[None, :]
         beta_i = tl.sum(tl.where(sel, beta, 0.0), axis=0)
         v_i = tl.load(v_row + i * stride_x1 + o_v, mask=mask_v, other=0).to(tl.float32)
-        # window decays: cw_j = e^{Gamma_i - Gamma_j} (j <= i, 0 past i), e^{Gamma_i}
+        # window decays: cw_j = e^{Gamma_i - Gamma_j} (j <= i, 0 past i), e^{Gamma_i}; the exponents summed directly
+        # over g_{j+1..i} (_history_weights). Not one [TP, TP] cumsum before the loop: Triton 3.6 fails to lower
+        # that 2-D scan for one-warp programs (ScanOpToLLVM assertion; eval.verify_sass gdn/t1)
         cw, e_gam = _history_weights(tl.where(o_t <= i, g_win, 0.0), i + 1, TP)
         kk_i = tl.sum(tl.where(col, kk, 0.0), axis=1)  # k^_j . k^_i over j
         kq_i = tl.sum(tl.where(col, kq, 0.0), axis=1)  # k^_j . q^_i over j

@@ -22,7 +22,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .common import SOFTPLUS_THRESHOLD
+from .common import SOFTPLUS_THRESHOLD, suffix_sum_excl_torch
 
 
 def _softplus(u: torch.Tensor) -> torch.Tensor:
@@ -149,10 +149,9 @@ def mamba2_replay_decode_ref(
         flush = w == L - 1
         d_cur = delta_cur_all[row]  # [H]
         delta = torch.cat([dt_ring[s, :, :w].to(f32), d_cur[:, None]], dim=1)  # [H, w+1]
-        lam = torch.cumsum(delta, dim=1)
-        lam_end = lam[:, -1:]
-        sj = delta * torch.exp(A_h[:, None] * (lam_end - lam))  # [H, w+1]
-        decay = torch.exp(A_h * lam_end[:, 0])  # [H]
+        # Λ_end − Λ_j summed directly over the Δ after j, as the kernel (no prefix-sum cancellation)
+        sj = delta * torch.exp(A_h[:, None] * suffix_sum_excl_torch(delta, 1))  # [H, w+1]
+        decay = torch.exp(A_h * delta.sum(1))  # [H]
         X = torch.cat([x_ring[s, :, :w, :].to(f32), x[row].to(f32)[:, None, :]], dim=1)  # [H, w+1, P]
         Bw = torch.cat([B_ring[s, :, :w, :].to(f32), B[row].to(f32)[:, None, :]], dim=1)  # [G, w+1, N]
         Bw = Bw.repeat_interleave(r, dim=0)  # [H, w+1, N]

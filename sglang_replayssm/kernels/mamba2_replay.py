@@ -5,7 +5,8 @@ docs/method.md).  The decode window holds positions
 j = 0..w: ring entries 0..w-1 of slot s plus the current token at w.  With
 Δ_j the processed step sizes and Λ_j their inclusive prefix sums,
 
-    s_j   = Δ_j · exp(A (Λ_w − Λ_j))                     (per-token weight)
+    s_j   = Δ_j · exp(A (Λ_w − Λ_j))                     (per-token weight; Λ_w − Λ_j summed
+                                                          directly as Σ_{j<i<=w} Δ_i)
     S_w   = exp(A Λ_w) · S_ck + Σ_j s_j x_j B_jᵀ          ("state" form)
     y_w   = exp(A Λ_w) · (S_ck C) + Σ_j s_j (B_j·C) x_j   ("output-only" form)
     y    += D x ;  y *= silu(z)
@@ -81,7 +82,7 @@ import triton
 import triton.language as tl
 
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
-from .common import SOFTPLUS_THRESHOLD, config_keys, launch_config, next_pow2, softplus
+from .common import SOFTPLUS_THRESHOLD, config_keys, launch_config, next_pow2, softplus, suffix_sum_excl
 from .common import block_param, count_param, dot_precision_param, flag_param, register_family, warps_param
 
 __all__ = [
@@ -147,15 +148,14 @@ def _window_weights(delta_win, A, offs_w, end):
     """Replay weights over window positions 0..end.
 
     Returns (s [WIN], total_decay): s_j = Δ_j exp(A (Λ_end − Λ_j)) for j <= end and 0
-    beyond; total_decay = exp(A Λ_end).  Λ is the inclusive prefix sum of ``delta_win``.
+    beyond; total_decay = exp(A Λ_end).  Λ is the inclusive prefix sum of ``delta_win``;
+    Λ_end − Λ_j is taken as the direct suffix sum Σ_{j<i<=end} Δ_i (``suffix_sum_excl``), not
+    as a difference of prefix sums, which cancels after a large Δ.
     """
     valid = offs_w <= end
     d = tl.where(valid, delta_win, 0.0)
-    lam = tl.cumsum(d, 0)
-    lam_end = tl.sum(d, 0)
-    expo = tl.where(valid, A * (lam_end - lam), 0.0)
-    s = tl.where(valid, d * tl.exp(expo), 0.0)
-    return s, tl.exp(A * lam_end)
+    s = tl.where(valid, d * tl.exp(A * suffix_sum_excl(d, offs_w)), 0.0)
+    return s, tl.exp(A * tl.sum(d, 0))
 
 
 @triton.jit

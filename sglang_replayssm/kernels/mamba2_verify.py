@@ -14,6 +14,9 @@ processed Δ_k, Λ_k = Σ_{i<=k} Δ_i, Λ = Λ_{wp-1}; window tokens s = 0..T-1 
     y_s    = exp(A μ_s) (S_c · C_s) + Σ_{m<=s} Δ_m exp(A (μ_s − μ_m)) (B_m·C_s) x_m
     y_s   += D x_s ;  y_s *= silu(z_s)
 
+(Λ − Λ_k and μ_s − μ_m are summed directly over the Δ between the two positions, never
+taken as a difference of two prefix sums, which would cancel after a large Δ.)
+
 Verify (``flush[slot] == 0``): S_c is never built.  Its contribution is replayed:
 ``exp(A μ_s) S_c·C_s = exp(A(Λ + μ_s)) (S_ck·C_s) + Σ_k Δ_k exp(A(Λ − Λ_k + μ_s)) (B_k·C_s) x_k``,
 one streaming read of the S_ck tile, all element-wise fp32.  Flush
@@ -53,6 +56,7 @@ import triton
 import triton.language as tl
 
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
+from .common import suffix_sum_excl
 from .common import (block_param, choice_param, config_keys, count_param, dot_precision_param, launch_config,
                      maxnreg_param, next_pow2, register_cap, register_family, warps_param)
 from .mamba2_replay import _delta_from_raw, _head_param
@@ -215,11 +219,11 @@ def _mamba2_verify_kernel(
     Br_base = Br_ptr + slot * s_Br_s + g * s_Br_g
     st_base = state_ptr + slot * s_st_s + h * s_st_h
     d_hist = tl.load(dtr_base + phys_k * s_dtr_r, mask=valid_k, other=0.0).to(tl.float32)
-    lam = tl.cumsum(d_hist, 0)
     lam_end = tl.sum(d_hist, 0)
     x_hist = tl.load(xr_base + offs_m[:, None] * s_xr_p + phys_k[None, :] * s_xr_r,
                      mask=mask_m[:, None] & valid_k[None, :], other=0.0).to(tl.float32)  # [BLOCK_M, WH]
-    s_hist = tl.where(valid_k, d_hist * tl.exp(A * (lam_end - lam)), 0.0)  # fold weights
+    # fold weights Δ_k e^{A(Λ − Λ_k)}, Λ − Λ_k summed directly (no prefix-sum difference: see suffix_sum_excl)
+    s_hist = tl.where(valid_k, d_hist * tl.exp(A * suffix_sum_excl(d_hist, offs_k)), 0.0)
 
     # ---- N chunks: S·C_s (S = S_ck, or the folded S_c on flush), B_k·C_s, B_m·C_s ----
     SC = tl.zeros([BLOCK_M, TP], dtype=tl.float32)
@@ -308,7 +312,11 @@ def _mamba2_verify_kernel(
 
     # ---- outputs ----
     causal = (offs_t[:, None] <= offs_t[None, :]) & mask_t[:, None]  # [m, s]: m <= s
-    expo = tl.where(causal, A * (mu[None, :] - mu[:, None]), 0.0)
+    # μ_s − μ_m = Σ_{m<i<=s} Δ_i [m, s], summed directly over the Δ between (nothing subtracted: no cancellation).
+    # A masked [m, s, i] sum rather than a 2-D cumsum: Triton 3.6 fails to lower small 2-D scans in some layouts
+    between_i = (offs_t[None, None, :] > offs_t[:, None, None]) & (offs_t[None, None, :] <= offs_t[None, :, None])
+    between = tl.sum(tl.where(between_i, d_win[None, None, :], 0.0), 2)
+    expo = tl.where(causal, A * between, 0.0)
     w_w = tl.where(causal, d_win[:, None] * tl.exp(expo) * bc_w, 0.0)  # [m, s]
     if is_flush:
         y = SC * tl.exp(A * mu)[None, :]          # S_c is the new checkpoint, no history left

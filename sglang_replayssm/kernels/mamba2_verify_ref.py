@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from .common import suffix_sum_excl_torch
 from .mamba2_ref import _per_head, _per_head_dim, process_dt
 
 
@@ -44,11 +45,10 @@ def mamba2_verify_ref(state, x_ring, B_ring, dt_ring, x, dt, A, B, C, state_indi
         Bw = B[row].to(f32).permute(1, 0, 2).repeat_interleave(r, dim=0)  # [H, T, N]
         Cw = C[row].to(f32).permute(1, 0, 2).repeat_interleave(r, dim=0)  # [H, T, N]
         d_h = dt_ring[s][:, hist].to(f32)  # [H, w]
-        lam = torch.cumsum(d_h, dim=1)
         lam_end = d_h.sum(dim=1)  # [H]
         Xh = x_ring[s][:, hist].to(f32)  # [H, w, P]
         Bh = B_ring[s][:, hist].to(f32).repeat_interleave(r, dim=0)  # [H, w, N]
-        s_h = d_h * torch.exp(A_h[:, None] * (lam_end[:, None] - lam))  # [H, w]
+        s_h = d_h * torch.exp(A_h[:, None] * suffix_sum_excl_torch(d_h, 1))  # [H, w]; Λ − Λ_k summed directly
         S0 = state[s].to(f32)
         if int(flush[s]):
             S = torch.exp(A_h * lam_end)[:, None, None] * S0 + torch.einsum("hkp,hkn->hpn", Xh * s_h[:, :, None], Bh)
@@ -62,7 +62,10 @@ def mamba2_verify_ref(state, x_ring, B_ring, dt_ring, x, dt, A, B, C, state_indi
             y = y + torch.einsum("hkp,hkt->htp", Xh, w_h)
         bc_w = torch.einsum("hmn,htn->hmt", Bw, Cw)  # [H, m, s]
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril().T  # [m, s]: m <= s
-        expo = torch.where(causal, A_h[:, None, None] * (mu[:, None, :] - mu[:, :, None]), torch.zeros(()))
+        # μ_s − μ_m = Σ_{m<i<=s} Δ_i summed directly, as the kernel (row-wise cumsum of the Δ after m)
+        after = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)  # [m, i]: i > m
+        between = torch.cumsum(torch.where(after, d_win[:, None, :], torch.zeros(())), dim=2)  # [H, m, s]
+        expo = torch.where(causal, A_h[:, None, None] * between, torch.zeros(()))
         w_w = torch.where(causal, d_win[:, :, None] * torch.exp(expo) * bc_w, torch.zeros(()))
         y = y + torch.einsum("hmp,hms->hsp", Xw, w_w)
         if D_hp is not None:

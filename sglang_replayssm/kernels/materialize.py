@@ -57,7 +57,7 @@ import triton
 import triton.language as tl
 
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
-from .common import L2NORM_EPS, check_dot_precision, next_pow2
+from .common import L2NORM_EPS, check_dot_precision, next_pow2, suffix_sum_excl_torch
 from .gdn_replay import _cast_rtne, _history_weights, _normalise_rows
 from .mamba2_replay import _head_param, _rebuild_state, _window_weights
 
@@ -478,9 +478,8 @@ def mamba2_materialize_ref(state, x_ring, B_ring, dt_ring, A, write_pos, slots, 
         if not pos:
             continue
         delta = dt_ring[s][:, pos].to(f32)  # [H, w]
-        lam = torch.cumsum(delta, 1)
-        sj = delta * torch.exp(A_h[:, None] * (lam[:, -1:] - lam))
-        decay = torch.exp(A_h * lam[:, -1])
+        sj = delta * torch.exp(A_h[:, None] * suffix_sum_excl_torch(delta, 1))  # as the kernel: no cancellation
+        decay = torch.exp(A_h * delta.sum(1))
         X = x_ring[s][:, pos].to(f32)  # [H, w, P]
         Bw = B_ring[s][:, pos].to(f32).repeat_interleave(H // G, 0)  # [H, w, N]
         S_new = decay[:, None, None] * state[s].to(f32) + torch.einsum("hjp,hjn->hpn", X * sj[:, :, None], Bw)
@@ -502,8 +501,7 @@ def gdn_materialize_ref(state, d_ring, k_ring, g_ring, write_pos, slots, *, use_
         if not pos:
             continue
         g = g_ring[s][:, pos].to(f32)  # [HV, w]
-        suffix = torch.flip(torch.cumsum(torch.flip(g, [-1]), -1), [-1])
-        c = torch.exp(suffix - g)
+        c = torch.exp(suffix_sum_excl_torch(g, -1))
         eG = torch.exp(g.sum(-1))
         kr = k_ring[s][:, pos].to(f32)
         if use_qk_l2norm:
