@@ -75,7 +75,7 @@ doctor: venv
 # ---- GPU host targets (python3 with torch+CUDA; SGLang from pip or the offline bundle) ----
 GPU_PY ?= python3
 MODEL ?=
-# the launcher's default is the replay decode/verify path; SERVE_ARGS='--replayssm-staged false' serves
+# the launcher's default is the replay decode/verify path; SERVE_ARGS='--replayssm-replay-ring false' serves
 # with the launch checks only (SGLang's own SSM kernels)
 SERVE_ARGS ?=
 serve:

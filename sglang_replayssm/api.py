@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from .config import ENV_PREFIX, ReplaySSMConfig, from_env
+from .config import DEPRECATED_ENV, ENV_PREFIX, ReplaySSMConfig, deactivate, from_env
 
 
 def enable(**settings) -> ReplaySSMConfig:
@@ -30,6 +30,8 @@ def enable(**settings) -> ReplaySSMConfig:
     if problem:
         raise RuntimeError(f"sglang_replayssm.enable: {problem}")
     saved = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}
+    for k in DEPRECATED_ENV:  # read into cfg; the Engine's processes get the new names only
+        os.environ.pop(k, None)
     os.environ.update(cfg.to_env())
     setup_logging(cfg)
     try:
@@ -38,6 +40,7 @@ def enable(**settings) -> ReplaySSMConfig:
         for k in [k for k in os.environ if k.startswith(ENV_PREFIX)]:
             del os.environ[k]
         os.environ.update(saved)
+        deactivate()  # the config in force is the restored environment's again
         raise
     return cfg
 
@@ -48,3 +51,4 @@ def disable() -> None:
     for k in [k for k in os.environ if k.startswith(ENV_PREFIX)]:
         del os.environ[k]
     unapply_all()
+    deactivate()  # the config in force is the (cleared) environment's again

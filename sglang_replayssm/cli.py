@@ -33,7 +33,7 @@ def doctor(as_json: bool = False, apply_patches: bool = False) -> int:
     from . import __version__
     from .config import ConfigError, from_env
     from .launch_server import entry_point_registered, kernel_config_problem, plugins_allowlist_problem
-    from .patches import active_patches, all_patches, apply, staged_patches, status, verify
+    from .patches import active_patches, apply, launch_check_patches, replay_ring_patches, status, verify
     from .patches.registry import SGLANG_MISSING, PatchError, require_applicable, sglang_version
 
     info = {
@@ -59,8 +59,8 @@ def doctor(as_json: bool = False, apply_patches: bool = False) -> int:
     except ConfigError as e:
         info["config_error"] = str(e)
         problems.append(f"config error: {e}")
-    # what a server with this config applies: the launch checks, and the seams unless staged is false
-    seams_on = cfg.staged if cfg is not None else True
+    # what a server with this config applies: the launch checks, and the seams unless replay_ring is false
+    seams_on = cfg.replay_ring if cfg is not None else True
     missing = info["sglang"] == SGLANG_MISSING
     try:  # SGLang missing or outside every patch's range: enabling would patch nothing
         require_applicable(active_patches(seams_on))
@@ -86,11 +86,11 @@ def doctor(as_json: bool = False, apply_patches: bool = False) -> int:
         except Exception as e:
             info["apply_error"] = str(e)
             problems.append(f"apply error: {e}")
-    rows = [] if missing else status(all_patches())
+    rows = [] if missing else status(launch_check_patches())
     info["targets"] = [{"target": t, "state": s, "detail": d} for t, s, d in rows]
-    staged = [] if missing else status(staged_patches())
-    info["staged_targets"] = [{"target": t, "state": s, "detail": d} for t, s, d in staged]
-    gone = [t for t, s, _ in rows + (staged if seams_on else []) if s == "missing"]
+    seams = [] if missing else status(replay_ring_patches())
+    info["replay_ring_targets"] = [{"target": t, "state": s, "detail": d} for t, s, d in seams]
+    gone = [t for t, s, _ in rows + (seams if seams_on else []) if s == "missing"]
     if gone:
         problems.append(f"{len(gone)} patch target(s) missing in SGLang {info['sglang']}: {', '.join(gone)}")
     info["problems"] = problems
@@ -111,9 +111,9 @@ def doctor(as_json: bool = False, apply_patches: bool = False) -> int:
         print(f"  patch targets ({len(rows)}):")
         for t, s, d in rows:
             print(f"    [{s:<8}] {t}" + (f"  -- {d}" if d and s != "resolved" and s != "patched" else ""))
-        print(f"  replay-ring seams, applied unless --replayssm-staged false ({len(staged)}"
+        print(f"  replay-ring seams, applied unless --replayssm-replay-ring false ({len(seams)}"
               + ("" if seams_on else "; off in this config") + "):")
-        for t, s, d in staged:
+        for t, s, d in seams:
             print(f"    [{s:<8}] {t}" + (f"  -- {d}" if s == "missing" else ""))
     for msg in problems:
         print(f"  error: {msg}")

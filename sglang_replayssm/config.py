@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,14 +125,36 @@ SETTINGS: Tuple[Setting, ...] = (
             "auto (solved from memory like non-speculative SGLang, at most the decode CUDA-graph batch; the "
             "launcher's default when --max-running-requests is not given) or sglang (SGLang's own: 48 under "
             "speculative decoding unless --max-running-requests; the default for plugin-only use)", "MODE"),
-    Setting("staged", _parse_bool, "apply the replay-ring seams: ring pool, Mamba2/GDN decode and verify, spec "
+    Setting("replay_ring", _parse_bool, "apply the replay-ring seams: ring pool, Mamba2/GDN decode and verify, spec "
             "commit, slot lifecycle (default on). false keeps SGLang's own SSM kernels and state pool and applies "
             "only the launch checks, for an A/B inside one install", "BOOL"),
+    Setting("extra_buffer", _parse_bool, "accept SGLang's extra_buffer prefix-caching strategy (its default with "
+            "the radix cache and the overlap scheduler) for non-speculative serving: the states SGLang tracks "
+            "for the radix tree are materialised from the ring (CPU-tested against stock SGLang; not yet run "
+            "on a GPU, hence off by default). Off: the launcher refuses extra_buffer and names no_buffer", "BOOL"),
     Setting("log_level", _choice(LOG_LEVELS), "log level of the sglang_replayssm logger (default info)", "LEVEL"),
     Setting("kernel_config", _parse_existing_file, "YAML file of tuned kernel launch configs "
             "(default: the packaged file for the detected GPU)", "PATH"),
 )
 _BY_NAME: Dict[str, Setting] = {s.name: s for s in SETTINGS}
+# old setting names read as the new ones for one release (YAML key, env variable, flag, replace() keyword); each
+# spelling used logs one deprecation line per process. Giving both names with different values is an error.
+DEPRECATED_NAMES: Dict[str, str] = {"staged": "replay_ring"}
+_DEPRECATED: Dict[str, Setting] = {
+    old: Setting(old, _BY_NAME[new].parse, f"deprecated alias of {FLAG_PREFIX}{new.replace('_', '-')} "
+                 "(removed in the next release)", _BY_NAME[new].metavar)
+    for old, new in DEPRECATED_NAMES.items()}
+DEPRECATED_ENV: Tuple[str, ...] = tuple(s.env for s in _DEPRECATED.values())
+_WARNED: set = set()
+
+
+def _warn_deprecated(old: str, new: str) -> None:
+    if old not in _WARNED:
+        _WARNED.add(old)
+        logging.getLogger("sglang_replayssm").warning(
+            "sglang_replayssm: %s is deprecated and will be removed in the next release; use %s", old, new)
+
+
 CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
 CONFIG_FILE_FLAG = FLAG_PREFIX + "config"
 ENABLE_ENV = _BY_NAME["enable"].env
@@ -153,7 +176,8 @@ class ReplaySSMConfig:
     ssm_types: Tuple[str, ...] = SSM_TYPES
     spec: bool = True
     spec_max_running: str = "sglang"
-    staged: bool = True
+    replay_ring: bool = True
+    extra_buffer: bool = False
     log_level: str = "info"
     kernel_config: Optional[str] = None
     source: Dict[str, str] = field(default_factory=dict, compare=False)
@@ -179,17 +203,37 @@ class ReplaySSMConfig:
     def as_dict(self) -> Dict[str, Any]:
         return {s.name: getattr(self, s.name) for s in SETTINGS}
 
+    @property
+    def staged(self) -> bool:
+        """Deprecated name of :attr:`replay_ring` (removed in the next release)."""
+        _warn_deprecated("ReplaySSMConfig.staged", "ReplaySSMConfig.replay_ring")
+        return self.replay_ring
+
 
 def _merge(cfg: ReplaySSMConfig, values: Mapping[str, Any], origin: str, label=None) -> ReplaySSMConfig:
     updates: Dict[str, Any] = {}
     source = dict(cfg.source)
     for k, v in values.items():
+        if k in DEPRECATED_NAMES:
+            continue
         s = _BY_NAME.get(k)
         if s is None:
             raise ConfigError(f"unknown setting {k!r} ({origin}); accepted: {', '.join(_BY_NAME)}")
         shown = label(s) if label else k
         updates[k] = s.parse(shown, v)
         source[k] = origin
+    for old, new in DEPRECATED_NAMES.items():
+        if old not in values:
+            continue
+        shown_old = label(_DEPRECATED[old]) if label else old
+        shown_new = label(_BY_NAME[new]) if label else new
+        value = _BY_NAME[new].parse(shown_old, values[old])
+        if new in updates and updates[new] != value:
+            raise ConfigError(f"{shown_old} (deprecated) and {shown_new} disagree ({values[old]!r} vs "
+                              f"{values[new]!r}): set only {shown_new}")
+        _warn_deprecated(shown_old, shown_new)
+        updates[new] = value
+        source[new] = origin
     return dataclasses.replace(cfg, source=source, **updates)
 
 
@@ -218,12 +262,53 @@ def from_env(environ: Optional[Mapping[str, str]] = None, base: Optional[ReplayS
     yaml_path = environ.get(CONFIG_FILE_ENV)
     if yaml_path:
         cfg = _merge(cfg, load_yaml(yaml_path), f"yaml:{yaml_path}")
-    known = {s.env for s in SETTINGS} | {CONFIG_FILE_ENV}
+    known = {s.env for s in SETTINGS} | set(DEPRECATED_ENV) | {CONFIG_FILE_ENV}
     unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in known)
     if unknown:
         raise ConfigError(f"unknown environment variable(s) {', '.join(unknown)}; accepted: {', '.join(sorted(known))}")
-    vals = {s.name: environ[s.env] for s in SETTINGS if s.env in environ}
+    vals = {s.name: environ[s.env] for s in SETTINGS + tuple(_DEPRECATED.values()) if s.env in environ}
     return _merge(cfg, vals, "env", label=lambda s: s.env)
+
+
+# ----------------------------------------------------------------------------------
+# the config in force in this process: parsed once, or set by activate()
+# ----------------------------------------------------------------------------------
+_ACTIVE: Optional[ReplaySSMConfig] = None
+
+
+def activate(cfg: ReplaySSMConfig) -> ReplaySSMConfig:
+    """Make ``cfg`` the config in force in this process (the plugin, the launcher and ``enable()`` call it);
+    the seams read it through :func:`current` instead of parsing the environment again."""
+    global _ACTIVE
+    _ACTIVE = cfg
+    return cfg
+
+
+def current() -> ReplaySSMConfig:
+    """The config in force in this process: the one :func:`activate` set, else the environment's, parsed on
+    the first call and kept (SGLang's processes inherit the variables at start and never change them)."""
+    global _ACTIVE
+    if _ACTIVE is None:
+        _ACTIVE = from_env()
+    return _ACTIVE
+
+
+def deactivate() -> None:
+    """Forget the config in force (and the kernels' activated launch-config file), so the next :func:`current`
+    parses the environment again (``disable()``, and a failed ``enable()`` that restored the environment)."""
+    global _ACTIVE
+    _ACTIVE = None
+    import sys
+
+    common = sys.modules.get(__package__ + ".kernels.common")  # never imported here just to reset it
+    if common is not None:
+        common.reset_config_file()
+
+
+def reset_for_tests() -> None:
+    """For tests that change ``SGLANG_REPLAYSSM_*`` variables: the next :func:`current` sees the change (a new
+    SGLang process would). ``tests/conftest.py`` calls it around every test."""
+    deactivate()
 
 
 @dataclass(frozen=True)
@@ -250,6 +335,8 @@ def launcher_flags() -> List[LauncherFlag]:
                                     "launch stock SGLang through this launcher (no patches)", const="0"))
         else:
             out.append(LauncherFlag(s.flag, "replayssm_" + s.name, s.env, s.help, s.metavar))
+    for s in _DEPRECATED.values():
+        out.append(LauncherFlag(s.flag, "replayssm_" + s.name, s.env, s.help, s.metavar))
     return out
 
 
@@ -288,7 +375,7 @@ def from_flags(ns: argparse.Namespace, environ: Optional[Mapping[str, str]] = No
     if getattr(ns, "replayssm_config", None):
         environ[CONFIG_FILE_ENV] = ns.replayssm_config
     cfg = from_env(environ)
-    vals = {s.name: getattr(ns, "replayssm_" + s.name) for s in SETTINGS
+    vals = {s.name: getattr(ns, "replayssm_" + s.name) for s in SETTINGS + tuple(_DEPRECATED.values())
             if getattr(ns, "replayssm_" + s.name, None) is not None}
     vals.setdefault("enable", True)
     return _merge(cfg, vals, "flag", label=lambda s: s.flag)

@@ -9,7 +9,8 @@ Everything that would otherwise fail late, or serve stock SGLang while claiming 
 patched, is refused first in one ``error:`` line with exit status 2, before SGLang is
 imported: an unknown ``--replayssm-*`` flag, a bad setting, a kernel launch-config file
 that does not exist or does not validate, SGLang missing or outside the supported range,
-an ``SGLANG_PLUGINS`` allow-list without this plugin, and no CUDA device (unless
+an ``SGLANG_PLUGINS`` allow-list without this plugin, a separate speculative draft model whose
+``config.json`` is missing, unparsable or does not fit the target, and no CUDA device (unless
 ``--device`` names another device).
 
 ``SGLANG_PLUGINS`` is reported, not amended: it is an allow-list someone set on purpose
@@ -26,7 +27,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from .config import CONFIG_FILE_ENV, ConfigError, ReplaySSMConfig, add_flags, from_flags, unknown_flag_error
+from .config import (CONFIG_FILE_ENV, DEPRECATED_ENV, ConfigError, ReplaySSMConfig, activate, add_flags, from_flags,
+                     unknown_flag_error)
 
 PROG = "python -m sglang_replayssm.launch_server"
 PLUGINS_ENV = "SGLANG_PLUGINS"
@@ -114,7 +116,7 @@ def sglang_problem(cfg: ReplaySSMConfig) -> Optional[str]:
     from .patches import active_patches
 
     try:
-        require_applicable(active_patches(cfg.staged))
+        require_applicable(active_patches(cfg.replay_ring))
     except PatchError as e:
         return str(e)
     return None
@@ -142,6 +144,27 @@ def cuda_problem(sglang_argv: List[str], environ=None) -> Optional[str]:
         return None
     return ("a CUDA GPU is required to serve (torch.cuda.is_available() is False); check the driver / "
             "CUDA_VISIBLE_DEVICES, or pass SGLang's --device for another device")
+
+
+def _any_flag_value(argv: List[str], *flags: str) -> Optional[str]:
+    for flag in flags:
+        value = _flag_value(argv, flag)
+        if value is not None:
+            return value
+    return None
+
+
+def draft_model_problem(sglang_argv: List[str]) -> Optional[str]:
+    """A separate speculative draft model whose ``config.json`` is missing, unparsable, or does not fit the
+    target (vocab, hidden size), in one line naming the file (``patches.server_args.draft_model_problem``: no
+    SGLang import), before SGLang reads it; the server-args hook repeats the check for plugin-only launches."""
+    algo = _flag_value(sglang_argv, "--speculative-algorithm")
+    if not algo or algo.upper() == "NONE":
+        return None
+    from .patches.server_args import draft_model_problem as problem
+
+    return problem(_any_flag_value(sglang_argv, "--model-path", "--model"),
+                   _any_flag_value(sglang_argv, "--speculative-draft-model-path", "--speculative-draft-model"), algo)
 
 
 def _has_flag(argv: List[str], flag: str) -> bool:
@@ -183,6 +206,10 @@ def launch_problem(cfg: ReplaySSMConfig, sglang_argv: List[str]) -> Optional[str
         problem = kernel_config_problem(cfg.kernel_config)
         if problem:
             return problem
+    if cfg.enable:
+        problem = draft_model_problem(sglang_argv)
+        if problem:
+            return problem
     return cuda_problem(sglang_argv)
 
 
@@ -202,9 +229,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     problem = launch_problem(cfg, rest)
     if problem:
         return _error(problem)
+    for k in DEPRECATED_ENV:  # read into cfg; SGLang's processes get the new names only (no second warning)
+        os.environ.pop(k, None)
     os.environ.update(cfg.to_env())
     if ns.replayssm_config:
         os.environ[CONFIG_FILE_ENV] = os.path.abspath(ns.replayssm_config)
+    activate(cfg)  # this process's config (SGLang's plugin hook here finds it instead of parsing the env again)
     sys.argv = [PROG] + rest
     runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=True)
     return 0

@@ -20,7 +20,8 @@ from __future__ import annotations
 import logging
 import os
 
-from .config import ENABLE_ENV, ConfigError, ReplaySSMConfig, enable_requested, from_env
+from . import config
+from .config import ENABLE_ENV, ConfigError, ReplaySSMConfig, enable_requested
 
 logger = logging.getLogger("sglang_replayssm")
 
@@ -36,11 +37,11 @@ def setup_logging(cfg: ReplaySSMConfig) -> None:
 
 def activate(cfg: ReplaySSMConfig) -> list:
     """Apply and verify this config's patches in this process (the launch checks, plus the replay-ring
-    seams unless ``staged`` is false); returns the newly patched targets."""
+    seams unless ``replay_ring`` is false) and make ``cfg`` the config in force; returns the newly patched targets."""
     from .patches import active_patches, apply, verify
     from .patches.registry import require_applicable
 
-    patches = active_patches(cfg.staged)
+    patches = active_patches(cfg.replay_ring)
     todo = require_applicable(patches)  # SGLang missing or outside every patch's range: an error, never "OK"
     if cfg.kernel_config:  # plugin-only use (no launcher): a bad file fails here, not at the first kernel call
         from .launch_server import kernel_config_problem
@@ -48,22 +49,28 @@ def activate(cfg: ReplaySSMConfig) -> list:
         problem = kernel_config_problem(cfg.kernel_config)
         if problem:
             raise ValueError(problem)
-    if not cfg.staged:
-        logger.info("sglang_replayssm: --replayssm-staged false: launch checks only; SGLang's own SSM kernels "
+    if not cfg.replay_ring:
+        logger.info("sglang_replayssm: --replayssm-replay-ring false: launch checks only; SGLang's own SSM kernels "
                     "and state pool serve every request")
     newly = apply(patches)
     verify(patches)
+    # the config in force from here on: the seams read it (config.current), the kernels their launch-config file
+    config.activate(cfg)
+    if cfg.replay_ring:
+        from .kernels.common import activate_config_file
+
+        activate_config_file(cfg.kernel_config)
     # the launch-config file in force (kernels/common.config_file), named without querying the GPU here
     kernel_cfg = cfg.kernel_config or "the GPU's packaged file (kernels/configs/<gpu>.yaml)"
-    logger.info("sglang_replayssm active (pid %d): L=%d, ssm_types=%s, spec=%s, staged=%s, kernel config %s, "
-                "%d patch(es) verified", os.getpid(), cfg.buffer_len, ",".join(cfg.ssm_types), cfg.spec, cfg.staged,
-                kernel_cfg, len(todo))
+    logger.info("sglang_replayssm active (pid %d): L=%d, ssm_types=%s, spec=%s, replay_ring=%s, kernel config "
+                "%s, %d patch(es) verified", os.getpid(), cfg.buffer_len, ",".join(cfg.ssm_types), cfg.spec,
+                cfg.replay_ring, kernel_cfg, len(todo))
     return newly
 
 
 def register() -> None:
     try:
-        cfg = from_env()
+        cfg = config.current()  # the launcher's activated config in its own process, else parsed once here
     except ConfigError as e:
         if not enable_requested(os.environ):
             logger.warning("sglang_replayssm: not enabled (%s unset/off), so ignoring a bad setting: %s",

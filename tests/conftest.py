@@ -28,6 +28,18 @@ if _WORKERS.isdigit() and not os.environ.get("OMP_NUM_THREADS"):
     torch.set_num_threads(max(1, _CORES // int(_WORKERS)))
 
 
+@pytest.fixture(autouse=True)
+def _replayssm_config_per_test():
+    """Each test starts from its own environment's ReplaySSM config: the package parses it once per process
+    (``config.current``), so the cached one (and an activated kernel launch-config file) is dropped around
+    every test. A test that changes the variables mid-test resets it itself (tests/patches/seam_env.py)."""
+    from sglang_replayssm.config import reset_for_tests
+
+    reset_for_tests()
+    yield
+    reset_for_tests()
+
+
 @pytest.fixture
 def device():
     return torch.device("cuda" if HAS_CUDA else "cpu")

@@ -1,33 +1,59 @@
-"""One module per SGLang seam (no math); :func:`all_patches` is the registry's content."""
+"""One module per SGLang seam (no math). The registry's content: :func:`launch_check_patches` (applied whenever
+the package is enabled) and :func:`replay_ring_patches` (the replay-ring seams, unless ``--replayssm-replay-ring
+false``); :func:`active_patches` is what an enabled process applies."""
 
 from __future__ import annotations
 
+import logging
 from typing import List
 
 from .registry import Patch, PatchError, apply, status, unapply_all, verify  # noqa: F401
 
 
-def all_patches() -> List[Patch]:
+def launch_check_patches() -> List[Patch]:
     """The launch checks: applied in every process whenever the package is enabled."""
     from . import request_validation, server_args
 
     return list(server_args.PATCHES) + list(request_validation.PATCHES)
 
 
-def staged_patches() -> List[Patch]:
-    """The replay-ring seams (pool, Mamba2/GDN decode and verify, spec commit, slot lifecycle).
+def replay_ring_patches() -> List[Patch]:
+    """The replay-ring seams (pool, Mamba2/GDN decode and verify, spec commit, slot lifecycle, prefix tracking).
 
-    Applied with the launch checks unless ``--replayssm-staged false``.  They are CPU-tested against
+    Applied with the launch checks unless ``--replayssm-replay-ring false``.  They are CPU-tested against
     real SGLang classes and have run end to end on an H200: decode and NEXTN, CUDA graphs on and off,
     the overlap scheduler, the radix cache (``no_buffer``), forced retraction and a bf16 state
     (``eval/results/e2e-h200``).
     """
-    from . import gdn_decode, lifecycle, mamba2_decode, pool, spec_commit
+    from . import gdn_decode, lifecycle, mamba2_decode, pool, prefix_track, spec_commit
 
     return (list(pool.PATCHES) + list(mamba2_decode.PATCHES) + list(gdn_decode.PATCHES)
-            + list(lifecycle.PATCHES) + list(spec_commit.PATCHES))
+            + list(lifecycle.PATCHES) + list(spec_commit.PATCHES) + list(prefix_track.PATCHES))
 
 
-def active_patches(staged: bool) -> List[Patch]:
-    """What an enabled process applies: the launch checks, plus the seams when ``staged``."""
-    return all_patches() + (staged_patches() if staged else [])
+def active_patches(replay_ring: bool) -> List[Patch]:
+    """What an enabled process applies: the launch checks, plus the replay-ring seams when ``replay_ring``."""
+    return launch_check_patches() + (replay_ring_patches() if replay_ring else [])
+
+
+# the old names, for one release: each logs one deprecation line per process
+_WARNED: set = set()
+
+
+def _deprecated(old: str, new) -> List[Patch]:
+    if old not in _WARNED:
+        _WARNED.add(old)
+        logging.getLogger("sglang_replayssm").warning(
+            "sglang_replayssm.patches.%s() is deprecated and will be removed in the next release; use %s()",
+            old, new.__name__)
+    return new()
+
+
+def all_patches() -> List[Patch]:
+    """Deprecated name of :func:`launch_check_patches` (it never returned all patches)."""
+    return _deprecated("all_patches", launch_check_patches)
+
+
+def staged_patches() -> List[Patch]:
+    """Deprecated name of :func:`replay_ring_patches`."""
+    return _deprecated("staged_patches", replay_ring_patches)

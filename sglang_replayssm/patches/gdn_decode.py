@@ -1,8 +1,8 @@
 """Seam: Gated DeltaNet (Qwen3-Next / Qwen3.5) standard decode -> the ReplaySSM ring
 (no math; the kernel is ``kernels.gdn_replay.gdn_replay_decode``).
 
-A replay-ring seam: listed by :func:`sglang_replayssm.patches.staged_patches`, applied by
-the launcher unless ``--replayssm-staged false`` (run end to end on an H200).
+A replay-ring seam: listed by :func:`sglang_replayssm.patches.replay_ring_patches`, applied by
+the launcher unless ``--replayssm-replay-ring false`` (run end to end on an H200).
 
 How SGLang runs GDN decode (0.5.17; the same calls in 0.5.15 and 0.5.23)
 -----------------------------------------------------------------------
@@ -40,7 +40,7 @@ Hook design (the same style as ``mamba2_decode``)
 1. AROUND ``GDNAttnBackend.forward_decode`` (:func:`forward_decode_around`).  When the
    pool carries a GDN ring (``mamba_pool.rssm_ring``, attached by ``patches/pool.py``)
    and the backend is the target worker (``not is_draft_worker``), it checks the
-   configuration (no upstream ring, no extra_buffer tracking, a packed-decode kernel,
+   configuration (no upstream ring, extra_buffer tracking only with ``prefix_track``, a packed-decode kernel,
    ring geometry == the layer's heads), joins the forward's cursor step
    (``_cursor.open_layer``: gathered at the first GDN layer, checked order) and sets a
    thread-local layer context for the duration of the original call: ring views of pool
@@ -72,8 +72,8 @@ Hook design (the same style as ``mamba2_decode``)
 Refused under a ring (raise, with the flag to change)
 * SGLang's own ring (``--enable-linear-replayssm`` / ``--enable-linear-replayssm-spec``:
   ``mamba_pool.enable_linear_replayssm*`` or a ``replayssm_write_pos`` in the metadata);
-* extra_buffer tracking (``forward_batch.mamba_track_mask``; the track copy reads a stale
-  ``temporal``);
+* extra_buffer tracking (``forward_batch.mamba_track_mask``) on a speculative ring, or without
+  ``patches/prefix_track.py`` applied (SGLang's track copy alone reads a ``temporal`` that lags the ring);
 * a decode kernel without packed decode (``--linear-attn-decode-backend`` other than
   triton: ``forward_decode`` would call ``dispatcher.decode`` with the split q/k/v);
 * a ring that is not a GDN ring, or whose heads differ from the layer's.
@@ -92,6 +92,7 @@ import torch
 
 from ._cursor import (RING_ATTR, ContextHolder, LayerContext, NULL_SLOT, ReplayDecodeError, close_layer, drop_step,
                       layer_order, open_layer)
+from . import prefix_track
 from .registry import Patch
 
 logger = logging.getLogger("sglang_replayssm.patches")
@@ -160,8 +161,7 @@ def _plan(backend, layer, forward_batch):
     if getattr(md, "is_target_verify", False):
         raise ReplayDecodeError("GDNAttnBackend.forward_decode called with target-verify metadata")
     if getattr(forward_batch, "mamba_track_mask", None) is not None:
-        raise ReplayDecodeError("mamba state tracking (extra_buffer radix strategy) copies the checkpoint "
-                                "state without the replay ring; use --mamba-radix-cache-strategy no_buffer")
+        prefix_track.check_tracked_forward(ring.spec_window is not None)
     if not getattr(backend.kernel_dispatcher, "supports_packed_decode", False):
         raise ReplayDecodeError(
             f"the GDN decode kernel {type(getattr(backend.kernel_dispatcher, 'decode_kernel', None)).__name__} "

@@ -1,7 +1,7 @@
 """Seam: slot lifecycle -- fold a request's ring into its checkpoint before SGLang keeps the state.
 
-A replay-ring seam: listed by :func:`sglang_replayssm.patches.staged_patches`, applied by
-the launcher unless ``--replayssm-staged false`` (run end to end on an H200).
+A replay-ring seam: listed by :func:`sglang_replayssm.patches.replay_ring_patches`, applied by
+the launcher unless ``--replayssm-replay-ring false`` (run end to end on an H200).
 No math here: the fold is ``kernels.materialize.materialize_ring``.
 
 Why

@@ -1,8 +1,8 @@
 """Seam: Mamba2 standard decode -> the ReplaySSM ring (no math; the kernel is
 ``kernels.mamba2_replay.mamba2_replay_decode``).
 
-A replay-ring seam: listed by :func:`sglang_replayssm.patches.staged_patches`, applied by
-the launcher unless ``--replayssm-staged false`` (run end to end on an H200).
+A replay-ring seam: listed by :func:`sglang_replayssm.patches.replay_ring_patches`, applied by
+the launcher unless ``--replayssm-replay-ring false`` (run end to end on an H200).
 
 How SGLang runs Mamba2 decode (0.5.17; the same in 0.5.15 and 0.5.23)
 ---------------------------------------------------------------------
@@ -101,8 +101,9 @@ What this seam deliberately does not do (see the issue for the owners)
 * MIXED forwards raise :class:`ReplayDecodeError` (reject ``--enable-mixed-chunk`` at
   launch); extend rows on a slot with ring entries (retract / radix donation of an
   un-flushed slot) must be flushed by the slot-lifecycle patches, not here.
-* ``--mamba-track-interval`` tracking (extra_buffer) raises: its track copy reads a
-  stale ``temporal``.
+* ``--mamba-track-interval`` tracking (extra_buffer): SGLang's track copy alone would read a
+  ``temporal`` that lags the ring; ``patches/prefix_track.py`` materialises the tracked state.
+  A tracked forward raises on a speculative ring, or when that seam is not applied.
 * torch.compile of the decode forward is untested (the hook does host-side checks).
 """
 
@@ -116,6 +117,7 @@ from ._cursor import (  # noqa: F401  (gather/advance re-exported: tests and too
     RING_ATTR, ContextHolder, LayerContext,
     NULL_SLOT, ReplayDecodeError, advance_cursors, close_layer, drop_step, gather_cursors, layer_order,
     open_layer)
+from . import prefix_track
 from .registry import Patch
 
 logger = logging.getLogger("sglang_replayssm.patches")
@@ -169,8 +171,7 @@ def _plan(backend, layer_id, forward_batch):
     if md.num_decodes == 0 or (md.is_target_verify and not spec):
         return None  # no decode rows; or SGLang's verify on a standard ring (exact while the rings are empty)
     if getattr(forward_batch, "mamba_track_mask", None) is not None:
-        raise ReplayDecodeError("mamba state tracking (extra_buffer radix strategy) copies the checkpoint "
-                                "state without the replay ring; use --mamba-radix-cache-strategy no_buffer")
+        prefix_track.check_tracked_forward(spec)
     mamba_map = backend.req_to_token_pool.mamba_map
     pool_idx = mamba_map[layer_id]
     order = layer_order(mamba_map)

@@ -1,7 +1,7 @@
 """Seam: SGLang's hybrid state pool -- ReplaySSM ring state per mamba slot (no math).
 
-A replay-ring seam: listed by :func:`sglang_replayssm.patches.staged_patches`, applied by
-the launcher unless ``--replayssm-staged false`` (run end to end on an H200).
+A replay-ring seam: listed by :func:`sglang_replayssm.patches.replay_ring_patches`, applied by
+the launcher unless ``--replayssm-replay-ring false`` (run end to end on an H200).
 
 Interface for the decode seams (keep stable)
 --------------------------------------------
@@ -148,7 +148,7 @@ from typing import Any, Optional, Tuple, Union
 
 import torch
 
-from ..config import ReplaySSMConfig, from_env
+from ..config import ReplaySSMConfig, current
 from ..ring import GDNRingGeometry, Mamba2RingGeometry, ReplayRing, ring_bytes_per_slot
 from ._cursor import RING_ATTR
 from .registry import Patch
@@ -443,7 +443,7 @@ def init_mamba_pool_around(original, self, *args, **kwargs):
         logger.info("sglang_replayssm: draft clone of a hybrid pool (clone_with_new_mamba): no ring")
         return result
     self.__dict__[OWNER_ATTR] = id(self)
-    cfg = from_env()
+    cfg = current()
     cache_params = _arg(args, kwargs, "cache_params", 2)
     window = None
     if cfg.enable:
@@ -498,7 +498,7 @@ def handle_max_mamba_cache_around(original, self, *args, **kwargs):
     :func:`_charge_draft_kv`): with ``spec_max_running=auto`` the max running requests are
     solved from memory instead of SGLang's flat speculative default, and the KV budget
     returned is shared with the draft model's KV pool."""
-    cfg = from_env()
+    cfg = current()
     algo = getattr(self, "spec_algorithm", None)
     config = getattr(self, "mambaish_config", None)
     params = getattr(config, "mamba2_cache_params", None)
@@ -700,7 +700,7 @@ def copy_from_after(result, self, *args, **kwargs):
 
 def mamba_cache_per_req_after(value, self):
     """PROPERTY ``mamba_cache_per_req``: + ring bytes of one slot over all of ``self.layers``."""
-    cfg = from_env()
+    cfg = current()
     if not cfg.enable:
         return None
     plan = plan_ring(self, cfg)

@@ -48,10 +48,12 @@ calls them by these names)
 Not handled here: speculative rings (``spec_window``; SGLang tracks verify states through
 ``spec_commit``, which refuses tracking) -- raises :class:`ReplayDecodeError`.
 
-Wiring: the decode seams (``mamba2_decode._plan``, ``gdn_decode._plan``) still raise on a
-decode forward that carries ``mamba_track_mask``, and the launcher still refuses
-``extra_buffer`` (``patches/server_args.py``); both are lifted together, for standard-decode
-rings only, once this seam has run on the GPU.  Until then these hooks are inert in a server.
+Wiring: served with the replay-ring seams. The decode seams (``mamba2_decode._plan``,
+``gdn_decode._plan``) take a decode forward that carries ``mamba_track_mask`` only on a
+standard-decode ring and only while these hooks are applied (:func:`hooks_applied`); the launcher
+accepts ``extra_buffer`` only with ``--replayssm-extra-buffer true`` and without speculative
+decoding (``patches/server_args.py``). Without extra_buffer SGLang never calls the track copies,
+so the hooks cost nothing.
 """
 
 from __future__ import annotations
@@ -229,6 +231,31 @@ def mixer_forward_before(self, *args, **kwargs):
             return None  # a ring not built by the pool seam: the track hook itself refuses if it is reached
         lifecycle.register_layer_params(ring, ctx.pool_idx, A=A)
     return None
+
+
+def hooks_applied() -> bool:
+    """Whether the decode track copy is hooked in this process (the decode seams refuse a tracked forward
+    otherwise: SGLang's copy alone would store a checkpoint that lags the ring)."""
+    import importlib
+
+    from .registry import is_patched
+
+    module = importlib.import_module(BACKEND_MODULE)
+    fn = getattr(module, TRACK_TARGET.rsplit(".", 1)[1], None)
+    return fn is not None and is_patched(fn, TRACK_TARGET)
+
+
+def check_tracked_forward(spec: bool) -> None:
+    """Called by the decode seams on a decode forward with ``mamba_track_mask`` (extra_buffer prefix caching):
+    served on a standard-decode ring while these hooks are applied; refused on a speculative ring."""
+    if spec:
+        raise ReplayDecodeError("mamba state tracking (extra_buffer radix strategy) under speculative decoding "
+                                "needs verify states the replay-ring verifier does not keep; use "
+                                "--mamba-radix-cache-strategy no_buffer")
+    if not hooks_applied():
+        raise ReplayDecodeError("mamba state tracking (extra_buffer radix strategy) without the prefix_track seam "
+                                "would copy a checkpoint that lags the replay ring; use --mamba-radix-cache-strategy "
+                                "no_buffer, or serve with the launcher and --replayssm-extra-buffer true")
 
 
 PATCHES: List[Patch] = [

@@ -1,7 +1,7 @@
 """Seam: ``TokenizerManager.generate_request`` -- reject bad token ids (and unknown sampling keys) up front.
 
-A launch check (listed by :func:`sglang_replayssm.patches.all_patches`, so it is applied whenever the
-package is enabled, also with ``--replayssm-staged false``). No math.
+A launch check (listed by :func:`sglang_replayssm.patches.launch_check_patches`, so it is applied whenever the
+package is enabled, also with ``--replayssm-replay-ring false``). No math.
 
 Why: SGLang 0.5.15-0.5.23 do not range-check caller-supplied ``input_ids`` before the model runs
 (0.5.15/0.5.17 define ``_validate_input_ids_in_vocab`` but call it nowhere). An id < 0 or >= vocab size

@@ -1,7 +1,7 @@
 """Seam: the commit after a speculative verify -> a cursor move on the spec ring (no math).
 
-A replay-ring seam: listed by :func:`sglang_replayssm.patches.staged_patches`, applied by
-the launcher unless ``--replayssm-staged false`` (run end to end on an H200).
+A replay-ring seam: listed by :func:`sglang_replayssm.patches.replay_ring_patches`, applied by
+the launcher unless ``--replayssm-replay-ring false`` (run end to end on an H200).
 
 How SGLang commits (0.5.17; 0.5.15 and 0.5.23 reach the same method)
 --------------------------------------------------------------------

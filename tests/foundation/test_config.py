@@ -90,3 +90,109 @@ def test_disable_flag_and_env_round_trip():
 def test_every_setting_has_help_flag_and_env():
     for s in SETTINGS:
         assert s.help and s.env.startswith("SGLANG_REPLAYSSM_") and s.flag.startswith("--replayssm-")
+
+
+# ---- the config in force: parsed once per process, or set by activate() ----
+
+def test_current_parses_the_environment_once(monkeypatch):
+    from sglang_replayssm import config
+
+    monkeypatch.setenv("SGLANG_REPLAYSSM_BUFFER_LEN", "8")
+    first = config.current()
+    assert first.buffer_len == 8 and first.source["buffer_len"] == "env"
+    monkeypatch.setenv("SGLANG_REPLAYSSM_BUFFER_LEN", "4")  # a running process never sees a later change
+    assert config.current() is first
+    config.reset_for_tests()  # what a test that changes the variables does
+    assert config.current().buffer_len == 4
+
+
+def test_activate_wins_over_the_environment(monkeypatch):
+    from sglang_replayssm import config
+
+    monkeypatch.setenv("SGLANG_REPLAYSSM_BUFFER_LEN", "8")
+    chosen = ReplaySSMConfig(enable=True, buffer_len=32, ssm_types=("gdn",))
+    assert config.activate(chosen) is chosen
+    assert config.current() is chosen
+    config.deactivate()
+    assert config.current().buffer_len == 8 and config.current().enable is False
+
+
+def test_a_bad_environment_is_not_cached(monkeypatch):
+    from sglang_replayssm import config
+
+    monkeypatch.setenv("SGLANG_REPLAYSSM_BUFFER_LEN", "0")
+    for _ in range(2):  # raised each time, never kept as "the config"
+        with pytest.raises(ConfigError, match="SGLANG_REPLAYSSM_BUFFER_LEN"):
+            config.current()
+    monkeypatch.setenv("SGLANG_REPLAYSSM_BUFFER_LEN", "2")
+    assert config.current().buffer_len == 2
+
+
+def test_kernels_take_the_activated_launch_config_file(monkeypatch, tmp_path):
+    """The plugin hands the kernels its config's file (kernels.common never imports config.py); None there is
+    the per-GPU file whatever the environment names; a reset hands back to the env override of standalone use."""
+    from sglang_replayssm import config
+    from sglang_replayssm.kernels import common
+
+    named, env_file = tmp_path / "named.yaml", tmp_path / "env.yaml"
+    monkeypatch.setenv(common.ENV_CONFIG_FILE, str(env_file))
+    assert common.config_file() == env_file
+    common.activate_config_file(str(named))
+    assert common.config_file() == named
+    assert common.config_file(str(env_file)) == env_file  # an explicit argument still wins
+    common.activate_config_file(None)
+    assert common.config_file() == common.CONFIG_DIR / f"{common.gpu_key()}.yaml"
+    config.deactivate()
+    assert common.config_file() == env_file
+
+
+# ---- the deprecated name of replay_ring (one release): every spelling still works, with one line each ----
+
+def test_staged_is_a_deprecated_alias_of_replay_ring(tmp_path, caplog):
+    from sglang_replayssm import config
+
+    config._WARNED.clear()
+    y = tmp_path / "c.yaml"
+    y.write_text("staged: false\n")
+    ns, _ = _flags(["--replayssm-staged", "false"])
+    with caplog.at_level("WARNING", logger="sglang_replayssm"):
+        spelled = {
+            "env": from_env({"SGLANG_REPLAYSSM_STAGED": "0"}),
+            "yaml": from_env({CONFIG_FILE_ENV: str(y)}),
+            "flag": from_flags(ns, {}),
+            "replace": ReplaySSMConfig().replace(staged=False),
+        }
+        from_env({"SGLANG_REPLAYSSM_STAGED": "0"})  # a second use of one spelling: no second line
+    for how, cfg in spelled.items():
+        assert cfg.replay_ring is False and "replay_ring" in cfg.source, how
+        assert "staged" not in cfg.to_env() and cfg.to_env()["SGLANG_REPLAYSSM_REPLAY_RING"] == "0"
+    lines = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
+    assert lines == [f"sglang_replayssm: {old} is deprecated and will be removed in the next release; use {new}"
+                     for old, new in (("SGLANG_REPLAYSSM_STAGED", "SGLANG_REPLAYSSM_REPLAY_RING"),
+                                      ("staged", "replay_ring"),  # the YAML key and the replace() keyword
+                                      ("--replayssm-staged", "--replayssm-replay-ring"))]
+    assert from_env({"SGLANG_REPLAYSSM_STAGED": "1", "SGLANG_REPLAYSSM_REPLAY_RING": "true"}).replay_ring is True
+    with pytest.raises(ConfigError, match="SGLANG_REPLAYSSM_STAGED .deprecated. and SGLANG_REPLAYSSM_REPLAY_RING "
+                                          "disagree.*set only SGLANG_REPLAYSSM_REPLAY_RING"):
+        from_env({"SGLANG_REPLAYSSM_STAGED": "0", "SGLANG_REPLAYSSM_REPLAY_RING": "1"})
+    with pytest.raises(ConfigError, match="SGLANG_REPLAYSSM_STAGED='maybe' is not a boolean"):
+        from_env({"SGLANG_REPLAYSSM_STAGED": "maybe"})
+    with caplog.at_level("WARNING", logger="sglang_replayssm"):
+        assert ReplaySSMConfig(replay_ring=False).staged is False  # the old attribute, read-only
+    assert "ReplaySSMConfig.staged is deprecated" in caplog.text
+
+
+def test_old_patch_list_names_are_deprecated_aliases(caplog):
+    from sglang_replayssm import patches
+
+    patches._WARNED.clear()
+    with caplog.at_level("WARNING", logger="sglang_replayssm"):
+        for _ in range(2):
+            assert patches.all_patches() == patches.launch_check_patches()
+            assert patches.staged_patches() == patches.replay_ring_patches()
+    lines = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
+    assert lines == ["sglang_replayssm.patches.all_patches() is deprecated and will be removed in the next release; "
+                     "use launch_check_patches()",
+                     "sglang_replayssm.patches.staged_patches() is deprecated and will be removed in the next "
+                     "release; use replay_ring_patches()"]
+    assert not {p.target for p in patches.replay_ring_patches()} & {p.target for p in patches.launch_check_patches()}

@@ -270,7 +270,7 @@ def test_unknown_flag_is_one_line_with_a_suggestion():
     assert line.startswith(f"{PROG}: error: unrecognized ReplaySSM flag --replayssm-bufer-len "
                            "(did you mean --replayssm-buffer-len?)")
     assert "patched" not in r.stderr and not r.stdout
-    r = run([*LAUNCH, "--replayssm-staged=0", "--replayssm-spec-max-runing=auto"])
+    r = run([*LAUNCH, "--replayssm-replay-ring=0", "--replayssm-spec-max-runing=auto"])
     assert "(did you mean --replayssm-spec-max-running?)" in one_error_line(r)
     r = run([*LAUNCH, "--model-path", "x", "--replayssm-buffer-len"])  # a known flag without its value
     assert "--replayssm-buffer-len: expected one argument" in one_error_line(r)

@@ -47,9 +47,13 @@ def test_doctor_lists_targets_resolved():
     assert "buffer_len       4" in r.stdout
     # the replay-ring seams are part of what a default config applies ...
     assert "[patched ] sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool._init_mamba_pool" in r.stdout
-    # ... and stay unapplied with staged false, where only the launch checks run
+    # ... and stay unapplied with replay_ring false, where only the launch checks run; the deprecated
+    # SGLANG_REPLAYSSM_STAGED still says so for one release, with one deprecation line
     r = run(["-m", "sglang_replayssm", "doctor", "--apply"], env=clean_env(SGLANG_REPLAYSSM_STAGED="0"))
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    assert [ln for ln in r.stderr.splitlines() if "deprecated" in ln] == [
+        "sglang_replayssm: SGLANG_REPLAYSSM_STAGED is deprecated and will be removed in the next release; use "
+        "SGLANG_REPLAYSSM_REPLAY_RING"]
     assert "[patched ] sglang.srt.server_args.ServerArgs.check_server_args" in r.stdout
     assert "[resolved] sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool._init_mamba_pool" in r.stdout
     assert "off in this config" in r.stdout

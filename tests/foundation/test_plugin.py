@@ -45,32 +45,33 @@ def test_plugin_refuses_bad_config_loudly():
     assert "SGLANG_REPLAYSSM_BUFFER_LEN" in r.stderr
 
 
-STAGED_PROBE = r"""
+SEAMS_PROBE = r"""
 import json
 from sglang.srt.plugins import load_plugins
 load_plugins()
-from sglang_replayssm.patches import staged_patches
+from sglang_replayssm.patches import replay_ring_patches
 from sglang_replayssm.patches.registry import status
-print(json.dumps({t: s for t, s, _ in status(staged_patches())}))
+print(json.dumps({t: s for t, s, _ in status(replay_ring_patches())}))
 """
 
 
-def test_replay_seams_on_by_default_and_off_with_staged_false():
+def test_replay_seams_on_by_default_and_off_with_replay_ring_false():
     """Enabled with defaults: every replay-ring seam of this SGLang version is applied and verified in
-    the process (those of another version stay skipped); SGLANG_REPLAYSSM_STAGED=0 leaves them all
+    the process (those of another version stay skipped); SGLANG_REPLAYSSM_REPLAY_RING=0 leaves them all
     unapplied and applies the launch checks alone."""
-    r = run_py(STAGED_PROBE, env=clean_env(SGLANG_REPLAYSSM_ENABLE="1", SGLANG_REPLAYSSM_STAGED="0"))
+    r = run_py(SEAMS_PROBE, env=clean_env(SGLANG_REPLAYSSM_ENABLE="1", SGLANG_REPLAYSSM_REPLAY_RING="0"))
     assert r.returncode == 0, r.stderr[-3000:]
     off = last_json(r.stdout)
     assert off and set(off.values()) <= {"resolved", "skipped"} and "resolved" in off.values()
-    assert "--replayssm-staged false: launch checks only" in r.stderr
-    from sglang_replayssm.patches import all_patches
+    assert "--replayssm-replay-ring false: launch checks only" in r.stderr and "deprecated" not in r.stderr
+    from sglang_replayssm.patches import launch_check_patches
 
-    assert re.search(rf"staged=False, .*[^0-9]{len(all_patches())} patch\(es\) verified", r.stderr), r.stderr[-2000:]
+    assert re.search(rf"replay_ring=False, .*[^0-9]{len(launch_check_patches())} patch\(es\) verified",
+                     r.stderr), r.stderr[-2000:]
     cfg = Path(__file__).resolve().parents[2] / "sglang_replayssm" / "kernels" / "configs" / "h200.yaml"
-    r = run_py(STAGED_PROBE, env=clean_env(SGLANG_REPLAYSSM_ENABLE="1", SGLANG_REPLAYSSM_KERNEL_CONFIG=str(cfg)))
+    r = run_py(SEAMS_PROBE, env=clean_env(SGLANG_REPLAYSSM_ENABLE="1", SGLANG_REPLAYSSM_KERNEL_CONFIG=str(cfg)))
     assert r.returncode == 0, r.stderr[-3000:]
     on = last_json(r.stdout)
     assert {t for t, s in on.items() if s == "patched"} == {t for t, s in off.items() if s == "resolved"}
-    assert "staged=True" in r.stderr and "launch checks only" not in r.stderr
+    assert "replay_ring=True" in r.stderr and "launch checks only" not in r.stderr
     assert f"kernel config {cfg}," in r.stderr  # the launch-config file in force is named in every process

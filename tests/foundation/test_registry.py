@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from sglang_replayssm.patches import all_patches
+from sglang_replayssm.patches import launch_check_patches
 from sglang_replayssm.patches.registry import (
     MARKER, TESTED_SGLANG, Patch, PatchError, apply, is_patched, resolve, sglang_version, status, unapply_all, verify,
     version_matches,
@@ -24,7 +24,7 @@ def _clean():
 
 def test_every_registered_target_resolves_in_installed_sglang():
     assert sglang_version().startswith(TESTED_SGLANG)
-    rows = status(all_patches())
+    rows = status(launch_check_patches())
     assert rows, "registry is empty"
     for target, state, detail in rows:
         assert state == "resolved", (target, state, detail)
@@ -34,7 +34,7 @@ def test_apply_verify_idempotent_and_keeps_wrapped():
     from sglang.srt.server_args import ServerArgs
 
     original = ServerArgs.__dict__["check_server_args"]
-    patches = all_patches()
+    patches = launch_check_patches()
     with pytest.raises(PatchError) as e:
         verify(patches)
     assert TARGET in str(e.value) and sglang_version() in str(e.value)
@@ -53,7 +53,7 @@ def test_missing_target_names_target_and_version_and_rolls_back():
     from sglang.srt.server_args import ServerArgs
 
     original = ServerArgs.__dict__["check_server_args"]
-    good = all_patches()
+    good = launch_check_patches()
     bad = Patch("sglang.srt.server_args.ServerArgs.no_such_method", "after", lambda r, *a, **k: None)
     with pytest.raises(PatchError) as e:
         apply(good + [bad])

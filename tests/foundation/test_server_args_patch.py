@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_replayssm.config import ReplaySSMConfig
-from sglang_replayssm.patches import all_patches, apply, unapply_all
+from sglang_replayssm.patches import launch_check_patches, apply, unapply_all
 from sglang_replayssm.patches.server_args import UnsupportedConfigError, unsupported_reasons
 from sglang_replayssm import models
 
@@ -30,7 +30,7 @@ def args_for(tmp_path, monkeypatch):
 
 def test_supported_args_pass_and_unsupported_are_listed(args_for, monkeypatch):
     monkeypatch.setenv("SGLANG_REPLAYSSM_ENABLE", "1")
-    apply(all_patches())
+    apply(launch_check_patches())
     ok = args_for()
     ok.check_server_args()  # accepted
     args_for("--tp-size", "2").check_server_args()  # tensor parallelism: accepted (per-rank rings)
@@ -42,7 +42,7 @@ def test_supported_args_pass_and_unsupported_are_listed(args_for, monkeypatch):
 
 def test_tree_spec_rejected(args_for, monkeypatch):
     monkeypatch.setenv("SGLANG_REPLAYSSM_ENABLE", "1")
-    apply(all_patches())
+    apply(launch_check_patches())
     a = args_for("--speculative-algorithm", "NEXTN", "--speculative-eagle-topk", "2",
                  "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "8")
     with pytest.raises(UnsupportedConfigError, match="tree verify"):
@@ -51,7 +51,7 @@ def test_tree_spec_rejected(args_for, monkeypatch):
 
 def test_hook_is_inert_when_disabled(args_for, monkeypatch):
     monkeypatch.delenv("SGLANG_REPLAYSSM_ENABLE", raising=False)
-    apply(all_patches())
+    apply(launch_check_patches())
     args_for("--pp-size", "2", "--disable-overlap-schedule").check_server_args()  # stock behaviour: accepted
 
 
@@ -85,6 +85,15 @@ def test_reasons_cover_each_combination(args_for):
                for r in unsupported_reasons(adaptive, ReplaySSMConfig(enable=True, buffer_len=4)))
     lazy = SimpleNamespace(**{**base, "mamba_radix_cache_strategy": "extra_buffer_lazy"})
     assert any("extra_buffer_lazy" in r for r in unsupported_reasons(lazy, cfg))
+    # extra_buffer prefix caching: opt-in (--replayssm-extra-buffer true), never with speculative decoding
+    opted = ReplaySSMConfig(enable=True, buffer_len=4, extra_buffer=True)
+    eb = SimpleNamespace(**{**base, "mamba_radix_cache_strategy": "extra_buffer"})
+    assert "--replayssm-extra-buffer true" in unsupported_reasons(eb, cfg)[0]
+    assert unsupported_reasons(eb, opted) == [] and unsupported_reasons(lazy, opted) == []
+    eb_spec = SimpleNamespace(**{**vars(spec), "mamba_radix_cache_strategy": "extra_buffer"})
+    for c in (cfg.replace(buffer_len=4), opted):
+        reasons = unsupported_reasons(eb_spec, c)
+        assert len(reasons) == 1 and "with speculative decoding" in reasons[0] and "no_buffer" in reasons[0]
     ngram = SimpleNamespace(**{**vars(spec), "speculative_algorithm": "NGRAM"})
     assert any("NGRAM" in r for r in unsupported_reasons(ngram, ReplaySSMConfig(enable=True, buffer_len=4)))
     assert unsupported_reasons(ngram, ReplaySSMConfig(enable=True, buffer_len=4, spec=False)) == []

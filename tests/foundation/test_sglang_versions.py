@@ -13,7 +13,7 @@ import zipfile
 
 import pytest
 
-from sglang_replayssm.patches import active_patches, all_patches
+from sglang_replayssm.patches import active_patches, launch_check_patches
 from sglang_replayssm.patches.registry import (
     TESTED_SGLANG, Patch, PatchError, is_tested_release, require_applicable, supported_range,
 )
@@ -30,7 +30,7 @@ def test_tested_releases_and_their_post_releases_are_served(version):
     assert is_tested_release(version)
     todo = require_applicable(active_patches(True), version)
     assert todo and all(p.applies_to(version) for p in todo)
-    # the launch checks alone (--replayssm-staged false) follow the same policy
+    # the launch checks alone (--replayssm-replay-ring false) follow the same policy
     assert require_applicable(active_patches(False), version)
 
 
@@ -144,6 +144,6 @@ def test_junit_counts(tmp_path):
 
 
 def test_launch_checks_apply_on_every_tested_release():
-    """The launch checks (all_patches) are version-independent: one entry per target for each release."""
+    """The launch checks (launch_check_patches) are version-independent: one entry per target for each release."""
     for v in TESTED_SGLANG:
-        assert len(require_applicable(all_patches(), v)) == len(all_patches())
+        assert len(require_applicable(launch_check_patches(), v)) == len(launch_check_patches())

@@ -6,7 +6,7 @@ import pytest
 
 from sglang_wheels import wheel_for
 
-from sglang_replayssm.patches import all_patches
+from sglang_replayssm.patches import launch_check_patches
 from sglang_replayssm.patches.registry import Patch
 from sglang_replayssm.patches.source_check import check
 
@@ -16,7 +16,7 @@ from sglang_replayssm.patches.source_check import check
 
 @pytest.mark.parametrize("version", ["0.5.15", "0.5.23"])
 def test_targets_exist_in_other_releases(version):
-    problems = check(all_patches(), wheel_for(version), version)
+    problems = check(launch_check_patches(), wheel_for(version), version)
     assert problems == [], "\n".join(problems)
 
 
@@ -27,7 +27,7 @@ def test_installed_release_agrees_with_source_check():
     # the installed 0.5.17 is checked by import in test_registry; here only that the checker
     # itself finds a known target and refuses a wrong one in another release's source
     w = wheel_for("0.5.23")
-    good = all_patches()[0]
+    good = launch_check_patches()[0]
     assert check([good], w, "0.5.23") == []
     wrong = Patch(good.target, "after", good.hook, params=("self", "nonexistent"))
     assert check([wrong], w, "0.5.23")

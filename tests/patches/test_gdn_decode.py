@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang_replayssm.patches import _cursor, all_patches, staged_patches
+from sglang_replayssm.patches import _cursor, launch_check_patches, replay_ring_patches
 from sglang_replayssm.patches import gdn_decode as gdn
 from sglang_replayssm.patches import mamba2_decode as m2d
 from sglang_replayssm.patches.registry import apply, is_patched, status, unapply_all, verify
@@ -493,9 +493,9 @@ def test_registry_apply_verify_unapply(sgl):
     targets = {p.target for p in patches}
     assert targets == {gdn.PACKED_DECODE_TARGET, gdn.FORWARD_DECODE_TARGET, gdn.FORWARD_EXTEND_TARGET,
                        gdn.TARGET_VERIFY_TARGET}
-    staged = {p.target for p in staged_patches()}
-    assert targets <= staged
-    assert not staged & {p.target for p in all_patches()}, "seams must stay apart from the launch checks"
+    seams = {p.target for p in replay_ring_patches()}
+    assert targets <= seams
+    assert not seams & {p.target for p in launch_check_patches()}, "seams must stay apart from the launch checks"
     B, D = sgl.gb.GDNAttnBackend, sgl.gb.GDNKernelDispatcher
     orig = {"fd": B.__dict__["forward_decode"], "fe": B.__dict__["forward_extend"], "pd": D.__dict__["packed_decode"],
             "tv": D.__dict__["target_verify"]}

@@ -17,7 +17,7 @@ import torch
 from packaging.version import Version
 
 from sglang_replayssm.kernels.materialize import gdn_materialize_ref, mamba2_materialize_ref
-from sglang_replayssm.patches import active_patches, all_patches, staged_patches
+from sglang_replayssm.patches import active_patches, launch_check_patches, replay_ring_patches
 from sglang_replayssm.patches import lifecycle
 from sglang_replayssm.patches import pool as pool_seam
 from sglang_replayssm.patches.registry import apply, applicable, is_patched, unapply_all, verify
@@ -35,9 +35,9 @@ SGLANG_0523 = Version(version("sglang")) >= Version("0.5.23")
 
 @pytest.fixture(autouse=True)
 def env(monkeypatch):
-    replayssm_env(monkeypatch, L)
+    env = replayssm_env(monkeypatch, L)
     lifecycle.clear_layer_params()
-    yield monkeypatch
+    yield env
     unapply_all()
     lifecycle.clear_layer_params()
 
@@ -298,9 +298,9 @@ def test_virtual_slot_ids_are_translated(patched, monkeypatch):
 # --------------------------------------------------------------------------------------
 
 def test_seam_switchable_and_one_patch_per_version():
-    staged = {p.target for p in staged_patches()}
-    checks = {p.target for p in all_patches()}
-    assert lifecycle.RELEASE_TARGET in staged and lifecycle.RELEASE_TARGET not in checks
+    seams = {p.target for p in replay_ring_patches()}
+    checks = {p.target for p in launch_check_patches()}
+    assert lifecycle.RELEASE_TARGET in seams and lifecycle.RELEASE_TARGET not in checks
     assert lifecycle.RELEASE_TARGET in {p.target for p in active_patches(True)}
     assert lifecycle.RELEASE_TARGET not in {p.target for p in active_patches(False)}
     for v in ("0.5.15", "0.5.17", "0.5.23"):

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_replayssm.patches import all_patches, staged_patches
+from sglang_replayssm.patches import launch_check_patches, replay_ring_patches
 from sglang_replayssm.patches import mamba2_decode as m2d
 from sglang_replayssm.patches.registry import apply, is_patched, status, unapply_all, verify
 from sglang_replayssm.ring import GDNRingGeometry, Mamba2RingGeometry, ReplayRing
@@ -505,9 +505,9 @@ def test_registry_apply_verify_unapply(sgl):
 
     patches = m2d.PATCHES
     assert {p.target for p in patches} == {m2d.SSU_TARGET, m2d.BACKEND_FORWARD_TARGET}
-    staged = {p.target for p in staged_patches()}
-    assert {p.target for p in patches} <= staged
-    assert not staged & {p.target for p in all_patches()}, "seams must stay apart from the launch checks"
+    seams = {p.target for p in replay_ring_patches()}
+    assert {p.target for p in patches} <= seams
+    assert not seams & {p.target for p in launch_check_patches()}, "seams must stay apart from the launch checks"
     orig_ssu = sgl.mamba.selective_state_update
     orig_fwd = sgl.hlab.Mamba2AttnBackend.__dict__["forward"]
     assert [s for _, s, _ in status(patches)] == ["resolved", "resolved"]

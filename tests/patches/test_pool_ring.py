@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from sglang_replayssm import models
-from sglang_replayssm.patches import active_patches, all_patches, staged_patches
+from sglang_replayssm.patches import active_patches, launch_check_patches, replay_ring_patches
 from sglang_replayssm.patches import pool as pool_seam
 from sglang_replayssm.patches.registry import applicable, apply, sglang_version, status, unapply_all, verify
 from sglang_wheels import wheel_for
@@ -35,8 +35,8 @@ MAMBA_SIZE = 6                      # slots 1..6, slot 0 is the dummy -> 7 ring 
 @pytest.fixture(autouse=True)
 def env(monkeypatch):
     """ReplaySSM enabled with L=4, nothing else set, and no published ServerArgs."""
-    replayssm_env(monkeypatch, L)
-    yield monkeypatch
+    env = replayssm_env(monkeypatch, L)
+    yield env  # its setenv / delenv reach the seams (the config is parsed once per process otherwise)
     unapply_all()
 
 
@@ -148,7 +148,7 @@ def test_groups_per_rank_follow_sglangs_widening(n_groups, tp, H):
     from sglang.srt.configs.mamba_utils import extra_groups_for_head_shards
 
     params = mamba2_params(H=H, P=16, N=32, G=n_groups, tp=tp)
-    plan = pool_seam.plan_ring(params, pool_seam.from_env(), model_config=None)
+    plan = pool_seam.plan_ring(params, pool_seam.current(), model_config=None)
     widened = n_groups + extra_groups_for_head_shards(n_groups, tp)
     assert plan.geom.ngroups == widened // tp and plan.geom.nheads == H // tp
 
@@ -159,7 +159,7 @@ def test_inconsistent_conv_shape_is_refused():
     shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=8 * 16 + 5, n_groups=2, num_heads=8,
                                     head_dim=16, state_size=32, conv_kernel=4)
     with pytest.raises(pool_seam.RingGeometryError, match="n_groups"):
-        pool_seam.plan_ring(Mamba2CacheParams(shape=shape, layers=[0]), pool_seam.from_env(), model_config=None)
+        pool_seam.plan_ring(Mamba2CacheParams(shape=shape, layers=[0]), pool_seam.current(), model_config=None)
 
 
 def test_pools_without_ssm_state_get_no_ring(patched):
@@ -209,7 +209,7 @@ def test_model_config_gives_type_and_activation_dtype(env, tmp_path, patched):
         cfg.mamba_num_heads, cfg.mamba_head_dim, cfg.ssm_state_size, cfg.n_groups)
     assert ring.tensors["x"].dtype == torch.float16 and ring.num_layers == len(cfg.mamba_layer_ids)
     # the model config wins over the shape fallback: GDN-looking params under a NemotronH config
-    assert pool_seam.plan_ring(gdn_params(), pool_seam.from_env()).kind == "mamba2"
+    assert pool_seam.plan_ring(gdn_params(), pool_seam.current()).kind == "mamba2"
 
     # Qwen3-Next ("auto" dtype -> the checkpoint's bf16): a GDN ring
     mc, params = publish_tiny(env, tmp_path, "tiny-qwen3-next")
@@ -218,7 +218,7 @@ def test_model_config_gives_type_and_activation_dtype(env, tmp_path, patched):
     assert ring.kind == "gdn" and ring.geom.act_dtype == mc.dtype == torch.bfloat16
     assert (ring.geom.num_k_heads, ring.geom.num_v_heads, ring.geom.head_k_dim, ring.geom.head_v_dim) == (
         cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim)
-    assert pool_seam.plan_ring(mamba2_params(), pool_seam.from_env()).kind == "gdn"
+    assert pool_seam.plan_ring(mamba2_params(), pool_seam.current()).kind == "gdn"
 
 
 def test_explicit_server_dtype_without_model_config():
@@ -330,6 +330,20 @@ def test_disabled_is_inert(env, patched):
     pool.mamba_pool.clear_slots(torch.tensor([1]))
 
 
+def test_the_seams_read_the_activated_config(env, patched):
+    """The seams follow the config in force (config.activate: the plugin's), not a fresh read of the
+    environment: activated off while the environment says on, no ring and no charge."""
+    from sglang_replayssm import config
+
+    config.activate(config.current().replace(enable=False))
+    params = mamba2_params()
+    assert ring_of(make_pool(params)) is None
+    assert params.mamba_cache_per_req == original_per_req(params)
+    config.activate(config.current().replace(enable=True, buffer_len=8))
+    ring = ring_of(make_pool(mamba2_params()))
+    assert ring is not None and ring.buffer_len == 8 != L
+
+
 # --------------------------------------------------------------------------------------
 # memory charge
 # --------------------------------------------------------------------------------------
@@ -384,12 +398,12 @@ def test_idempotent_apply_and_full_unapply():
     assert [s for t, s, _ in status(pool_seam.PATCHES) if t in live] == ["resolved"] * len(live)
 
 
-def test_pool_patches_are_seams_off_with_staged_false():
-    staged = {p.target for p in staged_patches()}
-    checks = {p.target for p in all_patches()}
+def test_pool_patches_are_seams_off_with_replay_ring_false():
+    seams = {p.target for p in replay_ring_patches()}
+    checks = {p.target for p in launch_check_patches()}
     on, off = ({p.target for p in active_patches(s)} for s in (True, False))
     for p in pool_seam.PATCHES:
-        assert p.target in staged and p.target not in checks
+        assert p.target in seams and p.target not in checks
         assert p.target in on and p.target not in off
 
 
@@ -485,7 +499,7 @@ def test_spec_pool_gets_a_spec_ring_and_no_snapshot_buffer(env, patched, cuda_al
 def test_spec_disabled_keeps_sglangs_snapshots(env, patched, monkeypatch):
     """--replayssm-spec false: no spec ring, and SGLang allocates its snapshots as usual (on CUDA,
     hard-coded in 0.5.17: on a CPU-only host that allocation is what fails)."""
-    monkeypatch.setenv("SGLANG_REPLAYSSM_SPEC", "false")
+    env.setenv("SGLANG_REPLAYSSM_SPEC", "false")
     from importlib.metadata import version
 
     from packaging.version import Version

@@ -32,6 +32,7 @@ from sglang_replayssm.patches import gdn_decode, lifecycle, mamba2_decode, prefi
 from sglang_replayssm.patches import pool as pool_seam
 from sglang_replayssm.patches._cursor import LayerContext, ReplayDecodeError, advance_cursors
 from sglang_replayssm.patches.registry import apply, unapply_all, verify
+from pools import cache_params, hybrid_pool
 from seam_env import replayssm_env
 
 L = 4                    # --replayssm-buffer-len
@@ -82,21 +83,9 @@ def publish(overlap=True, lazy=False):
 
 
 def make_pool(kind, lazy=False):
-    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape
-    from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
-
-    if kind == "mamba2":
-        shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=H * P, n_groups=G, num_heads=H,
-                                        head_dim=P, state_size=N, conv_kernel=4)
-    else:
-        shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=HV * VD, n_groups=HK, num_heads=HV,
-                                        head_dim=VD, state_size=KD, conv_kernel=4,
-                                        conv_shard_groups=[HK * KD, HK * KD, HV * VD])
-    params = Mamba2CacheParams(shape=shape, layers=list(LAYERS),
-                               dtype=Mamba2StateDType(conv=torch.bfloat16, temporal=torch.float32))
-    pool = HybridReqToTokenPool(
-        size=6, mamba_size=MAMBA_SIZE, mamba_spec_state_size=4, max_context_len=64, device="cpu",
-        enable_memory_saver=False, cache_params=params, mamba_layer_ids=list(LAYERS),
+    params = cache_params(kind, (H, P, N, G) if kind == "mamba2" else (HK, HV, KD, VD), LAYERS)
+    pool = hybrid_pool(
+        params, size=6, mamba_size=MAMBA_SIZE, mamba_spec_state_size=4,
         enable_mamba_extra_buffer=True, enable_mamba_extra_buffer_lazy=lazy, speculative_num_draft_tokens=None,
         speculative_eagle_topk=None, enable_overlap_schedule=True, start_layer=0)
     ring = pool.mamba_pool.rssm_ring
@@ -554,18 +543,19 @@ def test_retract_request_holding_a_cached_prefix(kind):
 # wiring
 # --------------------------------------------------------------------------------------
 
-def test_served_only_once_the_launcher_accepts_extra_buffer():
-    """The track seams join the served seams together with lifting the launch refusal of extra_buffer
-    (after a GPU run of the decode graphs); until then no server pays for their hooks."""
+def test_served_with_the_ring_and_extra_buffer_opt_in():
+    """The track seams are served with the replay-ring seams; the launcher takes extra_buffer only with
+    --replayssm-extra-buffer true and without speculative decoding."""
     from types import SimpleNamespace
 
     from sglang_replayssm.config import ReplaySSMConfig
-    from sglang_replayssm.patches import server_args, staged_patches
+    from sglang_replayssm.patches import replay_ring_patches, server_args
 
+    assert {p.target for p in prefix_track.PATCHES} <= {p.target for p in replay_ring_patches()}
     args = SimpleNamespace(mamba_radix_cache_strategy="extra_buffer", tp_size=1, pp_size=1)
-    refused = any("extra_buffer" in r for r in server_args.unsupported_reasons(args, ReplaySSMConfig(enable=True)))
-    served = {p.target for p in prefix_track.PATCHES} <= {p.target for p in staged_patches()}
-    assert refused != served
+    off, on = ReplaySSMConfig(enable=True), ReplaySSMConfig(enable=True, extra_buffer=True)
+    assert any("--replayssm-extra-buffer true" in r for r in server_args.unsupported_reasons(args, off))
+    assert not any("extra_buffer" in r for r in server_args.unsupported_reasons(args, on))
 
 
 def test_lifecycle_skips_the_fold_for_extra_buffer_trees():

@@ -26,6 +26,8 @@ from sglang_replayssm.patches import pool as pool_seam
 from sglang_replayssm.patches.registry import apply, unapply_all
 from sglang_replayssm.ring import Mamba2RingGeometry, ReplayRing
 
+from pools import cache_params, hybrid_pool
+
 H, P, N, G, KCONV, HIDDEN = 4, 16, 16, 2, 4, 32
 LAYER_IDS = (1, 3)
 MAMBA_SIZE = 10
@@ -39,10 +41,8 @@ def sgl():
     import sglang.srt.layers.linear as linear
     from sglang.kernels.ops.mamba import causal_conv1d_triton as cct
     from sglang.kernels.ops.mamba.triton_ops import ssu_dispatch
-    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape
     from sglang.srt.layers.attention.mamba import mamba
     from sglang.srt.layers.attention.mamba.mamba2_metadata import ForwardMetadata, Mamba2Metadata
-    from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.runtime_context import get_parallel
 
@@ -52,10 +52,7 @@ def sgl():
         mp.setattr(linear, "get_tp_group", lambda: types.SimpleNamespace(world_size=1))
         mp.setattr(hlab, "get_memory", lambda: types.SimpleNamespace(enable_page_major_kv_layout=False))
         mp.setattr(ssu_dispatch, "_mamba_ssu_backend", ssu_dispatch.TritonSSUBackend())
-        shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=H * P, n_groups=G, num_heads=H,
-                                        head_dim=P, state_size=N, conv_kernel=KCONV)
-        params = Mamba2CacheParams(shape=shape, layers=list(LAYER_IDS),
-                                   dtype=Mamba2StateDType(conv=torch.float32, temporal=torch.float32))
+        params = cache_params("mamba2", (H, P, N, G), LAYER_IDS, conv_dtype=torch.float32, conv_kernel=KCONV)
         gen = torch.Generator().manual_seed(1234)
         mixers = {}
         with get_parallel().override(tp_size=1, tp_rank=0, attn_tp_size=1, attn_tp_rank=0):
@@ -69,8 +66,7 @@ def sgl():
                 mx.dt_bias.copy_(torch.randn(H, generator=gen) * 0.5)
                 mixers[lid] = mx
         yield types.SimpleNamespace(hlab=hlab, params=params, mixers=mixers, ForwardMetadata=ForwardMetadata,
-                                    Mamba2Metadata=Mamba2Metadata, ForwardMode=ForwardMode,
-                                    HybridReqToTokenPool=HybridReqToTokenPool)
+                                    Mamba2Metadata=Mamba2Metadata, ForwardMode=ForwardMode)
 
 
 @pytest.fixture(autouse=True)
@@ -82,30 +78,13 @@ def _clean(monkeypatch):
     lifecycle.clear_layer_params()
 
 
-class _NoTrackMask:
-    """The forward batch as the decode seam's refusal check sees it once lifted."""
-
-    def __init__(self, fb):
-        self._fb = fb
-
-    def __getattr__(self, name):
-        return None if name == "mamba_track_mask" else getattr(self._fb, name)
-
-
-def lift_decode_refusal(monkeypatch):
-    plan = m2d._plan
-    monkeypatch.setattr(m2d, "_plan", lambda backend, layer_id, fb: plan(backend, layer_id, _NoTrackMask(fb)))
-
-
 class Server:
     """A real pool with ping-pong track slots and a Mamba2 backend; rows = requests (live, ping-pong)."""
 
     def __init__(self, sgl, ring_len=None, seed=7):
         self.sgl = sgl
-        self.pool = sgl.HybridReqToTokenPool(
-            size=8, mamba_size=MAMBA_SIZE, mamba_spec_state_size=8, max_context_len=64, device="cpu",
-            enable_memory_saver=False, cache_params=sgl.params, mamba_layer_ids=list(LAYER_IDS),
-            enable_mamba_extra_buffer=True, enable_overlap_schedule=True)
+        self.pool = hybrid_pool(sgl.params, size=8, mamba_size=MAMBA_SIZE, mamba_spec_state_size=8,
+                                enable_mamba_extra_buffer=True, enable_overlap_schedule=True)
         cache = self.pool.mamba_pool.mamba_cache
         gen = torch.Generator().manual_seed(seed)
         cache.temporal.copy_(torch.randn(cache.temporal.shape, generator=gen) * 0.5)
@@ -182,8 +161,7 @@ def test_track_slots_equal_stock_sglang(sgl, monkeypatch, L):
     sched = schedule(10)
     ref = run(Server(sgl), sched)
 
-    apply(m2d.PATCHES + prefix_track.PATCHES)
-    lift_decode_refusal(monkeypatch)
+    apply(m2d.PATCHES + prefix_track.PATCHES)   # the decode seam takes the tracked forward (prefix_track is on)
     srv = Server(sgl, ring_len=L)
     got = run(srv, sched)
     assert set(got) == set(ref) and len(got) >= 6
@@ -200,13 +178,19 @@ def test_track_slots_equal_stock_sglang(sgl, monkeypatch, L):
     assert int(srv.ring.write_pos[2]) == 10 % L and int(srv.ring.write_pos[5]) == 9 % L   # live rings go on
 
 
-def test_refused_without_the_lift(sgl):
-    """Today's decode seam still refuses a tracked decode forward (so the launcher must refuse too)."""
-    apply(m2d.PATCHES + prefix_track.PATCHES)
+def test_refused_without_the_track_seam(sgl):
+    """Without prefix_track's hooks the decode seam refuses a tracked decode forward (SGLang's copy alone would
+    store a checkpoint that lags the ring), and touches no ring cursor."""
+    apply(m2d.PATCHES)
+    assert not prefix_track.hooks_applied()
     srv = Server(sgl, ring_len=4)
     rows, lens, hs = schedule(1)[0]
-    with pytest.raises(m2d.ReplayDecodeError, match="no_buffer"):
+    before = srv.ring.write_pos.clone()
+    with pytest.raises(m2d.ReplayDecodeError, match="prefix_track seam"):
         srv.forward(rows, lens, hs)
+    assert torch.equal(srv.ring.write_pos, before)
+    apply(prefix_track.PATCHES)
+    assert prefix_track.hooks_applied()
 
 
 # --------------------------------------------------------------------------------------
@@ -228,18 +212,12 @@ def gdn_sgl():
     import sglang.srt.layers.attention.hybrid_linear_attn_backend as hlab
     import sglang.srt.layers.attention.linear.gdn_backend as gb
     from sglang.kernels.ops.attention.fla import fused_recurrent
-    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape
     from sglang.srt.layers.attention.linear.utils import LinearAttnKernelBackend
     from sglang.srt.layers.attention.mamba.mamba2_metadata import ForwardMetadata
     from sglang.srt.layers.radix_linear_attention import RadixLinearAttention
-    from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=HV * VD, n_groups=HK, num_heads=HV,
-                                    head_dim=VD, state_size=KD, conv_kernel=KCONV,
-                                    conv_shard_groups=[HK * KD, HK * KD, HV * VD])
-    params = Mamba2CacheParams(shape=shape, layers=list(LAYER_IDS),
-                               dtype=Mamba2StateDType(conv=torch.float32, temporal=torch.float32))
+    params = cache_params("gdn", (HK, HV, KD, VD), LAYER_IDS, conv_dtype=torch.float32, conv_kernel=KCONV)
     gen = torch.Generator().manual_seed(4321)
     layers = {}
     for lid in LAYER_IDS:
@@ -251,7 +229,7 @@ def gdn_sgl():
     mp = pytest.MonkeyPatch()
     mp.setattr(fused_recurrent, "exp", _interp_exp)
     yield types.SimpleNamespace(hlab=hlab, gb=gb, params=params, layers=layers, ForwardMetadata=ForwardMetadata,
-                                ForwardMode=ForwardMode, HybridReqToTokenPool=HybridReqToTokenPool,
+                                ForwardMode=ForwardMode,
                                 dispatcher=lambda: gb.GDNKernelDispatcher(triton_backend, triton_backend))
     mp.undo()
 
@@ -262,10 +240,8 @@ class GDNServer:
         from sglang_replayssm.ring import GDNRingGeometry
 
         self.sgl = sgl
-        self.pool = sgl.HybridReqToTokenPool(
-            size=8, mamba_size=MAMBA_SIZE, mamba_spec_state_size=8, max_context_len=64, device="cpu",
-            enable_memory_saver=False, cache_params=sgl.params, mamba_layer_ids=list(LAYER_IDS),
-            enable_mamba_extra_buffer=True, enable_overlap_schedule=True)
+        self.pool = hybrid_pool(sgl.params, size=8, mamba_size=MAMBA_SIZE, mamba_spec_state_size=8,
+                                enable_mamba_extra_buffer=True, enable_overlap_schedule=True)
         gen = torch.Generator().manual_seed(seed)
         cache = self.pool.mamba_pool.mamba_cache
         cache.temporal.copy_(torch.randn(cache.temporal.shape, generator=gen) * 0.3)
@@ -318,8 +294,6 @@ def test_gdn_track_slots_equal_stock_sglang(gdn_sgl, monkeypatch, L):
     sched = gdn_schedule(10)
     ref = run(GDNServer(gdn_sgl), sched)
     apply(gdn_decode.PATCHES + prefix_track.PATCHES)
-    plan = gdn_decode._plan
-    monkeypatch.setattr(gdn_decode, "_plan", lambda backend, layer, fb: plan(backend, layer, _NoTrackMask(fb)))
     srv = GDNServer(gdn_sgl, ring_len=L)
     got = run(srv, sched)
     assert set(got) == set(ref) and len(got) >= 6

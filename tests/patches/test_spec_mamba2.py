@@ -190,11 +190,11 @@ def test_tree_verify_call_is_refused(sgl, monkeypatch):
 
 
 def test_spec_commit_is_a_seam_apart_from_the_checks():
-    from sglang_replayssm.patches import all_patches, staged_patches
+    from sglang_replayssm.patches import launch_check_patches, replay_ring_patches
 
-    staged = {p.target for p in staged_patches()}
-    assert spec_commit.TARGET in staged
-    assert spec_commit.TARGET not in {p.target for p in all_patches()}
+    seams = {p.target for p in replay_ring_patches()}
+    assert spec_commit.TARGET in seams
+    assert spec_commit.TARGET not in {p.target for p in launch_check_patches()}
 
 
 @pytest.mark.parametrize("version", ["0.5.15", "0.5.23"])

@@ -37,6 +37,7 @@ from sglang_replayssm.patches import lifecycle
 from sglang_replayssm.patches import pool as pool_seam
 from sglang_replayssm.patches.registry import apply, unapply_all, verify
 from sglang_replayssm.ring import ReplayRing
+from pools import cache_params, hybrid_pool
 from seam_env import replayssm_env
 
 L = 5                   # history block B (--replayssm-buffer-len)
@@ -85,21 +86,9 @@ def env(monkeypatch):
 def make_spec_pool(kind):
     """The pool SGLang builds for a speculating server with T draft tokens (0.5.17 signature);
     GDN cache params as ``Qwen3NextConfig.mamba2_cache_params`` builds them."""
-    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape
-    from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
-
-    if kind == "mamba2":
-        shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=H * P, n_groups=G, num_heads=H,
-                                        head_dim=P, state_size=N, conv_kernel=4)
-    else:
-        shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=HV * VD, n_groups=HK, num_heads=HV,
-                                        head_dim=VD, state_size=KD, conv_kernel=4,
-                                        conv_shard_groups=[HK * KD, HK * KD, HV * VD])
-    params = Mamba2CacheParams(shape=shape, layers=list(LAYERS),
-                               dtype=Mamba2StateDType(conv=torch.bfloat16, temporal=torch.float32))
-    pool = HybridReqToTokenPool(
-        size=4, mamba_size=MAMBA_SIZE, mamba_spec_state_size=4, max_context_len=64, device="cpu",
-        enable_memory_saver=False, cache_params=params, mamba_layer_ids=list(LAYERS),
+    params = cache_params(kind, (H, P, N, G) if kind == "mamba2" else (HK, HV, KD, VD), LAYERS)
+    pool = hybrid_pool(
+        params, size=4, mamba_size=MAMBA_SIZE, mamba_spec_state_size=4,
         enable_mamba_extra_buffer=False, speculative_num_draft_tokens=T, speculative_eagle_topk=1,
         enable_overlap_schedule=False, start_layer=0)
     ring = pool.mamba_pool.rssm_ring

@@ -404,11 +404,11 @@ def worker(rank, world, ports, out_path):
     from sglang.srt import runtime_context
     from sglang.srt.distributed import parallel_state as ps
 
-    from sglang_replayssm.patches import all_patches, pool
+    from sglang_replayssm.patches import launch_check_patches, pool
     from sglang_replayssm.patches.registry import apply, unapply_all, verify
 
     ps.set_custom_all_reduce(False)
-    patches = list(all_patches()) + list(pool.PATCHES)
+    patches = list(launch_check_patches()) + list(pool.PATCHES)
     apply(patches)
     verify(patches)
     counter = _CollectiveCounter()
