@@ -18,6 +18,17 @@ def bench_rows(arm: Dict[str, Any]) -> Dict[int, Dict[str, Any]]:
     return {int(e["batch"]): e["result"] for e in (arm or {}).get("bench", []) if e.get("result")}
 
 
+def rates_rows(arm: Dict[str, Any]) -> Dict[int, Dict[str, Any]]:
+    """batch -> the client's rate beside SGLang's decode rate at a full batch and the client-path flag
+    (``eval/ab/decode_rate.py``), for the runs that recorded them."""
+    return {int(e["batch"]): e["rates"] for e in (arm or {}).get("bench", []) if e.get("rates")}
+
+
+def _bound(rates: Dict[str, Any]) -> str:
+    f = rates.get("client_path_bound")
+    return "—" if f is None else (f"**yes** ({report.fmt(rates.get('client_to_decode'), 2)})" if f else "no")
+
+
 def _labels(res: Dict[str, Any]) -> List[str]:
     s = res.get("summary", {})
     a, b = s.get("a"), s.get("b")
@@ -29,25 +40,33 @@ def speed_table(res: Dict[str, Any]) -> str:
     arms = res["arms"]
     if len(labels) < 2:
         a = labels[0]
-        rows = [[bs, r.get("output_throughput"), r.get("median_tpot_ms"), r.get("p99_tpot_ms"),
+        q = rates_rows(arms[a])
+        rows = [[bs, r.get("output_throughput"), (q.get(bs) or {}).get("decode_tok_s"), _bound(q.get(bs) or {}),
+                 r.get("median_tpot_ms"), r.get("p99_tpot_ms"),
                  r.get("median_itl_ms"), r.get("p99_itl_ms"), r.get("median_ttft_ms"), r.get("accept_length")]
                 for bs, r in sorted(bench_rows(arms[a]).items())]
-        return report.markdown_table(["batch", "tok/s", "TPOT p50 ms", "TPOT p99 ms", "ITL p50 ms", "ITL p99 ms",
+        return report.markdown_table(["batch", "tok/s", "decode tok/s (SGLang, full batch)", "client-path bound",
+                                      "TPOT p50 ms", "TPOT p99 ms", "ITL p50 ms", "ITL p99 ms",
                                       "TTFT p50 ms", "accept len"], rows)
     a, b = labels
     ra, rb = bench_rows(arms[a]), bench_rows(arms[b])
+    qa, qb = rates_rows(arms[a]), rates_rows(arms[b])
     by = res["summary"].get("by_batch", {})
     rows = []
     for bs in sorted(set(ra) | set(rb)):
         x, y = ra.get(bs, {}), rb.get(bs, {})
+        u, v = qa.get(bs, {}), qb.get(bs, {})
         s = by.get(bs) or by.get(str(bs)) or {}
         rows.append([bs, x.get("output_throughput"), y.get("output_throughput"), _r(s.get("throughput_ratio")),
+                     u.get("decode_tok_s"), v.get("decode_tok_s"), _r(s.get("decode_rate_ratio")),
+                     f"{a}: {_bound(u)}, {b}: {_bound(v)}" if u or v else "—",
                      x.get("median_tpot_ms"), y.get("median_tpot_ms"), _r(s.get("tpot_speedup")),
                      x.get("median_itl_ms"), y.get("median_itl_ms"),
                      x.get("p99_itl_ms"), y.get("p99_itl_ms"), x.get("median_ttft_ms"), y.get("median_ttft_ms"),
                      x.get("accept_length"), y.get("accept_length")])
     return report.markdown_table(
-        ["batch", f"{a} tok/s", f"{b} tok/s", f"{b}/{a}", f"{a} TPOT p50 ms", f"{b} TPOT p50 ms", "TPOT speedup",
+        ["batch", f"{a} tok/s", f"{b} tok/s", f"{b}/{a}", f"{a} decode tok/s", f"{b} decode tok/s",
+         f"decode {b}/{a}", "client-path bound", f"{a} TPOT p50 ms", f"{b} TPOT p50 ms", "TPOT speedup",
          f"{a} ITL p50", f"{b} ITL p50", f"{a} ITL p99", f"{b} ITL p99", f"{a} TTFT p50", f"{b} TTFT p50",
          f"{a} accept", f"{b} accept"], rows)
 
@@ -74,6 +93,38 @@ def server_table(res: Dict[str, Any]) -> str:
                                   "peak GPU MiB (own processes)", "accept len", "random weights", "replayssm log",
                                   "retracted reqs", "shutdown"],
                                  rows, align=["l", "l", "l"] + ["r"] * 5 + ["l"] * 2 + ["r", "l"])
+
+
+def prefix_section(res: Dict[str, Any]) -> Optional[str]:
+    """Prefix caching (``--workload shared-prefix``): per batch, each arm's cache hit rate (its server's Prefill
+    batch lines), TTFT p50 / p99 and output tok/s; then each server's prefix-hit requests against the same
+    requests on a flushed cache.  None for a run without either."""
+    s = res.get("summary", {})
+    arms = res.get("arms", {})
+    labels = _labels(res)
+    pc = {lab: {int(e["batch"]): e["prefix_cache"] for e in arms.get(lab, {}).get("bench", []) if e.get("prefix_cache")}
+          for lab in labels}
+    pp = s.get("prefix_parity") or {}
+    if not any(r.get("hit_rate") is not None for rows in pc.values() for r in rows.values()) and not pp:
+        return None
+    rows = []
+    by = s.get("by_batch", {})
+    for bs in sorted({b for rows_ in pc.values() for b in rows_}):
+        sb = by.get(bs) or by.get(str(bs)) or {}
+        for lab in labels:
+            r, q = (pc.get(lab) or {}).get(bs, {}), bench_rows(arms.get(lab, {})).get(bs, {})
+            rows.append([bs, lab, report.fmt(r.get("hit_rate"), 3), r.get("cached_tokens"), r.get("new_tokens"),
+                         q.get("median_ttft_ms"), q.get("p99_ttft_ms"), q.get("output_throughput")])
+        if len(labels) == 2:
+            rows.append([bs, f"{labels[1]}/{labels[0]}", _r(sb.get("hit_rate_ratio")), "", "",
+                         _r(sb.get("ttft_p50_ratio")), _r(sb.get("ttft_p99_ratio")), _r(sb.get("throughput_ratio"))])
+    out = [report.markdown_table(["batch", "server", "cache hit rate", "cached tokens", "computed tokens",
+                                  "TTFT p50 ms", "TTFT p99 ms", "output tok/s"], rows)] if rows else []
+    for lab, par in pp.items():
+        if par:
+            out.append(f"\n**{lab}: prefix-hit requests vs the same requests on a flushed cache**\n\n"
+                       + _parity_lines(par, "cold", "hit"))
+    return "\n".join(out)
 
 
 def _yn(x: Any) -> str:
@@ -189,7 +240,9 @@ def markdown(res: Dict[str, Any]) -> str:
         if (res.get("flags", {}).get("harness", {}) or {}).get("random_weights") else "as loaded",
         "bench": f"{res.get('bench', {}).get('tool')} {res.get('bench', {}).get('dataset')}, "
                  f"input {res.get('bench', {}).get('input_len')}, output {res.get('bench', {}).get('output_len')}, "
-                 f"prompts per batch {res.get('bench', {}).get('prompts_per_batch')}",
+                 f"prompts per batch {res.get('bench', {}).get('prompts_per_batch')}"
+                 + "".join(f", {k.replace('_', ' ')} {res['bench'][k]}" for k in ("workload", "stream_interval", "clients")
+                           if (res.get("bench") or {}).get(k) not in (None, "none")),
     }
     harness = res.get("flags", {}).get("harness", {}) or {}
     info["servers"] = ("started together (--concurrent-start), measured one at a time while the others idled"
@@ -204,6 +257,9 @@ def markdown(res: Dict[str, Any]) -> str:
                 ("Speed (sglang.bench_serving)", speed_table(res)),
                 ("Servers", server_table(res)),
                 ("Parity (greedy, same prompts)", parity_section(res))]
+    pre = prefix_section(res)
+    if pre:
+        sections.append(("Prefix caching (server hit rate from its Prefill batch lines, TTFT)", pre))
     prof = profile_section(res)
     if prof:
         sections.append(("GPU kernel time per forward step (torch profiler, eval/profile_trace.py)", prof))

@@ -57,40 +57,22 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from eval import bench_common as bc
 from eval import report
-# shared scaffolding, still importable from here (tune_kernels and the tests use these names)
-from eval.bench_common import (DTYPE_BYTES, L2_BYTES, MAX_SETS, STATE_DTYPES, TOUCH_FACTOR,  # noqa: F401
-                               Timer, copy_bandwidth, gbps, git_commit, log, pick_device, sglang_version,
-                               slot_sets_needed)
+# the scaffolding, geometries, stock-kernel import, workloads and fp64 references every kernel benchmark shares
+# (eval.bench_spec and eval.tune_kernels import them from bench_common too; the tests reach them here)
+from eval.bench_common import (BUFFER_LEN, CPU_BUFFER_LEN, CPU_GDN_GEOMETRIES, CPU_MAMBA2_GEOMETRIES,  # noqa: F401
+                               DTYPE_BYTES, GDN_GEOMETRIES, L2_BYTES, MAMBA2_GEOMETRIES, MAX_SETS, MIXED_ORDERS,
+                               STATE_DTYPES, TOUCH_FACTOR, GDNWork, Mamba2Work, Stock, Timer, amortise,
+                               copy_bandwidth, gbps, gdn_ref_step, git_commit, load_stock, log, mamba2_ref_step,
+                               mixed_wpos, phase_wpos, pick_device, quick_phases, sglang_version, slot_sets_needed)
 
 # ---------------------------------------------------------------------------------
-# geometries and run settings
+# run settings of the decode benchmark
 # ---------------------------------------------------------------------------------
-MAMBA2_GEOMETRIES: Dict[str, Dict[str, int]] = {
-    "nemotron-h-8b": dict(H=128, P=64, N=128, G=8),
-    "nemotron-h-large": dict(H=256, P=64, N=128, G=8),
-}
-GDN_GEOMETRIES: Dict[str, Dict[str, int]] = {
-    "qwen3-next-80b": dict(HV=32, Hk=16, K=128, V=128),
-    "qwen3.5-122b": dict(HV=64, Hk=16, K=128, V=128),
-}
 HEADLINE = {"mamba2": "nemotron-h-8b", "gdn": "qwen3-next-80b"}
-
-# --device cpu: tiny shapes the interpreter gets through in seconds (GDN K >= 32
-# because upstream's kernel splits K in two tl.dot chunks of >= 16).
-CPU_MAMBA2_GEOMETRIES = {"tiny-mamba2": dict(H=4, P=16, N=16, G=2)}
-CPU_GDN_GEOMETRIES = {"tiny-gdn": dict(HV=4, Hk=2, K=32, V=32)}
-
 BATCHES = (1, 8, 32, 128, 256, 512)
 QUICK_BATCHES = (1, 32, 256)
 CPU_BATCHES = (1, 3)
-BUFFER_LEN = 16
-CPU_BUFFER_LEN = 4
 ROUTES = ("output_only",)  # Mamba2 decode routes timed (result keys replay_<route>; state_and_output was removed)
-
-
-def quick_phases(L: int) -> List[int]:
-    """Phases timed in --quick mode: w = 0, L/2, L-2 (non-flush) and L-1 (flush)."""
-    return sorted({0, L // 2, max(L - 2, 0), L - 1})
 
 
 # ---------------------------------------------------------------------------------
@@ -181,36 +163,6 @@ def gdn_replay_bytes(b: int, HV: int, Hk: int, K: int, V: int, L: int, w: int, s
                                gdn_stock_bytes(b, HV, Hk, K, V, state_bytes, act_bytes), extra_row_bytes)
 
 
-MIXED_ORDERS = ("modulo", "flush-first", "flush-last")
-MIXED_ORDER = "modulo"  # --mixed-order
-
-
-def mixed_wpos(batch: int, L: int, device, order: Optional[str] = None):
-    """The cursor of the mixed launch (phase index L of the work objects): row i at phase i % L, so a batch of
-    at least L rows mixes every phase, 1/L of them flushing, as desynchronised requests do in a server.
-    ``order`` (default MIXED_ORDER, --mixed-order) arranges the same phases: "modulo" as above, "flush-first"
-    sorted by phase descending (the flush rows' programs launch first within each head), "flush-last" ascending
-    (they launch last)."""
-    import torch
-
-    order = order or MIXED_ORDER
-    if order not in MIXED_ORDERS:
-        raise ValueError(f"mixed order must be one of {MIXED_ORDERS}, got {order!r}")
-    w = torch.arange(batch, dtype=torch.int32) % L
-    if order != "modulo":
-        w = torch.sort(w, descending=order == "flush-first").values
-    return w.to(device)
-
-
-def phase_wpos(batch: int, L: int, device) -> list:
-    """The cursors the work objects launch with: index w < L puts every row at phase w, index L is the mixed
-    launch's (:func:`mixed_wpos`)."""
-    import torch
-
-    return [torch.full((batch,), w, dtype=torch.int32, device=device) for w in range(L)] + [
-        mixed_wpos(batch, L, device)]
-
-
 def mixed_bytes(per_phase: Callable[[int], Dict[str, int]], L: int, batch: int) -> float:
     """Bytes of the mixed launch: each row at its own phase, i.e. the row-weighted mean of ``per_phase`` (which
     counts all rows at one phase)."""
@@ -224,35 +176,9 @@ def amortised_bytes(per_phase: Callable[[int], Dict[str, int]], L: int) -> Dict[
     return {k: sum(r[k] for r in rows) / L for k in rows[0]}
 
 
-def amortise(phase_times: Dict[int, float], L: int) -> Optional[float]:
-    """Flush-cycle time per step from per-phase times.
-
-    t = ((L-1)·mean(non-flush phases timed) + t_flush) / L.  With every phase timed
-    this is the plain mean; with a subset it extrapolates the non-flush mean.  With
-    L == 1 every step flushes.  None when the flush phase or every non-flush phase
-    is missing."""
-    vals = {int(w): t for w, t in phase_times.items() if report.is_number(t)}
-    flush = vals.get(L - 1)
-    if flush is None:
-        return None
-    if L == 1:
-        return flush
-    nonflush = [t for w, t in vals.items() if w != L - 1]
-    if not nonflush:
-        return None
-    return ((L - 1) * statistics.fmean(nonflush) + flush) / L
-
-
 # ---------------------------------------------------------------------------------
 # stock SGLang kernels
 # ---------------------------------------------------------------------------------
-STOCK_MODULES = {
-    "mamba2": "sglang.kernels.ops.mamba.triton_ops.ssu_dispatch.selective_state_update "
-              "(backend 'triton' -> sglang.kernels.ops.mamba.triton_ops.mamba_ssm.selective_state_update)",
-    "gdn": "sglang.kernels.ops.attention.fla.fused_recurrent.fused_recurrent_gated_delta_rule_packed_decode",
-    "gdn_upstream": "sglang.kernels.ops.attention.fla.fused_recurrent_linear_replayssm."
-                    "fused_recurrent_gdn_replayssm_decode",
-}
 
 
 FAIRNESS_NOTES = [
@@ -270,122 +196,6 @@ FAIRNESS_NOTES = [
     "i at phase i % L, flush and non-flush programs mixed as in a server; the targets read the amortised times.",
     "Bytes are unique DRAM bytes per launch (L2 re-reads and the output_only B.C scratch not counted).",
 ]
-
-
-class Stock:
-    """SGLang's kernels, or None each with the reason it could not be imported."""
-
-    def __init__(self):
-        self.mamba2: Optional[Callable] = None
-        self.gdn: Optional[Callable] = None
-        self.gdn_upstream: Optional[Callable] = None
-        self.errors: Dict[str, str] = {}
-        self.import_mode = "none"
-        self.notes: List[str] = []
-
-    def info(self) -> Dict[str, Any]:
-        return {
-            "import_mode": self.import_mode,
-            "modules": STOCK_MODULES,
-            "available": {k: getattr(self, k) is not None for k in ("mamba2", "gdn", "gdn_upstream")},
-            "errors": self.errors,
-            "notes": self.notes,
-            "mamba2_launch": "BLOCK_SIZE_M=4, num_warps=4 (SGLang's table for 64 < dstate <= 128), "
-                             "grid (cdiv(P,4), batch, H), TIE_HDIM, PDL (USE_GDC/launch_pdl) on sm90+",
-            "gdn_launch": "BK=next_pow2(K), BV=min(next_pow2(V), 32), num_warps=1, num_stages=3, grid (V/BV, batch*HV)",
-            "gdn_upstream_launch": "BV=min(next_pow2(V), 64), nk=2 (BKT=K/2), BC=max(16, next_pow2(L)), "
-                                   "num_warps=1, num_stages=3, grid (V/BV, batch, HV), HAS_FORCE_FLUSH",
-        }
-
-
-def _light_sglang_import() -> None:
-    """CPU-only fallback: make ``sglang.kernels.ops...`` importable without running the
-    package ``__init__`` files (they pull in the whole server stack: torchvision,
-    msgspec, IPython, einops, ...).  The kernel files themselves are loaded unchanged;
-    only ``is_arch_support_pdl`` (False without CUDA) and ``torch_release`` (used by
-    fla/utils.py) are provided by stubs."""
-    import torch
-
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("sglang is not installed")
-    root = Path(list(spec.submodule_search_locations)[0])
-    for mod in list(sys.modules):
-        if mod == "sglang" or mod.startswith("sglang."):
-            del sys.modules[mod]
-    packages = ["sglang", "sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.mamba",
-                "sglang.kernels.ops.mamba.triton_ops", "sglang.kernels.ops.attention",
-                "sglang.kernels.ops.attention.fla", "sglang.kernels.jit", "sglang.kernels.jit.utils",
-                "sglang.srt", "sglang.srt.utils"]
-    for name in packages:
-        m = types.ModuleType(name)
-        m.__path__ = [str(root.joinpath(*name.split(".")[1:]))]
-        sys.modules[name] = m
-    sys.modules["sglang.kernels.jit.utils"].is_arch_support_pdl = lambda: False
-    common = types.ModuleType("sglang.srt.utils.common")
-    common.torch_release = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-    sys.modules["sglang.srt.utils.common"] = common
-
-
-def _import_stock_kernels(stock: Stock) -> None:
-    try:
-        disp = importlib.import_module("sglang.kernels.ops.mamba.triton_ops.ssu_dispatch")
-        try:
-            disp.initialize_mamba_selective_state_update_backend(types.SimpleNamespace(
-                mamba_backend="triton", enable_mamba_cache_stochastic_rounding=False, mamba_cache_philox_rounds=0))
-            stock.mamba2 = disp.selective_state_update
-        except Exception as e:  # the dispatcher moved: call the Triton kernel it wraps
-            stock.notes.append(f"ssu_dispatch init failed ({e!r}); calling mamba_ssm.selective_state_update")
-            raise ImportError(str(e))
-    except Exception as e:
-        try:
-            ms = importlib.import_module("sglang.kernels.ops.mamba.triton_ops.mamba_ssm")
-            stock.mamba2 = partial(ms.selective_state_update, enable_stochastic_rounding=False, cache_philox_rounds=0)
-            stock.notes.append(f"mamba2 via mamba_ssm directly (dispatcher import: {e!r})")
-        except Exception as e2:
-            stock.errors["mamba2"] = f"{type(e2).__name__}: {e2}"
-    try:
-        fr = importlib.import_module("sglang.kernels.ops.attention.fla.fused_recurrent")
-        stock.gdn = fr.fused_recurrent_gated_delta_rule_packed_decode
-    except Exception as e:
-        stock.errors["gdn"] = f"{type(e).__name__}: {e}"
-    try:
-        up = importlib.import_module("sglang.kernels.ops.attention.fla.fused_recurrent_linear_replayssm")
-        stock.gdn_upstream = up.fused_recurrent_gdn_replayssm_decode
-    except Exception as e:
-        stock.errors["gdn_upstream"] = f"{type(e).__name__}: {e}"
-
-
-def _cpu_interpreter_shims(stock: Stock) -> None:
-    """Two CPU-interpreter-only adapters; the kernels' math is untouched.
-
-    * ``mamba_ssm.selective_state_update`` enters ``torch.cpu.device(...)``, which
-      torch does not provide: give ``torch.cpu`` a no-op ``device`` context.
-    * fla's ``fused_recurrent`` calls ``exp`` bound at import to ``tl.exp``; the
-      interpreter only patches names it reaches through ``tl``, so the bare alias
-      raises "Did you forget to add @triton.jit": rebind it to a jit wrapper of tl.exp.
-    """
-    import contextlib
-
-    import torch
-
-    if not hasattr(torch.cpu, "device"):
-        torch.cpu.device = lambda index=None: contextlib.nullcontext()
-        stock.notes.append("cpu shim: torch.cpu.device = nullcontext (mamba_ssm wrapper)")
-    mod = sys.modules.get("sglang.kernels.ops.attention.fla.fused_recurrent")
-    if mod is not None and getattr(mod, "exp", None) is not None:
-        import triton
-        import triton.language
-
-        # the interpreter looks for ``tl`` among the jit function's globals
-        globals()["tl"] = triton.language
-
-        @triton.jit
-        def _interp_exp(x):
-            return tl.exp(x)
-
-        mod.exp = _interp_exp
-        stock.notes.append("cpu shim: fla fused_recurrent.exp -> jit wrapper of tl.exp (interpreter)")
 
 
 def interpreter_probes() -> Dict[str, Any]:
@@ -414,41 +224,6 @@ def interpreter_probes() -> Dict[str, Any]:
     ref = a.bfloat16().float() @ b.bfloat16().float()
     return {"bf16_dot_ok": bool(((c - ref).abs().max() <= 1e-3 * ref.abs().max()).item()),
             "bf16_cast_rtne": bool(torch.equal(y, x.bfloat16().float()))}
-
-
-def load_stock(device: str, allow_light: bool = True) -> Stock:
-    """Import SGLang's kernels the way the server does; on a CPU box whose venv lacks
-    SGLang's runtime dependencies, fall back to :func:`_light_sglang_import`."""
-    stock = Stock()
-    try:
-        importlib.import_module("sglang")
-        stock.import_mode = "normal"
-        _import_stock_kernels(stock)
-    except Exception as e:
-        stock.errors["sglang"] = f"{type(e).__name__}: {e}"
-    missing = [k for k in ("mamba2", "gdn", "gdn_upstream") if getattr(stock, k) is None]
-    if missing and device == "cpu" and allow_light:
-        first_errors = dict(stock.errors)
-        stock.errors = {}
-        try:
-            _light_sglang_import()
-            stock.import_mode = "light (CPU only: sglang package __init__ files skipped)"
-            _import_stock_kernels(stock)
-            stock.notes.append(f"normal import failed: {first_errors}")
-        except Exception as e:
-            stock.errors = dict(first_errors, light=f"{type(e).__name__}: {e}")
-    if device == "cpu":
-        try:
-            _cpu_interpreter_shims(stock)
-        except Exception as e:
-            stock.notes.append(f"cpu shims failed: {e!r}")
-    if stock.errors:
-        msg = "; ".join(f"{k}: {v}" for k, v in stock.errors.items())
-        log("!! SGLang stock kernels not (all) importable -> those baselines are skipped.\n"
-            f"!!   {msg}\n"
-            "!!   On the GPU host run `source .sglang-bundle/bootstrap.sh` first "
-            "(SGLang 0.5.17 bundle, see shared/device/README.md).")
-    return stock
 
 
 def load_ours() -> Dict[str, Any]:
@@ -485,171 +260,8 @@ def ours_launch_info() -> Dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------
-# workloads
+# correctness checks against the fp64 references (bench_common)
 # ---------------------------------------------------------------------------------
-def _work_common(work, batch, L, n_sets, seed, state_dtype, act_dtype, device):
-    """Fields every case's work object shares; returns (act dtype, state dtype, generator,
-    slots, the per-set slot indices) (see :func:`bench_common.slot_sets`)."""
-    work.L, work.b, work.n_sets = L, batch, n_sets
-    work.num_slots, gen, idx_sets = bc.slot_sets(batch, n_sets, seed, device)
-    return bc.torch_dtype(act_dtype), bc.torch_dtype(state_dtype), gen, work.num_slots, idx_sets
-
-
-class Mamba2Work(bc.CaseWork):
-    """Pool, rings and per-set inputs for one Mamba2 case, laid out as SGLang's
-    MambaMixer2 hands them to the decode kernel."""
-
-    def __init__(self, geom: Dict[str, int], batch: int, L: int, state_dtype: str, device: str,
-                 n_sets: int, seed: int, act_dtype: str = "bf16"):
-        import torch
-
-        H, P, N, G = geom["H"], geom["P"], geom["N"], geom["G"]
-        self.H, self.P, self.N, self.G = H, P, N, G
-        act, sdt, gen, S, idx_sets = _work_common(self, batch, L, n_sets, seed, state_dtype, act_dtype, device)
-        self.state = torch.empty((S, H, P, N), dtype=sdt, device=device).normal_(0.0, 0.5, generator=gen)
-        self.x_ring = torch.empty((S, H, L, P), dtype=act, device=device).normal_(0.0, 1.0, generator=gen)
-        self.B_ring = torch.empty((S, G, L, N), dtype=act, device=device).normal_(0.0, 0.3, generator=gen)
-        self.dt_ring = torch.empty((S, H, L), dtype=torch.float32, device=device).uniform_(0.01, 0.2, generator=gen)
-        A = -torch.empty(H, dtype=torch.float32, device=device).uniform_(1.0, 8.0, generator=gen)
-        D = torch.empty(H, dtype=act, device=device).uniform_(0.5, 1.5, generator=gen)
-        dt_bias = torch.empty(H, dtype=act, device=device).uniform_(-3.0, -1.0, generator=gen)
-        # SGLang (mamba.py forward_decode): A[:, None, None].expand(-1, P, N).float(),
-        # dt_bias / D [:, None].expand(-1, P), dt[:, :, None].expand(-1, -1, P).
-        self.A = A[:, None, None].expand(-1, P, N)
-        self.D = D[:, None].expand(-1, P)
-        self.dt_bias = dt_bias[:, None].expand(-1, P)
-        self.A_h, self.D_h, self.dt_bias_h = A, D, dt_bias
-        self.sets = []
-        conv_dim = H * P + 2 * G * N
-        for idx in idx_sets:
-            xbc = torch.empty((batch, conv_dim), dtype=act, device=device).normal_(0.0, 1.0, generator=gen)
-            xbc[:, H * P:] *= 0.3
-            x, Bm, Cm = torch.split(xbc, [H * P, G * N, G * N], dim=-1)
-            dt_raw = torch.empty((batch, H), dtype=act, device=device).normal_(0.0, 0.5, generator=gen)
-            self.sets.append(dict(idx=idx, x=x.view(batch, H, P), B=Bm.view(batch, G, N), C=Cm.view(batch, G, N),
-                                  dt=dt_raw[:, :, None].expand(-1, -1, P), dt_h=dt_raw, xbc=xbc))
-        self.wpos = phase_wpos(batch, L, device)
-        self.out = torch.empty((batch, H, P), dtype=act, device=device)
-        self.state_row_bytes = H * P * N * self.state.element_size()
-
-    def stock_fn(self, fn, s: int) -> Callable[[], Any]:
-        st = self.sets[s]
-        return lambda: fn(self.state, st["x"], st["dt"], self.A, st["B"], st["C"], self.D, z=None,
-                          dt_bias=self.dt_bias, dt_softplus=True, state_batch_indices=st["idx"], out=self.out)
-
-    def ours_fn(self, fn, s: int, w: int) -> Callable[[], Any]:
-        st = self.sets[s]
-        wp = self.wpos[w]
-        return lambda: fn(self.state, self.x_ring, self.B_ring, self.dt_ring, st["x"], st["dt"], self.A, st["B"],
-                          st["C"], st["idx"], wp, D=self.D, z=None, dt_bias=self.dt_bias, dt_softplus=True,
-                          out=self.out)
-
-
-class GDNWork(bc.CaseWork):
-    """Pool, rings (ours and upstream's) and per-set inputs for one GDN case."""
-
-    def __init__(self, geom: Dict[str, int], batch: int, L: int, state_dtype: str, device: str,
-                 n_sets: int, seed: int, act_dtype: str = "bf16", with_upstream: bool = True):
-        import torch
-
-        HV, Hk, K, V = geom["HV"], geom["Hk"], geom["K"], geom["V"]
-        self.HV, self.Hk, self.K, self.V = HV, Hk, K, V
-        act, sdt, gen, S, idx_sets = _work_common(self, batch, L, n_sets, seed, state_dtype, act_dtype, device)
-        self.state = torch.empty((S, HV, V, K), dtype=sdt, device=device).normal_(0.0, 0.1, generator=gen)
-        self.d_ring = torch.empty((S, HV, L, V), dtype=sdt, device=device).normal_(0.0, 0.1, generator=gen)
-        self.k_ring = torch.empty((S, Hk, L, K), dtype=act, device=device).normal_(0.0, 1.0, generator=gen)
-        self.g_ring = torch.empty((S, HV, L), dtype=torch.float32, device=device).uniform_(-0.3, -0.01, generator=gen)
-        if with_upstream:
-            # upstream's decode ring (memory_pool.py): d and k in the SSM dtype, g fp32
-            self.up_d = torch.empty((S, HV, L, V), dtype=sdt, device=device).normal_(0.0, 0.1, generator=gen)
-            self.up_k = torch.empty((S, Hk, L, K), dtype=sdt, device=device).normal_(0.0, 0.1, generator=gen)
-            self.up_g = torch.empty((S, HV, L), dtype=torch.float32, device=device).uniform_(-0.3, -0.01,
-                                                                                            generator=gen)
-        self.A_log = torch.empty(HV, dtype=torch.float32, device=device).uniform_(0.5, 2.0, generator=gen).log_()
-        self.dt_bias = torch.empty(HV, dtype=act, device=device).uniform_(-3.0, -1.0, generator=gen)
-        self.scale = K ** -0.5
-        width = 2 * Hk * K + HV * V
-        self.sets = []
-        for idx in idx_sets:
-            mq = torch.empty((batch, width), dtype=act, device=device).normal_(0.0, 1.0, generator=gen)
-            a = torch.empty((batch, HV), dtype=act, device=device).normal_(0.0, 1.0, generator=gen)
-            bb = torch.empty((batch, HV), dtype=act, device=device).normal_(0.0, 1.0, generator=gen)
-            self.sets.append(dict(idx=idx, mq=mq, a=a, b=bb))
-        self.wpos = phase_wpos(batch, L, device)
-        self.force_flush = torch.zeros((batch,), dtype=torch.int32, device=device)
-        self.out = torch.empty((batch, 1, HV, V), dtype=act, device=device)
-        self.state_row_bytes = HV * V * K * self.state.element_size()
-
-    def stock_fn(self, fn, s: int) -> Callable[[], Any]:
-        st = self.sets[s]
-        return lambda: fn(mixed_qkv=st["mq"], a=st["a"], b=st["b"], A_log=self.A_log, dt_bias=self.dt_bias,
-                          scale=self.scale, initial_state=self.state, out=self.out, ssm_state_indices=st["idx"],
-                          use_qk_l2norm_in_kernel=True)
-
-    def upstream_fn(self, fn, s: int, w: int) -> Callable[[], Any]:
-        st = self.sets[s]
-        wp = self.wpos[w]
-        return lambda: fn(mixed_qkv=st["mq"], a=st["a"], b=st["b"], A_log=self.A_log, dt_bias=self.dt_bias,
-                          scale=self.scale, initial_state=self.state, d_cache=self.up_d, k_cache=self.up_k,
-                          g_cache=self.up_g, out=self.out, ssm_state_indices=st["idx"], write_pos=wp,
-                          force_flush=self.force_flush, use_qk_l2norm_in_kernel=True)
-
-    def ours_fn(self, fn, s: int, w: int) -> Callable[[], Any]:
-        st = self.sets[s]
-        wp = self.wpos[w]
-        return lambda: fn(st["mq"], st["a"], st["b"], self.A_log, self.dt_bias, self.state, self.d_ring,
-                          self.k_ring, self.g_ring, st["idx"], wp, scale=self.scale, use_qk_l2norm=True,
-                          out=self.out)
-
-
-# ---------------------------------------------------------------------------------
-# fp64 references (independent of every kernel under test)
-# ---------------------------------------------------------------------------------
-def _softplus64(x):
-    import torch
-
-    return torch.where(x <= 20.0, torch.log1p(torch.exp(torch.clamp(x, max=20.0))), x)
-
-
-def mamba2_ref_step(S, x, dt, A, B, C, D, dt_bias):
-    """One Mamba2 decode step in fp64. S [b,H,P,N] (updated copy returned), x [b,H,P],
-    dt [b,H], A/D/dt_bias [H], B/C [b,G,N]. Returns (S_new, y)."""
-    import torch
-
-    H, G = x.shape[1], B.shape[1]
-    delta = _softplus64(dt.double() + dt_bias.double()[None])
-    dA = torch.exp(A.double()[None] * delta)
-    Bh = B.double().repeat_interleave(H // G, dim=1)
-    Ch = C.double().repeat_interleave(H // G, dim=1)
-    xd = x.double()
-    S = S * dA[..., None, None] + delta[..., None, None] * xd[..., :, None] * Bh[..., None, :]
-    y = (S * Ch[:, :, None, :]).sum(-1) + D.double()[None, :, None] * xd
-    return S, y
-
-
-def gdn_ref_step(S, mq, a, b, A_log, dt_bias, Hk, K, V, scale):
-    """One GDN decode step in fp64 (beta rounded to b's dtype, as SGLang's kernel).
-    S [b,HV,V,K]. Returns (S_new, o [b,HV,V])."""
-    import torch
-
-    bsz, HV = a.shape
-    m = mq.double()
-    q = m[:, :Hk * K].view(bsz, Hk, K)
-    k = m[:, Hk * K:2 * Hk * K].view(bsz, Hk, K)
-    v = m[:, 2 * Hk * K:].view(bsz, HV, V)
-    q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6) * scale
-    k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
-    rep = HV // Hk
-    qh, kh = q.repeat_interleave(rep, 1), k.repeat_interleave(rep, 1)
-    g = -torch.exp(A_log.double())[None] * _softplus64(a.double() + dt_bias.double()[None])
-    beta = torch.sigmoid(b.float()).to(b.dtype).double()
-    S = S * torch.exp(g)[..., None, None]
-    d = beta[..., None] * (v - (S * kh[:, :, None, :]).sum(-1))
-    S = S + d[..., :, None] * kh[:, :, None, :]
-    o = (S * qh[:, :, None, :]).sum(-1)
-    return S, o
-
-
 def _maxabs(a, b) -> float:
     return (a.double() - b.double()).abs().max().item()
 
@@ -1089,9 +701,8 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
-    global MIXED_ORDER
     args = parse_args(argv)
-    MIXED_ORDER = args.mixed_order
+    bc.MIXED_ORDER = args.mixed_order  # the work objects' mixed launch (bench_common.mixed_wpos)
     t_start = time.time()
     device = bc.start_device(args.device)
     if device is None:
@@ -1135,7 +746,7 @@ def main(argv=None) -> int:
         log(f"!! our {k} kernel not importable: {e}")
 
     result = bc.result_header(
-        device, args.quick, {"L": L, "mixed_order": MIXED_ORDER}, phases=phases, batches=batches, dtypes=dtypes,
+        device, args.quick, {"L": L, "mixed_order": bc.MIXED_ORDER}, phases=phases, batches=batches, dtypes=dtypes,
         geometries={"mamba2": m_geoms, "gdn": g_geoms}, stock=stock.info(),
         ours={"errors": ours["errors"], "launch": ours_launch_info()},
         timing_method="CUDA graph replay, events, median", target_ms=target_ms, min_launches=min_launches,

@@ -41,7 +41,7 @@ the steady cycle is wp = a, 2a, ..., L_c·a with only the last one flushing, and
 
 (:func:`spec_cycle` derives it by simulating the rule and checks the closed form).  Each
 state of the cycle is timed with every row at that (wp, origin, flush); ours per step is
-``t = mean over the cycle of t_verify(state) + t_commit`` (``bench_kernels.amortise``;
+``t = mean over the cycle of t_verify(state) + t_commit`` (``bench_common.amortise``;
 with a subset of states timed, the non-flush mean is extrapolated).  Cross-check: one
 CUDA graph that walks the cycle in order, verify then the real ``spec_commit`` per layer
 and step (``t_cycle_us``); afterwards the cursors must be back at the cycle's start.
@@ -51,8 +51,8 @@ here once per layer (conservative).
 
 Timing, copy bandwidth, L2 defeat (several disjoint slot sets, one per emulated layer,
 rotated within one graph), device pick, the case loop and the result/report scaffolding:
-:mod:`eval.bench_common`, shared with :mod:`eval.bench_kernels`; stock-kernel import
-(with its CPU shims), geometries and the fp64 decode steps: :mod:`eval.bench_kernels`.
+:mod:`eval.bench_common`, shared with :mod:`eval.bench_kernels`, and so are the stock-kernel
+import (with its CPU shims), the geometries and the fp64 decode steps.
 Bytes: see ``*_bytes`` below.
 """
 
@@ -68,7 +68,6 @@ from functools import partial
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from eval import bench_common as bc
-from eval import bench_kernels as bk
 from eval import report
 
 # ---------------------------------------------------------------------------------
@@ -77,12 +76,12 @@ from eval import report
 WINDOW = 4          # T: the verify window (1 + 3 draft tokens)
 HISTORY = 16        # B: history block (--replayssm-buffer-len); ring R = B + T
 ACCEPT = 3          # window tokens committed per step (SGLANG_SIMULATE_ACC_LEN=3)
-MAMBA2_GEOMETRIES = {"nemotron-h-8b": bk.MAMBA2_GEOMETRIES["nemotron-h-8b"]}
-GDN_GEOMETRIES = {"qwen3-next-80b": bk.GDN_GEOMETRIES["qwen3-next-80b"]}
-EXTRA_MAMBA2 = {k: v for k, v in bk.MAMBA2_GEOMETRIES.items() if k not in MAMBA2_GEOMETRIES}
-EXTRA_GDN = {k: v for k, v in bk.GDN_GEOMETRIES.items() if k not in GDN_GEOMETRIES}
-TINY_MAMBA2 = dict(bk.CPU_MAMBA2_GEOMETRIES)
-TINY_GDN = dict(bk.CPU_GDN_GEOMETRIES)
+MAMBA2_GEOMETRIES = {"nemotron-h-8b": bc.MAMBA2_GEOMETRIES["nemotron-h-8b"]}
+GDN_GEOMETRIES = {"qwen3-next-80b": bc.GDN_GEOMETRIES["qwen3-next-80b"]}
+EXTRA_MAMBA2 = {k: v for k, v in bc.MAMBA2_GEOMETRIES.items() if k not in MAMBA2_GEOMETRIES}
+EXTRA_GDN = {k: v for k, v in bc.GDN_GEOMETRIES.items() if k not in GDN_GEOMETRIES}
+TINY_MAMBA2 = dict(bc.CPU_MAMBA2_GEOMETRIES)
+TINY_GDN = dict(bc.CPU_GDN_GEOMETRIES)
 BATCHES = (1, 8, 32, 128, 256)
 QUICK_BATCHES = (1, 32, 256)
 CPU_BATCHES = (1, 2)
@@ -304,7 +303,7 @@ class Kernels:
         self.device = device
         self.errors: Dict[str, str] = {}
         self.notes: List[str] = []
-        stock = bk.load_stock(device)  # the SSU dispatcher (triton backend) + CPU shims
+        stock = bc.load_stock(device)  # the SSU dispatcher (triton backend) + CPU shims
         self.import_mode = stock.import_mode
         self.notes += stock.notes
         self.ssu = stock.mamba2
@@ -558,7 +557,7 @@ class Mamba2SpecWork(_Common):
         returns (outputs [b,T,H,P], state after each token [T, b,H,P,N])."""
         st = self.sets[s]
         dt = st["dt_raw"].view(self.b, self.T, self.H)
-        return self._window(S, lambda S, t: bk.mamba2_ref_step(S, st["x"][:, t], dt[:, t], self.A_h, st["B"][:, t],
+        return self._window(S, lambda S, t: bc.mamba2_ref_step(S, st["x"][:, t], dt[:, t], self.A_h, st["B"][:, t],
                                                                st["C"][:, t], self.D_h, self.dt_bias_h))
 
 
@@ -639,7 +638,7 @@ class GDNSpecWork(_Common):
         st = self.sets[s]
         b, T = self.b, self.T
         mq, a, bb = st["mq"].view(b, T, -1), st["a"].view(b, T, -1), st["b"].view(b, T, -1)
-        return self._window(S, lambda S, t: bk.gdn_ref_step(S, mq[:, t], a[:, t], bb[:, t], self.A_log, self.dt_bias,
+        return self._window(S, lambda S, t: bc.gdn_ref_step(S, mq[:, t], a[:, t], bb[:, t], self.A_log, self.dt_bias,
                                                             self.Hk, self.K, self.V, self.scale))
 
 
@@ -782,7 +781,7 @@ def run_case(family: str, name: str, geom: Dict[str, int], batch: int, sdtype: s
         scratch = (w.wp.clone(), w.origin.clone(), w.flush.clone())
         t_commit, r_commit = _timed(timer, [w.commit_fn(kern, i % n_sets, scratch) for i in range(n_launch)],
                                     n_launch)
-        t_verify = bk.amortise(phase_us, Lc)
+        t_verify = bc.amortise(phase_us, Lc)
         # in-order cycle: every emulated layer verifies then commits, Lc steps; the sequence
         # returns every set to the cycle's first (wp, flush), so replays stay in the cycle
         c0 = cycle[0]
@@ -1002,7 +1001,7 @@ def main(argv=None) -> int:
                                                         (QUICK_BATCHES if args.quick else BATCHES))
     dtypes = tuple(args.dtypes) if args.dtypes else STATE_DTYPES
     Lc = spec["length"]
-    phases = list(range(Lc)) if (args.all_phases or not args.quick) else bk.quick_phases(Lc)
+    phases = list(range(Lc)) if (args.all_phases or not args.quick) else bc.quick_phases(Lc)
     target_ms = args.target_ms or (10.0 if args.quick else 20.0)
     budget = args.time_budget_s if args.time_budget_s is not None else (420.0 if not cpu else 1e9)
     min_launches = 1 if cpu else 4

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import gzip
-import re
 import statistics
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from eval import ab_report, models, report
+from eval.ab import decode_rate
+from eval.ab.presets import STANDARD_DECODE
 
 # the model each family's decode targets are measured on (the issue's headline geometries)
 TARGET_MODELS = {"mamba2": "nemotron-h-8b", "gdn": "qwen3-next-80b-a3b-e64"}
@@ -45,6 +45,13 @@ SPEC_TARGETS = {"spec_vs_stock_spec_bs256": 1.9, "spec_vs_stock_nonspec_bs256": 
 # output 256, two waves of `batch` requests); a run with another workload is listed apart, never a target
 STANDARD_WORKLOAD = {"input_len": 128, "output_len": 256, "rounds": 2}
 WORKLOAD_KEYS = ("nemotron_h_other_workload_speedup_bs256", "gdn_other_workload_speedup_bs256")
+# issue 24's standard decode workload (eval.ab --workload standard-decode: 1024 in / 1024 out, two waves, batch 256
+# and 1) and its targets: bench_serving's ratio, SGLang's own decode rate at a full batch (its scheduler log), and
+# client_path_bound_runs, the runs the summary keys read whose client rate disagrees with that decode rate by more
+# than 10% (eval/ab/decode_rate.py), goal 0
+IO1024_WORKLOAD = dict(STANDARD_DECODE)
+IO1024_TARGETS = {"nemotron_h_speedup_bs256_io1024": 1.5, "nemotron_h_decode_rate_speedup_bs256_io1024": 1.6,
+                  "nemotron_h_speedup_bs1_io1024": 0.99, "gdn_vs_upstream_bs256_io1024": 1.05}
 PARITY_MAX_DLOGPROB = 0.05  # the decode issue's bound at fp32 state
 STOCK_KINDS = ("stock", "upstream")
 
@@ -206,22 +213,27 @@ def _decode_steps(res: Dict[str, Any], label: str) -> Dict[int, float]:
     return out
 
 
-_DECODE_LOG = re.compile(r"Decode batch, #running-req: (\d+),.*gen throughput \(token/s\): ([0-9.]+)")
-
-
 def steady_decode_rates(log: Path) -> Dict[int, float]:
     """SGLang's own decode throughput at a full batch, per batch size: the median "gen throughput" of the
     scheduler's ``Decode batch`` log lines (one per 40 decode steps) that report exactly that many running
     requests. Unlike bench_serving's output tokens/s it leaves out the prefill steps, the ramp up and down and
     the client's gaps between waves of requests, which cost both servers the same seconds."""
-    opener = gzip.open if log.suffix == ".gz" else open
     vals: Dict[int, List[float]] = {}
-    with opener(log, "rt", errors="replace") as f:
-        for line in f:
-            m = _DECODE_LOG.search(line)
-            if m:
-                vals.setdefault(int(m.group(1)), []).append(float(m.group(2)))
+    for n, x in decode_rate.decode_lines(decode_rate.read_log(log)):
+        vals.setdefault(n, []).append(x)
     return {bs: statistics.median(v) for bs, v in vals.items()}
+
+
+def arm_decode_rate(recorded: Optional[Dict[str, Any]], bench: Optional[Dict[str, Any]], steady: Optional[float],
+                    bs: int) -> Tuple[Optional[float], Optional[bool]]:
+    """(SGLang's decode rate at a full batch, client-path bound?) of one arm at one batch: as eval.ab recorded them
+    (its server log's window of the run, lines from 90% of the batch up), else from the whole server log beside
+    the result (lines at exactly the batch) against the client's batch / median TPOT (older runs)."""
+    if recorded and recorded.get("decode_tok_s") is not None:
+        return recorded["decode_tok_s"], recorded.get("client_path_bound")
+    if steady is None:
+        return None, None
+    return steady, decode_rate.check(decode_rate.client_full_batch_rate(bench, bs), steady)[1]
 
 
 def _server_log(result_file: Path, label: str) -> Optional[Path]:
@@ -250,8 +262,11 @@ def decode_speed(results) -> Dict[str, Any]:
         for lab in (s["a"], s["b"]):
             lg = _server_log(Path(f), lab)
             rates[lab] = steady_decode_rates(lg) if lg else {}
+        recorded = {lab: ab_report.rates_rows((res.get("arms") or {}).get(lab)) for lab in (s["a"], s["b"])}
         for bs in sorted(set(a) & set(b)):
             steady = {lab: r.get(bs) for lab, r in rates.items()}
+            da, fa = arm_decode_rate(recorded[s["a"]].get(bs), a[bs], steady[s["a"]], bs)
+            db, fb = arm_decode_rate(recorded[s["b"]].get(bs), b[bs], steady[s["b"]], bs)
             rows.append({"model": setup["model"], "family": setup["family"], "arm": arm, "batch": bs,
                          "ssm_state": setup["ssm_state"], "run_started": res.get("started"),
                          "workload": setup["workload"],
@@ -263,6 +278,9 @@ def decode_speed(results) -> Dict[str, Any]:
                          "decode_step_speedup": report.ratio(pa.get(bs), pb.get(bs)) if bs in pa and bs in pb else None,
                          "stock_steady_tok_s": steady[s["a"]], "arm_steady_tok_s": steady[s["b"]],
                          "steady_decode_speedup": report.ratio(steady[s["b"]], steady[s["a"]]),
+                         # SGLang's decode rate at a full batch and the client-path flag (either arm's run)
+                         "stock_decode_tok_s": da, "arm_decode_tok_s": db, "decode_rate_speedup": report.ratio(db, da),
+                         "client_path_bound": True if (fa or fb) else (False if fa is False and fb is False else None),
                          "file": str(f)})
         if kb == "stock":
             noise.append({"model": setup["model"], "geomean": s.get("throughput_ratio_geomean"),
@@ -270,35 +288,43 @@ def decode_speed(results) -> Dict[str, Any]:
 
     rows.sort(key=lambda r: (_ts(r["run_started"]), r["model"], r["arm"], r["batch"]))
     sources: Dict[str, str] = {}
+    used: Dict[str, List[Dict[str, Any]]] = {}  # summary key -> the rows it read
 
-    def target_row(r: Dict[str, Any], family: str, arm: str, bs: int, standard: bool = True) -> bool:
+    def target_row(r: Dict[str, Any], family: str, arm: str, bs: int, standard: bool = True,
+                   workload: Optional[Dict[str, Any]] = None) -> bool:
         """A row the targets may read: the family's headline model, the packaged launch configs (no
         @FILE variant), an fp32 state (the model default of the built-in geometries), the standard
-        workload (``standard=False``: any other workload instead)."""
+        workload (``standard=False``: any other workload instead; ``workload``: exactly that one)."""
+        w = r.get("workload", STANDARD_WORKLOAD)
+        same = (w == workload) if workload is not None else ((w == STANDARD_WORKLOAD) is standard)
         return (r["family"], r["arm"], r["batch"]) == (family, arm, bs) and r["model"] == TARGET_MODELS[family] \
-            and _fp32_state(r) and (r.get("workload", STANDARD_WORKLOAD) == STANDARD_WORKLOAD) is standard
+            and _fp32_state(r) and same
 
-    def latest(family: str, arm: str, bs: int, key: str, standard: bool = True) -> Optional[Dict[str, Any]]:
+    def latest(family: str, arm: str, bs: int, key: str, standard: bool = True,
+               workload: Optional[Dict[str, Any]] = None) -> Optional[Dict[str, Any]]:
         """The latest run (by start time) of the family's arm at this batch that measured ``key``."""
-        return next((r for r in reversed(rows) if target_row(r, family, arm, bs, standard) and r.get(key) is not None),
-                    None)
+        return next((r for r in reversed(rows) if target_row(r, family, arm, bs, standard, workload)
+                     and r.get(key) is not None), None)
 
     def pick(name: str, family: str, arm: str, bs: int, key: str = "throughput_ratio",
-             standard: bool = True) -> Optional[float]:
-        r = latest(family, arm, bs, key, standard)
+             standard: bool = True, workload: Optional[Dict[str, Any]] = None) -> Optional[float]:
+        r = latest(family, arm, bs, key, standard, workload)
         if r is not None:
             sources[name] = r["file"]
+            used[name] = [r]
         return r[key] if r else None
 
-    def vs_upstream(name: str, bs: int, key: str = "arm_tok_s") -> Optional[float]:
+    def vs_upstream(name: str, bs: int, key: str = "arm_tok_s",
+                    workload: Optional[Dict[str, Any]] = None) -> Optional[float]:
         # the latest run with both our arm and the upstream arm at this batch (same stock baseline)
         for ours in reversed(rows):
-            if not target_row(ours, "gdn", "staged", bs) or ours.get(key) is None:
+            if not target_row(ours, "gdn", "staged", bs, workload=workload) or ours.get(key) is None:
                 continue
-            up = next((r for r in rows if target_row(r, "gdn", "upstream", bs)
+            up = next((r for r in rows if target_row(r, "gdn", "upstream", bs, workload=workload)
                        and r["run_started"] == ours["run_started"] and r.get(key) is not None), None)
             if up is not None:
                 sources[name] = ours["file"]
+                used[name] = [ours, up]
                 return report.ratio(ours[key], up[key])
         return None
 
@@ -329,10 +355,29 @@ def decode_speed(results) -> Dict[str, Any]:
                                                                "staged", 256, standard=False),
                "gdn_other_workload_speedup_bs256": pick("gdn_other_workload_speedup_bs256", "gdn", "staged", 256,
                                                         standard=False),
+               # the standard decode workload (eval.ab --workload standard-decode)
+               "nemotron_h_speedup_bs256_io1024": pick("nemotron_h_speedup_bs256_io1024", "mamba2", "staged", 256,
+                                                       workload=IO1024_WORKLOAD),
+               "nemotron_h_decode_rate_speedup_bs256_io1024": pick(
+                   "nemotron_h_decode_rate_speedup_bs256_io1024", "mamba2", "staged", 256, "decode_rate_speedup",
+                   workload=IO1024_WORKLOAD),
+               "nemotron_h_speedup_bs1_io1024": pick("nemotron_h_speedup_bs1_io1024", "mamba2", "staged", 1,
+                                                     workload=IO1024_WORKLOAD),
+               "gdn_vs_upstream_bs256_io1024": vs_upstream("gdn_vs_upstream_bs256_io1024", 256,
+                                                           workload=IO1024_WORKLOAD),
                "noise_floor_stock_vs_stock": noise}
+    read = list({(r["file"], r["arm"], r["batch"]): r for rs in used.values() for r in rs}.values())
+    flagged = [r for r in read if r.get("client_path_bound")]
+    summary["client_path_bound_runs"] = len(flagged)
+    summary["client_path_bound_list"] = [f"{Path(r['file']).parent.name}/{Path(r['file']).name}: {r['arm']} vs "
+                                         f"stock at batch {r['batch']}" for r in flagged]
     summary["sources"] = sources
-    summary["targets"] = DECODE_TARGETS
-    summary["met"] = {k: (summary[k] is not None and summary[k] >= t) for k, t in DECODE_TARGETS.items()}
+    summary["targets"] = {**DECODE_TARGETS, **IO1024_TARGETS, "client_path_bound_runs": 0}
+    summary["met"] = {k: (summary[k] is not None and summary[k] >= t)
+                      for k, t in {**DECODE_TARGETS, **IO1024_TARGETS}.items()}
+    # no flagged run among those read, once the standard decode workload has been measured
+    summary["met"]["client_path_bound_runs"] = summary["client_path_bound_runs"] == 0 and any(
+        summary[k] is not None for k in IO1024_TARGETS)
     return {"schema": "replayssm-e2e-decode/1", **provenance(results, (r["file"] for r in rows)),
             "metric": "output tokens/s ratio, arm / stock, same run", "summary": summary, "by_batch": rows}
 
@@ -549,8 +594,14 @@ def write_decode(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
     brows = [[r["model"], r["arm"], r["batch"], r.get("run_started") or "—", report.fmt(r["stock_tok_s"], 0),
               report.fmt(r["arm_tok_s"], 0), report.fmt(r["throughput_ratio"], 3), report.fmt(r["tpot_speedup"], 3),
               report.fmt(r.get("decode_step_speedup"), 3), report.fmt(r.get("steady_decode_speedup"), 3),
-              _workload_label(r.get("workload"))]
+              report.fmt(r.get("decode_rate_speedup"), 3),
+              {True: "**yes**", False: "no"}.get(r.get("client_path_bound"), "—"), _workload_label(r.get("workload"))]
              for r in doc["by_batch"]]
+    io = [[k, report.fmt(s.get(k), 3), t, "yes" if s["met"].get(k) else "no",
+           Path(src[k]).parent.name if k in src else "—"] for k, t in IO1024_TARGETS.items()]
+    io.append(["client_path_bound_runs", str(s.get("client_path_bound_runs")), "0",
+               "yes" if s["met"].get("client_path_bound_runs") else "no", "runs the keys above read"])
+    flagged = "\n".join(f"- {x}" for x in s.get("client_path_bound_list") or []) or "- none"
     noise = "\n".join(f"- {n['model']}: stock vs stock geomean {report.fmt(n['geomean'], 3)} "
                       f"(min {report.fmt(n['min'], 3)}, max {report.fmt(n['max'], 3)})"
                       for n in s["noise_floor_stock_vs_stock"]) or "- none"
@@ -569,6 +620,15 @@ def write_decode(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
          "It leaves out prefill steps, the ramp and the benchmark client's gaps between waves of requests, which "
          "cost both servers the same seconds and dilute bench_serving's ratio.\n\n"
          + (report.markdown_table(["metric", "measured", "run"], steady) if steady else "- no server logs")),
+        ("Standard decode workload (eval.ab --workload standard-decode)",
+         "bench_serving random ids, " + _workload_label(IO1024_WORKLOAD) + " (input/output tokens x waves of "
+         "`batch` requests), batch 256 and 1; the latest such run of each key. *decode rate* is SGLang's own "
+         "median `gen throughput` at a full batch (the scheduler's `Decode batch` lines with at least 90% of the "
+         "batch running, during the run). A run is *client-path bound* when the client's rate at a full batch "
+         "(batch / median TPOT) and that decode rate disagree by more than 10% (eval/ab/decode_rate.py): its "
+         "client-side ratio does not measure the engine.\n\n"
+         + report.markdown_table(["metric", "measured", "target", "met", "run"], io)
+         + "\n\nClient-path bound among the runs the summary keys read:\n\n" + flagged),
         ("Other workloads (not targets)",
          "bench_serving's output-token ratio on runs whose workload is not the standard one ("
          + ", ".join(f"{n} {v}" for n, v in STANDARD_WORKLOAD.items()) + "), the latest of each family at batch 256. "
@@ -578,7 +638,8 @@ def write_decode(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
         ("By batch (sglang.bench_serving output tokens/s; TPOT p50)",
          report.markdown_table(["model", "arm", "batch", "run started", "stock tok/s", "arm tok/s",
                                 "throughput ratio", "TPOT speedup", "profiled decode-step speedup",
-                                "steady decode speedup", "workload (in/out x waves)"], brows)),
+                                "steady decode speedup", "decode-rate speedup", "client-path bound",
+                                "workload (in/out x waves)"], brows)),
     ]))
     series = []
     for key in dict.fromkeys((r["model"], r["arm"]) for r in doc["by_batch"]):

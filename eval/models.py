@@ -303,6 +303,75 @@ def materialize(name: str, root=None, spec: bool = False, tokenizer: bool = True
 
 
 # ---------------------------------------------------------------------------------
+# EAGLE drafts (a separate draft model, ``--spec eagle``)
+# ---------------------------------------------------------------------------------
+# SGLang 0.5.17 serves a separate EAGLE draft beside a hybrid target as EAGLE-1: the draft is
+# ``LlamaForCausalLMEagle`` (srt/models/llama_eagle.py, one Llama decoder layer behind
+# ``fc: Linear(2*hidden -> hidden)`` over [token embedding, target hidden state]), and the EAGLE worker
+# (speculative/eagle_worker_v2.py ``init_lm_head``) replaces the draft's embedding and LM head with the
+# target's ``get_embed_and_head()``.  So the draft's hidden size and vocab must equal the target's.
+# EAGLE-3 does not fit both families: its draft reads the target's auxiliary hidden states, which
+# NemotronHForCausalLM does not capture (no ``set_eagle3_layers_to_capture`` in 0.5.17; Qwen3-Next has it),
+# so one draft architecture serves both and the A/B stays comparable across families.
+# Decoder-layer shapes: a Llama-3-8B EAGLE head for the 4096-wide Nemotron-H-8B (32 q / 8 kv heads x 128,
+# MLP 14336, as yuhuili/EAGLE-LLaMA3-Instruct-8B), a Qwen3-1.7B-sized layer for the 2048-wide Qwen3-Next
+# (16 q / 8 kv heads x 128, MLP 6144), the tiny geometries' own attention shape for the tiny targets.
+EAGLE_DRAFT_ARCH = "LlamaForCausalLMEagle"
+_EAGLE_LAYER_LLAMA3_8B = {"num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                          "intermediate_size": 14336, "rope_theta": 500000.0}
+_EAGLE_LAYER_QWEN3_NEXT = {"num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+                           "intermediate_size": 6144, "rope_theta": 10000000.0}
+_EAGLE_LAYER_TINY = {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+                     "intermediate_size": 512, "rope_theta": 10000.0}
+EAGLE_DRAFT_LAYERS: Dict[str, Dict] = {
+    "nemotron-h-8b": _EAGLE_LAYER_LLAMA3_8B,
+    "qwen3-next-80b-a3b": _EAGLE_LAYER_QWEN3_NEXT,
+    "qwen3-next-80b-a3b-e64": _EAGLE_LAYER_QWEN3_NEXT,
+    "tiny-nemotron-h": _EAGLE_LAYER_TINY,
+    "tiny-qwen3-next": _EAGLE_LAYER_TINY,
+}
+
+
+def eagle_draft_names() -> List[str]:
+    """Built-in geometries that ship a dummy-weight EAGLE draft (``--spec eagle`` without ``--spec-draft-model``)."""
+    return [n for n in names() if n in EAGLE_DRAFT_LAYERS]
+
+
+def eagle_draft_config(name: str) -> Dict:
+    """``config.json`` of the EAGLE-1 draft of built-in geometry ``name``: one ``LlamaForCausalLMEagle`` layer
+    whose hidden size, vocab, context and special tokens are the target's (what the draft consumes and shares)."""
+    g = get(name)
+    if name not in EAGLE_DRAFT_LAYERS:
+        raise ValueError(f"model {name!r} has no built-in EAGLE draft (built-in: {', '.join(eagle_draft_names())}); "
+                         "pass --spec-draft-model DIR")
+    t = g.config
+    eps = t.get("rms_norm_eps", t.get("layer_norm_epsilon", 1e-5))
+    cfg = {"architectures": [EAGLE_DRAFT_ARCH], "model_type": "llama", "torch_dtype": t.get("torch_dtype", "bfloat16"),
+           "vocab_size": t["vocab_size"], "hidden_size": t["hidden_size"], "num_hidden_layers": 1,
+           "hidden_act": "silu", "rms_norm_eps": eps, "max_position_embeddings": t["max_position_embeddings"],
+           "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False}
+    cfg.update(EAGLE_DRAFT_LAYERS[name])
+    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if k in t:
+            cfg[k] = t[k]
+    return cfg
+
+
+def materialize_eagle_draft(name: str, root=None, tokenizer: bool = True) -> str:
+    """Write the EAGLE draft of built-in geometry ``name`` (``config.json`` + the target's synthetic tokenizer)
+    into a fresh directory, served with ``--load-format dummy``; return the dir."""
+    cfg = eagle_draft_config(name)
+    d = Path(tempfile.mkdtemp(prefix=f"replayssm-ab-{name}-eagle-draft-", dir=root))
+    (d / "config.json").write_text(json.dumps(cfg, indent=1))
+    if tokenizer:
+        V = int(cfg["vocab_size"])
+        write_tokenizer(d, V, bos=min(_first_id(cfg.get("bos_token_id"), 1), V - 1),
+                        eos=min(_first_id(cfg.get("eos_token_id"), 2), V - 1),
+                        pad=min(_first_id(cfg.get("pad_token_id"), 0), V - 1))
+    return str(d)
+
+
+# ---------------------------------------------------------------------------------
 # sizes (for the docs and the report)
 # ---------------------------------------------------------------------------------
 def layer_counts(cfg: Dict) -> Dict[str, int]:
@@ -357,6 +426,13 @@ def main() -> int:
     print()
     for g in _GEOMETRIES:
         print(f"{g.name}: {g.source}" + (f" [{g.notes}]" if g.notes else ""))
+    print()
+    print(f"EAGLE drafts (--spec eagle; {EAGLE_DRAFT_ARCH}, dummy weights, the target's embedding and LM head):")
+    for name in eagle_draft_names():
+        c = eagle_draft_config(name)
+        print(f"  {name}: {c['num_hidden_layers']} layer, hidden {c['hidden_size']}, {c['num_attention_heads']} q / "
+              f"{c['num_key_value_heads']} kv heads x {c['head_dim']}, MLP {c['intermediate_size']}, "
+              f"vocab {c['vocab_size']}")
     return 0
 
 

@@ -28,8 +28,8 @@ num_warps); stage 2 = for the best ``--refine`` configs, each secondary paramete
 against the current config's output and flushed state at a flush and a non-flush
 phase (rejected if they differ), then timed.  Objective: the flush-cycle amortised
 time (one CUDA graph walking the phases 0..L-1 in order, slot sets rotated as in
-``bench_kernels``) per batch in ``--batches``, combined as the geometric mean of
-t / t_current; lower is better, and a candidate must beat the current config by
+``bench_kernels``, with ``bench_common``'s work objects) per batch in ``--batches``, combined as
+the geometric mean of t / t_current; lower is better, and a candidate must beat the current config by
 ``--min-gain`` to replace it.
 """
 
@@ -47,8 +47,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from eval import bench_common as bc
 from eval import report
-from eval import bench_kernels as bk
 
 ENV_CONFIG = "SGLANG_REPLAYSSM_KERNEL_CONFIG"
 
@@ -135,10 +135,10 @@ def discover(family: str, geom: Dict[str, int], L: int, device: str, dtypes: Seq
         with Recorder(mod) as rec:
             dt = dtypes[0]
             if family == "mamba2":
-                w = bk.Mamba2Work(geom, 2, L, dt, device, 1, seed=11)
+                w = bc.Mamba2Work(geom, 2, L, dt, device, 1, seed=11)
                 w.ours_fn(mod.mamba2_replay_decode, 0, L - 1)()
             else:
-                w = bk.GDNWork(geom, 2, L, dt, device, 1, seed=11, with_upstream=False)
+                w = bc.GDNWork(geom, 2, L, dt, device, 1, seed=11, with_upstream=False)
                 w.ours_fn(mod.gdn_replay_decode, 0, L - 1)()
     finally:
         if prev is None:
@@ -271,7 +271,7 @@ class FamilyTuner:
     """Workloads of one (family, geometry): timing and agreement checks per candidate."""
 
     def __init__(self, family: str, geom: Dict[str, int], L: int, device: str, batches: Sequence[int],
-                 dtypes: Sequence[str], timer: bk.Timer, min_launches: int):
+                 dtypes: Sequence[str], timer: bc.Timer, min_launches: int):
         import importlib
 
         self.family, self.geom, self.L, self.device = family, geom, L, device
@@ -284,18 +284,18 @@ class FamilyTuner:
         for dt in dtypes:
             for b in batches:
                 row = self._row_bytes(dt)
-                n_sets = 2 if device == "cpu" else bk.slot_sets_needed(b, row)
+                n_sets = 2 if device == "cpu" else bc.slot_sets_needed(b, row)
                 self.works.append((dt, b, n_sets))
         self.check_batch = 4
 
     def _row_bytes(self, dt: str) -> int:
-        g, sb = self.geom, bk.DTYPE_BYTES[dt]
+        g, sb = self.geom, bc.DTYPE_BYTES[dt]
         return g["H"] * g["P"] * g["N"] * sb if self.family == "mamba2" else g["HV"] * g["V"] * g["K"] * sb
 
     def _work(self, b: int, dt: str, n_sets: int, seed: int):
         if self.family == "mamba2":
-            return bk.Mamba2Work(self.geom, b, self.L, dt, self.device, n_sets, seed)
-        return bk.GDNWork(self.geom, b, self.L, dt, self.device, n_sets, seed, with_upstream=False)
+            return bc.Mamba2Work(self.geom, b, self.L, dt, self.device, n_sets, seed)
+        return bc.GDNWork(self.geom, b, self.L, dt, self.device, n_sets, seed, with_upstream=False)
 
     def _launch(self, w, s: int, phase: int):
         return w.ours_fn(self.fn, s, phase)
@@ -355,7 +355,7 @@ def geomean_ratio(times: Dict[str, float], base: Dict[str, float]) -> Optional[f
     return math.exp(statistics.fmean(logs))
 
 
-def tune_one(family: str, gname: str, geom: Dict[str, int], L: int, device: str, args, sweep, timer: bk.Timer,
+def tune_one(family: str, gname: str, geom: Dict[str, int], L: int, device: str, args, sweep, timer: bc.Timer,
              cand_files: CandidateFiles, deadline: float) -> Dict[str, Any]:
     """Tune every launch family the kernel asks for at this geometry."""
     found = discover(family, geom, L, device, args.dtypes)
@@ -366,7 +366,7 @@ def tune_one(family: str, gname: str, geom: Dict[str, int], L: int, device: str,
         if not any(isinstance(v, int) and not isinstance(v, bool) for v in current.values()):
             out["fixed"].append({"family": fam, "key": key, "current": current})
             continue
-        bk.log(f"-- {gname} {fam} [{key}] current {current}")
+        bc.log(f"-- {gname} {fam} [{key}] current {current}")
         cand_files.apply({fam: {key: current}})
         ref = tuner.reference_outputs()
         base = tuner.time_cycle()
@@ -396,7 +396,7 @@ def tune_one(family: str, gname: str, geom: Dict[str, int], L: int, device: str,
                         r["rejected"] = f"{type(e).__name__}: {str(e)[:200]}"
                 rec["candidates"].append(r)
                 s = r.get("score")
-                bk.log(f"   {compact(c)} -> " + (f"{s:.3f}x current" if s else f"rejected: {r.get('rejected')}"))
+                bc.log(f"   {compact(c)} -> " + (f"{s:.3f}x current" if s else f"rejected: {r.get('rejected')}"))
                 if s is not None and s < best_score:
                     best, best_score = dict(c), s
 
@@ -412,7 +412,7 @@ def tune_one(family: str, gname: str, geom: Dict[str, int], L: int, device: str,
         best_us = base if best == current else next(r["us"] for r in rec["candidates"] if r["config"] == best)
         rec["best_us"] = best_us
         out["tuned"][fam] = rec
-        bk.log(f"   best {compact(best)} ({best_score:.3f}x current)")
+        bc.log(f"   best {compact(best)} ({best_score:.3f}x current)")
     cand_files.restore()
     return out
 
@@ -446,7 +446,7 @@ def parse_args(argv=None):
     ap.add_argument("--family", choices=("mamba2", "gdn", "all"), default="all")
     ap.add_argument("--geometries", nargs="*", default=None)
     ap.add_argument("--batches", type=int, nargs="*", default=None, help="objective batches (default 8 64 256)")
-    ap.add_argument("--dtypes", nargs="*", choices=bk.STATE_DTYPES, default=None, help="state dtypes (default fp32)")
+    ap.add_argument("--dtypes", nargs="*", choices=bc.STATE_DTYPES, default=None, help="state dtypes (default fp32)")
     ap.add_argument("--L", type=int, default=None)
     ap.add_argument("--quick", action="store_true", help="small sweep (2 values per parameter), batch 64 only")
     ap.add_argument("--refine", type=int, default=2, help="stage-2 bases (best configs of stage 1)")
@@ -463,14 +463,14 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     t0 = time.time()
-    device = bk.pick_device(args.device)
+    device = bc.pick_device(args.device)
     import torch
     import triton
 
     cpu = device == "cpu"
-    L = args.L or (bk.CPU_BUFFER_LEN if cpu else bk.BUFFER_LEN)
-    m_geoms = bk.CPU_MAMBA2_GEOMETRIES if cpu else bk.MAMBA2_GEOMETRIES
-    g_geoms = bk.CPU_GDN_GEOMETRIES if cpu else bk.GDN_GEOMETRIES
+    L = args.L or (bc.CPU_BUFFER_LEN if cpu else bc.BUFFER_LEN)
+    m_geoms = bc.CPU_MAMBA2_GEOMETRIES if cpu else bc.MAMBA2_GEOMETRIES
+    g_geoms = bc.CPU_GDN_GEOMETRIES if cpu else bc.GDN_GEOMETRIES
     if args.geometries:
         m_geoms = {k: v for k, v in m_geoms.items() if k in args.geometries}
         g_geoms = {k: v for k, v in g_geoms.items() if k in args.geometries}
@@ -483,10 +483,10 @@ def main(argv=None) -> int:
     sweep = QUICK_SWEEP_VALUES if (args.quick or cpu) else SWEEP_VALUES
     budget = args.budget_s if args.budget_s is not None else (1e9 if cpu else 240.0)
     deadline = t0 + budget
-    timer = bk.Timer(device, target_ms=args.target_ms or (5.0 if args.quick else 10.0), min_reps=3)
+    timer = bc.Timer(device, target_ms=args.target_ms or (5.0 if args.quick else 10.0), min_reps=3)
     cand_files = CandidateFiles()
     gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)"
-    bk.log(f"== tune_kernels on {gpu}: {[(f, g) for f, g, _ in plan]} batches {args.batches} dtypes {args.dtypes} "
+    bc.log(f"== tune_kernels on {gpu}: {[(f, g) for f, g, _ in plan]} batches {args.batches} dtypes {args.dtypes} "
            f"L={L} budget {budget:.0f}s")
     results = []
     for fam, gname, geom in plan:
@@ -505,7 +505,7 @@ def main(argv=None) -> int:
         for fam, entries in tables.items():
             base.setdefault(fam, {}).update(entries)
         tables = base
-    commit = bk.git_commit()
+    commit = bc.git_commit()
     header = [f"Tuned launch parameters for {gpu}, written by eval/tune_kernels.py",
               f"{_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, commit {commit}, "
               f"torch {torch.__version__}, triton {triton.__version__}",
@@ -526,9 +526,9 @@ def main(argv=None) -> int:
                          report.fmt(rec.get("best_score_vs_current"), 3), len(rec["candidates"])])
         if "error" in res:
             rows.append([res["geometry"], res["family"], "error", res["error"][:60], "—", 0])
-    bk.log(f"-- wrote {out} and {side}")
-    bk.log(report.text_table(["geometry", "family", "current", "best", "t/t_current", "tried"], rows))
-    bk.log(f"total {time.time() - t0:.0f}s")
+    bc.log(f"-- wrote {out} and {side}")
+    bc.log(report.text_table(["geometry", "family", "current", "best", "t/t_current", "tried"], rows))
+    bc.log(f"total {time.time() - t0:.0f}s")
     return 0
 
 

@@ -4,7 +4,7 @@ One command starts, one after another and with identical SGLang flags,
 
 * ``python -m sglang.launch_server ...``            (arm ``stock``)
 * ``python -m sglang_replayssm.launch_server ...``  (arm ``staged``: the replay path, the launcher's default;
-  arm ``patched`` adds ``--replayssm-staged false``, the launch checks over SGLang's own kernels)
+  arm ``patched`` adds ``--replayssm-replay-ring false``, the launch checks over SGLang's own kernels)
 
 waits for ``/health``, drives each with SGLang's own ``sglang.bench_serving`` (token-id
 prompts: ``--dataset-name random-ids --tokenize-prompt``; one run per batch size with
@@ -15,6 +15,8 @@ server (SIGTERM to its process group, SIGKILL after a grace period), also on fai
 
     python -m eval.ab --model nemotron-h-8b --batch 1,32,128,256
     python -m eval.ab --model tiny-nemotron-h --arms stock,stock,staged    # + noise floor
+    python -m eval.ab --model nemotron-h-8b --workload standard-decode    # 1024/1024 x2 at 1,256 (+ noise floor)
+    python -m eval.ab --model nemotron-h-8b --workload shared-prefix      # prefix caching, extra_buffer, hit rate
     python -m eval.ab --model tiny-qwen3-next --spec nextn --sim-acc-len 2.5
     python -m eval.ab --model qwen3-next-80b-a3b --tp 2                   # full size, --tp-size 2 (two GPUs)
     python -m eval.ab --render eval/results/ab-....json                   # re-draw md/png
@@ -31,7 +33,21 @@ weights from ``eval/weights.py``, the same seed on every server) or a model dire
 The harness writes the plugin entry points it needs (``eval/entry_points.py``) into a
 temporary directory on the servers' ``PYTHONPATH``, so no ``pip install`` is needed.
 
-Speculative decoding (``--spec nextn``; ``eagle`` with ``--spec-draft-model``): speed runs
+Every bench run records SGLang's own decode rate at a full batch (its scheduler log) beside the client's
+tok/s and flags the run *client-path bound* when the client's rate at a full batch (batch / median TPOT) is
+more than 10% off it (eval/ab/decode_rate.py); ``--clients N`` drives each run from N bench_serving
+processes, merged; ``--stream-interval N`` is SGLang's, on every server.
+
+Prefix caching: ``--radix-cache off|on|no_buffer|extra_buffer`` is the same on every arm (``extra_buffer``:
+SGLang's default strategy, overlap scheduler on, plus ``--replayssm-extra-buffer true`` for our launcher's
+arms; not with ``--spec``).  ``--workload shared-prefix`` benches SGLang's generated-shared-prefix dataset and
+reports each server's cache hit rate (its ``Prefill batch ... #cached-token`` lines) beside TTFT p50/p99 and
+tok/s; its parity prompts share prefixes, and each server's hits are compared with the same requests on a
+flushed cache (eval/ab/prefix_cache.py, eval/ab/parity.py).
+
+Speculative decoding (``--spec nextn``: the target's MTP draft; ``--spec eagle``: a separate draft model,
+``--spec-draft-model DIR`` or the built-in geometry's dummy-weight EAGLE draft; ``--spec-topk K
+--spec-draft-tokens N``: a tree instead of a chain): speed runs
 use ``SGLANG_SIMULATE_ACC_LEN`` when ``--sim-acc-len`` is given (controlled acceptance).
 Simulated acceptance replaces target tokens, so parity then runs on extra servers without
 simulation: each arm with spec, and a non-spec stock reference (spec vs non-spec greedy

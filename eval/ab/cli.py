@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from eval.ab.common import ROOT
-from eval.ab.parity import parity_prompts
-from eval.ab.plan import Phase, parse_batches, plan_phases
+from eval.ab.multiclient import split
+from eval.ab.parity import parity_prompts, shared_prefix_prompts
+from eval.ab.presets import WORKLOADS, apply_workload
+from eval.ab.plan import Phase, parse_batches, plan_phases, spec_shape
 from eval.ab.results import finish_record, model_tag, run_record, write_results
-from eval.ab.servers import (PATCHED_MODULE, SPEC_ALGOS, STOCK_MODULE, ModelSpec, _stop_all, arm_launch, env_delta,
-                             launch_cmd, prepare_models, server_env, server_pythonpath)
-from eval.ab.workloads import bench_serving_argv, run_servers
+from eval.ab.servers import (PATCHED_MODULE, RADIX_MODES, SPEC_ALGOS, STOCK_MODULE, ModelSpec, _stop_all, arm_launch,
+                             env_delta, launch_cmd, prepare_models, server_env, server_pythonpath)
+from eval.ab.workloads import bench_serving_argv, clear_gsp_cache, run_servers
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,8 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("what to run")
     g.add_argument("--model", default="tiny-nemotron-h", help="built-in geometry (--list-models) or a model dir")
     g.add_argument("--arms", default="stock,staged", help="servers in order, each stock, staged (our launcher as "
-                   "users run it: the replay path), patched (our launcher with --replayssm-staged false: launch checks "
-                   "only) or upstream (stock + --enable-linear-replayssm), optionally :nospec "
+                   "users run it: the replay path), patched (our launcher with --replayssm-replay-ring false: "
+                   "launch checks only) or upstream (stock + --enable-linear-replayssm), optionally :nospec "
                    "(a --spec run's non-speculative baseline); a patched or staged arm may end in @FILE, a kernel "
                    "launch-config YAML that replaces the packaged one for that server only (label <arm>-<file "
                    "stem>; make one with python -m eval.config_variant); later arms are compared with the first")
@@ -47,6 +49,27 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--list-models", action="store_true")
     g.add_argument("--render", metavar="JSON", nargs="+", help="re-draw the .md/.png of result JSON files, exit")
     g.add_argument("--dry-run", action="store_true", help="print the plan and the command lines, start nothing")
+    g.add_argument("--workload", choices=("none", *WORKLOADS), default="none",
+                   help="a named workload: standard-decode = random ids, 1024 in / 1024 out, two waves (prompts = "
+                        "2 x batch) at --batch 1,256, arms stock,staged[,upstream for GDN models],stock (the last: "
+                        "the stock-vs-stock noise floor); shared-prefix = bench_serving's generated-shared-prefix "
+                        "dataset (--gsp-* below, --output-len 256) at --batch 16,64 with --radix-cache extra_buffer, "
+                        "arms stock,staged, each run's prefix cache flushed after warm-up, TTFT and the server's "
+                        "cache hit rate reported, parity on prompts sharing prefixes (hit vs cold too); it sets the "
+                        "flags not given on the command line (eval/ab/presets.py)")
+    g.add_argument("--gsp-groups", type=int, default=16, metavar="G",
+                   help="--workload shared-prefix: prompt groups, one system prompt each (--gsp-num-groups)")
+    g.add_argument("--gsp-prompts-per-group", type=int, default=16, metavar="N",
+                   help="--workload shared-prefix: prompts per group (each run sends G x N prompts)")
+    g.add_argument("--gsp-system-len", type=int, default=2048, metavar="TOKENS",
+                   help="--workload shared-prefix: the shared system prompt's tokens (--gsp-system-prompt-len)")
+    g.add_argument("--gsp-question-len", type=int, default=128, metavar="TOKENS",
+                   help="--workload shared-prefix: each prompt's own question after it")
+    g.add_argument("--clients", type=int, default=1, metavar="N",
+                   help="bench_serving processes per run: each takes ~batch/N of the concurrency and its share of the "
+                        "prompts, started together; their per-request records are merged into one result (output "
+                        "tok/s over the union window, TTFT/TPOT/ITL percentiles over all requests), so a client that "
+                        "caps on its own CPU does not cap the measurement (eval/ab/multiclient.py)")
     s = p.add_argument_group("SGLang server flags (identical on every arm)")
     s.add_argument("--attention-backend", default=None, help="default: the geometry's (flashinfer/triton)")
     s.add_argument("--load-format", default=None, help="default: dummy for built-in geometries")
@@ -60,11 +83,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "peak memory is sampled on --gpu-index, the first GPU, i.e. one rank's share); a built-in "
                         "geometry too large for one GPU names its minimum (--list-models)")
     s.add_argument("--cuda-graph", choices=("on", "off"), default="on")
-    s.add_argument("--radix-cache", choices=("on", "off"), default="off",
-                   help="on: radix cache with SGLang's no_buffer mamba strategy and --disable-overlap-schedule "
-                        "(SGLang 0.5.17 runs no_buffer only without the overlap scheduler)")
+    s.add_argument("--radix-cache", choices=RADIX_MODES, default="off",
+                   help="off: --disable-radix-cache; on (= no_buffer): radix cache with SGLang's no_buffer mamba "
+                        "strategy and --disable-overlap-schedule (SGLang 0.5.17 runs no_buffer only without the "
+                        "overlap scheduler); extra_buffer: --mamba-radix-cache-strategy extra_buffer on every arm, "
+                        "overlap scheduler on (SGLang's default), and --replayssm-extra-buffer true on our "
+                        "launcher's arms (staged, patched) only; not with --spec")
     s.add_argument("--cuda-graph-max-bs", type=int, default=0, help="default: the largest --batch")
     s.add_argument("--prefill-graph", choices=("default", "off"), default="off")
+    s.add_argument("--stream-interval", type=int, default=0, metavar="N",
+                   help="SGLang --stream-interval on every server: tokens per streamed event (0: SGLang's default, "
+                        "1). Above ~7-8k streamed tokens/s per server the CPU path can cap what the client sees "
+                        "(issue 24; python -m eval.streaming_cap measures it); 8 lifts it")
     s.add_argument("--server-arg", action="append", help="extra SGLang flags for every server (shell-split)")
     s.add_argument("--patched-arg", action="append", help="extra flags for the patched and staged arms' launcher, "
                    "e.g. '--replayssm-buffer-len 16'")
@@ -81,8 +111,17 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--weight-seed", type=int, default=0)
     sp = p.add_argument_group("speculative decoding")
     sp.add_argument("--spec", choices=sorted(SPEC_ALGOS), default="none")
-    sp.add_argument("--spec-steps", type=int, default=3, help="draft steps; draft tokens = steps + 1, topk 1")
-    sp.add_argument("--spec-draft-model", default=None)
+    sp.add_argument("--spec-steps", type=int, default=3, help="draft steps (--speculative-num-steps)")
+    sp.add_argument("--spec-topk", type=int, default=1, metavar="K",
+                    help="--speculative-eagle-topk: 1 drafts a chain of --spec-steps + 1 tokens; K > 1 a tree "
+                         "(needs --spec-draft-tokens)")
+    sp.add_argument("--spec-draft-tokens", type=int, default=0, metavar="N",
+                    help="--speculative-num-draft-tokens: a tree's nodes, root included (default and only value "
+                         "for a chain: --spec-steps + 1)")
+    sp.add_argument("--spec-draft-model", default=None,
+                    help="a separate draft model dir for every arm (--speculative-draft-model-path); default: "
+                         "--spec eagle on a built-in geometry writes its dummy-weight EAGLE draft "
+                         "(LlamaForCausalLMEagle sized to the target, --list-models), --spec nextn the target's MTP")
     sp.add_argument("--sim-acc-len", type=float, default=None, help="SGLANG_SIMULATE_ACC_LEN for the speed runs")
     sp.add_argument("--sim-acc-method", default="match-expected")
     sp.add_argument("--sim-acc-token-mode", default="real-draft-token")
@@ -100,6 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--parity-prompts", type=int, default=8)
     pa.add_argument("--parity-tokens", type=int, default=1024)
     pa.add_argument("--parity-topk", type=int, default=5)
+    pa.add_argument("--parity-groups", type=int, default=4, metavar="G",
+                    help="--workload shared-prefix: the --parity-prompts form G groups sharing a prefix "
+                         "(--gsp-system-len tokens, a little shorter per group); the first of each group is sent "
+                         "on a flushed cache, the others then hit its prefix, and each is sent again on a flushed "
+                         "cache (hit vs cold per server, summary prefix_parity)")
     pa.add_argument("--parity-solo", action="store_true",
                     help="also send the parity prompts one at a time; stock batched vs stock solo is reported as "
                          "the engine's own noise floor (parity_noise_floor)")
@@ -136,12 +180,55 @@ def checked_plan(args) -> List[Phase]:
     phases = plan_phases(args)
     parse_batches(args.batch)
     check_tp(args)
+    check_spec(args)
+    if args.stream_interval < 0:
+        raise ValueError(f"--stream-interval takes a positive number of tokens (0: SGLang's default), got "
+                         f"{args.stream_interval}")
+    split(min(parse_batches(args.batch)), 1, args.clients)  # every client needs a concurrent request
+    check_prefix(args)
     if args.profile_batch:
         parse_batches(args.profile_batch, "--profile-batch")
         if args.profile_steps < 1 or args.profile_delay_s < 0:
             raise ValueError("--profile-steps takes a positive integer and --profile-delay-s a non-negative "
                              f"number, got {args.profile_steps} and {args.profile_delay_s}")
     return phases
+
+
+def check_prefix(args) -> None:
+    """``--radix-cache extra_buffer`` and ``--workload shared-prefix``'s flags (a ValueError names the flag)."""
+    if args.radix_cache == "extra_buffer" and args.spec != "none":
+        raise ValueError(f"--radix-cache extra_buffer with --spec {args.spec}: SGLang's extra_buffer strategy is "
+                         "served by our launcher without speculation only; use --radix-cache no_buffer (or off)")
+    if getattr(args, "workload", "none") != "shared-prefix":
+        return
+    for flag in ("gsp_groups", "gsp_prompts_per_group", "gsp_system_len", "gsp_question_len", "parity_groups"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} takes a positive integer, got {getattr(args, flag)}")
+    if args.clients != 1:
+        raise ValueError("--workload shared-prefix runs one bench_serving client (--clients 1): each client would "
+                         "draw its own prompt groups and flush the prefix cache under the others")
+    longest = args.gsp_system_len + args.gsp_question_len + args.output_len
+    if longest > args.context_length:
+        raise ValueError(f"--workload shared-prefix: --gsp-system-len + --gsp-question-len + --output-len = {longest} "
+                         f"tokens exceed --context-length {args.context_length}; raise it or shorten the prompts")
+    per, odd = divmod(args.parity_prompts, args.parity_groups)
+    if not args.no_parity and (odd or per < 2):
+        raise ValueError(f"--workload shared-prefix: --parity-prompts {args.parity_prompts} must be a multiple of "
+                         f"--parity-groups {args.parity_groups}, at least two prompts per group (a cold one, a hit)")
+    if not args.no_parity and args.gsp_system_len + args.gsp_question_len + args.parity_tokens > args.context_length:
+        raise ValueError(f"--workload shared-prefix: parity prompts (--gsp-system-len + --gsp-question-len) + "
+                         f"--parity-tokens exceed --context-length {args.context_length}; lower --parity-tokens")
+
+
+def check_spec(args) -> None:
+    """The speculative shape (``spec_shape``) and, for ``--spec eagle``, a draft model to serve (a ValueError
+    names the flag)."""
+    from eval import models
+
+    spec_shape(args)
+    if args.spec == "eagle" and not args.spec_draft_model and args.model not in models.EAGLE_DRAFT_LAYERS:
+        raise ValueError(f"--spec eagle: --model {args.model} has no built-in EAGLE draft (built-in: "
+                         f"{', '.join(models.eagle_draft_names())}); pass --spec-draft-model DIR")
 
 
 def check_tp(args) -> None:
@@ -174,7 +261,8 @@ def print_plan(args, phases: List[Phase], spec_models: Dict[bool, Optional[Model
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     from eval import ab_report, models
 
     if args.list_models:
@@ -184,10 +272,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(ab_report.render(path))
         return 0
     try:
+        args.workload_set = apply_workload(args, parser, sys.argv[1:] if argv is None else argv)
         phases = checked_plan(args)
     except ValueError as e:
         print(f"python -m eval.ab: error: {e}", file=sys.stderr)
         return 2
+    if args.workload_set:
+        print(f"--workload {args.workload}: {' '.join(args.workload_set)}", flush=True)
     if args.gpu_index is None:
         args.gpu_index = (os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",") or ["0"])[0] or "0"
     t_start = time.time()
@@ -209,7 +300,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: (_stop_all(), sys.exit(130)))
     vocab = int(model0.config.get("vocab_size", 1024))
-    prompts = parity_prompts(args.parity_prompts, vocab, args.seed)
+    if args.workload == "shared-prefix":
+        prompts = shared_prefix_prompts(args.parity_groups, args.parity_prompts // args.parity_groups, vocab,
+                                        args.seed, args.gsp_system_len, args.gsp_question_len)
+        clear_gsp_cache(args, model0)
+    else:
+        prompts = parity_prompts(args.parity_prompts, vocab, args.seed)
     run = run_record(args, argv, phases, model0, flags, prompts, t_start)
     partial = out_dir / f"{stem0}-partial.json"
     run_servers(run, args, phases, spec_models, flags, base_env, pythonpath, logdir, prompts, deadline, partial)

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from eval.ab.servers import http_json
+from eval.ab.servers import http_json, http_post
 
 
 DLOGPROB_BINS = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
@@ -23,6 +23,59 @@ def parity_prompts(n: int, vocab: int, seed: int) -> List[List[int]]:
     rng = random.Random(seed)
     lengths = [7, 33, 64, 100, 128, 200, 257, 300]
     return [[rng.randrange(3, vocab) for _ in range(lengths[i % len(lengths)])] for i in range(n)]
+
+
+def shared_prefix_prompts(groups: int, per_group: int, vocab: int, seed: int, prefix_len: int,
+                          question_len: int) -> List[List[int]]:
+    """``groups`` x ``per_group`` deterministic token-id prompts, group-major: the prompts of a group share a
+    random prefix, then each has its own question.  The prefixes are a little shorter group after group and the
+    questions vary in length, so cached prefixes end at several offsets of the replay ring's cycle."""
+    rng = random.Random(seed + 19)
+    out = []
+    for g in range(groups):
+        prefix = [rng.randrange(3, vocab) for _ in range(max(1, prefix_len - 37 * g))]
+        for j in range(per_group):
+            q = max(1, question_len - 13 * j - 5 * g)
+            out.append(prefix + [rng.randrange(3, vocab) for _ in range(q)])
+    return out
+
+
+def run_parity_prefix(url: str, prompts: List[List[int]], groups: int, n_tokens: int, topk: int, timeout: float,
+                      sample_path: Optional[Path] = None) -> Dict[str, Any]:
+    """Greedy parity with prefix-cache hits (``--workload shared-prefix``): on a flushed cache, the first prompt
+    of every group (cold, and its prefix enters the cache), then the others in one batch (they hit it): these are
+    ``outputs``, in prompt order, compared across servers like any parity run.  Then each later member again, on
+    a flushed cache, one member of every group per batch (no two share a prefix): ``cold_outputs``, the same
+    requests without a hit, which ``compare`` sets against the hits (``prefix_parity``)."""
+    per = len(prompts) // groups
+    t0 = time.time()
+    idx = [[g * per + j for g in range(groups)] for j in range(per)]  # idx[j]: member j of every group
+    outs: List[Optional[Dict[str, Any]]] = [None] * len(prompts)
+    cold: List[Optional[Dict[str, Any]]] = [None] * len(prompts)
+    flushes = [_flush(url)]
+    first = run_parity(url, [prompts[i] for i in idx[0]], n_tokens, topk, timeout, sample_path)["outputs"]
+    for i, o in zip(idx[0], first):
+        outs[i] = o
+    rest = [i for j in range(1, per) for i in idx[j]]
+    for i, o in zip(rest, run_parity(url, [prompts[i] for i in rest], n_tokens, topk, timeout)["outputs"]):
+        outs[i] = o
+    for j in range(1, per):
+        flushes.append(_flush(url))
+        for i, o in zip(idx[j], run_parity(url, [prompts[i] for i in idx[j]], n_tokens, topk, timeout)["outputs"]):
+            cold[i] = o
+    hit_idx = [i for i in range(len(prompts)) if cold[i] is not None]
+    return {"seconds": round(time.time() - t0, 2), "outputs": outs, "groups": groups, "hit_prompts": hit_idx,
+            "cold_outputs": [cold[i] for i in hit_idx], "flushes_ok": all(flushes)}
+
+
+def _flush(url: str) -> bool:
+    """SGLang's ``/flush_cache`` (empties the radix cache; refused while requests still run, so tried again)."""
+    for attempt in range(3):
+        code, _ = http_post(url + "/flush_cache", {}, timeout=60)
+        if code == 200:
+            return True
+        time.sleep(1.0 + attempt)
+    return False
 
 
 def _top_dict(entry) -> Dict[int, float]:
@@ -95,6 +148,15 @@ def slim_outputs(outs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """What the result JSON keeps of a parity run: tokens and chosen-token logprobs (8 digits)."""
     return [{"tokens": o["tokens"], "logprobs": [None if x is None else float(f"{x:.8g}") for x in o["logprobs"]]}
             for o in outs]
+
+
+def prefix_parity(par: Dict[str, Any], near_tie_tol: float, expected_tokens: Optional[int]) -> Optional[Dict[str, Any]]:
+    """One server's prefix-hit requests against the same requests on a flushed cache (``run_parity_prefix``);
+    None for a parity run without them."""
+    if not par.get("cold_outputs") or "outputs" not in par:
+        return None
+    hits = [par["outputs"][i] for i in par["hit_prompts"]]
+    return compare_parity(par["cold_outputs"], hits, near_tie_tol, expected_tokens)
 
 
 def _bin_index(d: float) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 
-# stock: plain SGLang; patched: our launcher with ``--replayssm-staged false`` (the launch checks only,
+# stock: plain SGLang; patched: our launcher with ``--replayssm-replay-ring false`` (the launch checks only,
 # SGLang's own SSM kernels); staged: our launcher as users run it (its default: the replay-ring seams,
 # decode and verify); upstream: plain SGLang with its own GDN replay kernel (``--enable-linear-replayssm``)
 ARM_KINDS = ("stock", "patched", "staged", "upstream")
@@ -63,6 +63,35 @@ def parse_arms(text: str) -> List[Tuple[str, str, bool, Optional[str]]]:
             label = f"{base}-{seen[base]}"
         out.append((label, kind, bool(mod), str(Path(cfg).resolve()) if cfg else None))
     return out
+
+
+def spec_shape(args) -> Tuple[int, int, int]:
+    """``(steps, topk, draft_tokens)`` of a ``--spec`` run, checked (a ValueError names the flag).
+
+    A chain (``--spec-topk 1``) verifies ``--spec-steps`` + 1 tokens: SGLang resets any other
+    ``--speculative-num-draft-tokens`` to that, so another ``--spec-draft-tokens`` is refused rather than
+    silently changed.  A tree (``--spec-topk K > 1``) needs ``--spec-draft-tokens N`` (its nodes, root
+    included), at most what ``--spec-steps`` x K can hold (``tree_max_nodes``)."""
+    from sglang_replayssm.patches.server_args import tree_max_nodes
+
+    steps, topk, n = args.spec_steps, getattr(args, "spec_topk", 1), getattr(args, "spec_draft_tokens", 0) or 0
+    if args.spec == "none":
+        if topk != 1 or n:
+            raise ValueError("--spec-topk / --spec-draft-tokens shape a speculative run: add --spec nextn|eagle")
+        return steps, topk, n
+    if steps < 1 or topk < 1 or n < 0:
+        raise ValueError(f"--spec-steps and --spec-topk take positive integers and --spec-draft-tokens a "
+                         f"non-negative one, got {steps}, {topk} and {n}")
+    if topk == 1:
+        if n and n != steps + 1:
+            raise ValueError(f"--spec-draft-tokens {n}: a chain (--spec-topk 1) verifies --spec-steps + 1 = "
+                             f"{steps + 1} tokens; drop --spec-draft-tokens or pass {steps + 1}")
+        return steps, 1, steps + 1
+    most = tree_max_nodes(steps, topk)
+    if not 2 <= n <= most:
+        raise ValueError(f"--spec-topk {topk} (a tree) needs --spec-draft-tokens N with 2 <= N <= {most} (the most "
+                         f"nodes --spec-steps {steps} x --spec-topk {topk} can hold), got {n or 'none'}")
+    return steps, topk, n
 
 
 def parse_batches(text: str, flag: str = "--batch") -> List[int]:

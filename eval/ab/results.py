@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from eval.ab import decode_rate
 from eval.ab.common import ROOT, SCHEMA, log
-from eval.ab.parity import compare_parity, slim_outputs
+from eval.ab.parity import compare_parity, prefix_parity, slim_outputs
 from eval.ab.plan import Phase, parse_batches
 from eval.ab.servers import ModelSpec, arm_launch, recorded_env
 
@@ -76,12 +77,25 @@ def run_record(args, argv: Optional[List[str]], phases: List[Phase], model0: Mod
                   "patched_extra": args.patched_arg or []},
         "bench": {"tool": "sglang.bench_serving", "dataset": "random-ids (token ids, --tokenize-prompt)",
                   "batches": parse_batches(args.batch), "input_len": args.input_len, "output_len": args.output_len,
-                  "prompts_per_batch": f"max(batch x {args.rounds}, {args.min_prompts})"},
+                  "prompts_per_batch": f"max(batch x {args.rounds}, {args.min_prompts})",
+                  "workload": getattr(args, "workload", "none"),
+                  # SGLang's --stream-interval on every server (1: its default) and bench_serving processes per run
+                  "stream_interval": getattr(args, "stream_interval", 0) or 1, "clients": getattr(args, "clients", 1),
+                  "radix_cache": getattr(args, "radix_cache", "off")},
         "parity_setup": {"prompts": args.parity_prompts, "prompt_lens": [len(x) for x in prompts],
                          "tokens": args.parity_tokens, "topk": args.parity_topk, "near_tie_tol": args.near_tie_tol,
                          "greedy": True},
         "phases": [],
     }
+    if getattr(args, "workload", "none") == "shared-prefix":
+        n = args.gsp_groups * args.gsp_prompts_per_group
+        run["bench"].update(
+            dataset=f"generated-shared-prefix ({args.gsp_groups} groups x {args.gsp_prompts_per_group} prompts, text, "
+                    "prefix cache flushed after warm-up)",
+            input_len=args.gsp_system_len + args.gsp_question_len, prompts_per_batch=n,
+            gsp={"groups": args.gsp_groups, "prompts_per_group": args.gsp_prompts_per_group,
+                 "system_len": args.gsp_system_len, "question_len": args.gsp_question_len})
+        run["parity_setup"].update(groups=args.parity_groups, shared_prefix=True)
     run["flags"]["harness"].pop("render", None)
     return run
 
@@ -113,12 +127,23 @@ def compare(a: Dict[str, Any], b: Dict[str, Any], phases: List[Dict[str, Any]], 
             x, y = num, den
             return (x / y) if isinstance(x, (int, float)) and isinstance(y, (int, float)) and y else None
 
+        qa, qb = ab_report.rates_rows(a).get(bs, {}), ab_report.rates_rows(b).get(bs, {})
         rows[bs] = {
             "throughput_ratio": rat(rb.get("output_throughput"), ra.get("output_throughput")),
             "tpot_speedup": rat(ra.get("median_tpot_ms"), rb.get("median_tpot_ms")),
             "itl_p99_ratio": rat(rb.get("p99_itl_ms"), ra.get("p99_itl_ms")),
+            # SGLang's own decode rate at a full batch (its scheduler log), arm over baseline, beside the
+            # client's ratio; a run whose client rate disagrees with it is client-path bound (eval/ab/decode_rate.py)
+            "decode_rate_ratio": rat(qb.get("decode_tok_s"), qa.get("decode_tok_s")),
+            "client_path_bound": {a["label"]: qa.get("client_path_bound"), b["label"]: qb.get("client_path_bound")},
+            "ttft_p50_ratio": rat(rb.get("median_ttft_ms"), ra.get("median_ttft_ms")),
+            "ttft_p99_ratio": rat(rb.get("p99_ttft_ms"), ra.get("p99_ttft_ms")),
         }
+        ha, hb = prefix_rows(a).get(bs, {}).get("hit_rate"), prefix_rows(b).get(bs, {}).get("hit_rate")
+        if ha is not None or hb is not None:  # the servers' prefix-cache hit rates (their Prefill batch lines)
+            rows[bs].update(cache_hit_rate={a["label"]: ha, b["label"]: hb}, hit_rate_ratio=rat(hb, ha))
     ratios = [r["throughput_ratio"] for r in rows.values() if r["throughput_ratio"]]
+    bound = [f"{lab} at batch {bs}" for bs, r in rows.items() for lab, f in r["client_path_bound"].items() if f]
     geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else None
     out: Dict[str, Any] = {
         "a": a["label"], "b": b["label"], "by_batch": rows,
@@ -135,6 +160,7 @@ def compare(a: Dict[str, Any], b: Dict[str, Any], phases: List[Dict[str, Any]], 
         if args.random_weights else None,
         "replayssm_active": {a["label"]: a.get("replayssm_active"), b["label"]: b.get("replayssm_active")},
         "retracted_reqs": {a["label"]: a.get("retracted_reqs"), b["label"]: b.get("retracted_reqs")},
+        "client_path_bound_runs": len(bound),
     }
     pa, pb = a.get("parity") or {}, b.get("parity") or {}
     if "outputs" in pa and "outputs" in pb:
@@ -142,6 +168,9 @@ def compare(a: Dict[str, Any], b: Dict[str, Any], phases: List[Dict[str, Any]], 
     else:
         out["parity"] = {"skipped": pa.get("skipped") or pb.get("skipped") or pa.get("error") or pb.get("error")
                          or "no parity outputs (simulated acceptance or --no-parity)"}
+    pp = {arm["label"]: prefix_parity(arm.get("parity") or {}, args.near_tie_tol, args.parity_tokens) for arm in (a, b)}
+    if any(pp.values()):  # each server's prefix-hit requests against the same requests on a flushed cache
+        out["prefix_parity"] = pp
     sa, sb = a.get("parity_solo") or {}, b.get("parity_solo") or {}
     if "outputs" in pa and "outputs" in sa:  # the engine's own batch sensitivity: the noise floor
         out["parity_noise_floor"] = dict(compare_parity(pa["outputs"], sa["outputs"], args.near_tie_tol,
@@ -172,8 +201,28 @@ def compare(a: Dict[str, Any], b: Dict[str, Any], phases: List[Dict[str, Any]], 
             parts.append(f"{name} exact" if pr["exact"] else
                          f"{name}: {pr['mismatches']} mismatching prompt(s), {len(pr['near_ties'])} near-tie(s), "
                          f"max |dlogprob| {pr['max_abs_dlogprob']:.3g}")
+    hits = [(bs, r["cache_hit_rate"]) for bs, r in rows.items() if r.get("cache_hit_rate")]
+    if hits:
+        parts.append("prefix cache hit rate " + ", ".join(
+            f"batch {bs}: " + " vs ".join(f"{lab} {report_num(h)}" for lab, h in hr.items()) for bs, hr in hits))
+    for lab, pr in (out.get("prefix_parity") or {}).items():
+        if pr:
+            parts.append(f"{lab} hit vs cold " + ("exact" if pr["exact"] else
+                         f"{pr['mismatches']} mismatching prompt(s), max |dlogprob| {pr['max_abs_dlogprob']:.3g}"))
+    if bound:
+        parts.append("client-path bound (client rate and SGLang's decode rate disagree by more than "
+                     f"{decode_rate.CLIENT_PATH_TOLERANCE:.0%}): " + ", ".join(bound))
     out["verdict"] = "; ".join(parts) if parts else "no comparable numbers"
     return out
+
+
+def prefix_rows(arm: Dict[str, Any]) -> Dict[int, Dict[str, Any]]:
+    """batch -> the server's prefix-cache accounting over that bench run (``eval/ab/prefix_cache.py``)."""
+    return {int(e["batch"]): e["prefix_cache"] for e in (arm or {}).get("bench", []) if e.get("prefix_cache")}
+
+
+def report_num(x: Any) -> str:
+    return f"{x:.3f}" if isinstance(x, (int, float)) else "n/a"
 
 
 def slim_phase(rec: Dict[str, Any]) -> Dict[str, Any]:
@@ -182,6 +231,8 @@ def slim_phase(rec: Dict[str, Any]) -> Dict[str, Any]:
         par = q.get(key)
         if isinstance(par, dict) and "outputs" in par:
             q[key] = dict(par, outputs=slim_outputs(par["outputs"]))
+            if par.get("cold_outputs"):
+                q[key]["cold_outputs"] = slim_outputs(par["cold_outputs"])
     return q
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from eval.ab.common import ROOT
-from eval.ab.plan import SPEC_ALGOS, STOCK_KINDS, Phase, parse_batches
+from eval.ab.plan import SPEC_ALGOS, STOCK_KINDS, Phase, parse_batches, spec_shape
 
 
 STOCK_MODULE = "sglang.launch_server"
@@ -48,16 +48,34 @@ class ModelSpec:
     server_flags: Tuple[str, ...] = ()
     spec_server_flags: Tuple[str, ...] = ()
     env: Dict[str, str] = field(default_factory=dict)
+    draft: Optional[str] = None  # --speculative-draft-model-path (a separate draft model), else the target's MTP
+
+
+def draft_model(args, workdir: Path) -> Optional[str]:
+    """The separate draft model of a speculative run: ``--spec-draft-model``, else (``--spec eagle``) the built-in
+    geometry's dummy-weight EAGLE draft written under ``workdir`` (``eval/models.py``), else None (NEXTN/MTP)."""
+    from eval import models
+
+    if args.spec_draft_model:
+        return args.spec_draft_model
+    if args.spec != "eagle":
+        return None
+    if args.model not in models.EAGLE_DRAFT_LAYERS:
+        raise SystemExit(f"--spec eagle: --model {args.model} has no built-in EAGLE draft (built-in: "
+                         f"{', '.join(models.eagle_draft_names())}); pass --spec-draft-model DIR")
+    return models.materialize_eagle_draft(args.model, root=workdir)
 
 
 def prepare_model(args, workdir: Path, spec: bool) -> ModelSpec:
     from eval import models
 
+    draft = draft_model(args, workdir) if spec else None
     if args.model in models.GEOMETRIES:
         g = models.get(args.model)
-        path = models.materialize(args.model, root=workdir, spec=spec)
-        return ModelSpec(g.name, path, path, True, g.config_json(spec=spec), g.size, g.source, g.notes,
-                         g.attention_backend, g.server_flags, g.spec_server_flags, dict(g.env))
+        mtp = spec and draft is None  # the MTP keys size the draft inside the target; a separate draft needs none
+        path = models.materialize(args.model, root=workdir, spec=mtp)
+        return ModelSpec(g.name, path, path, True, g.config_json(spec=mtp), g.size, g.source, g.notes,
+                         g.attention_backend, g.server_flags, g.spec_server_flags if mtp else (), dict(g.env), draft)
     d = Path(args.model)
     if not (d / "config.json").is_file():
         raise SystemExit(f"--model {args.model!r}: neither a built-in geometry ({', '.join(models.names())}) "
@@ -68,7 +86,7 @@ def prepare_model(args, workdir: Path, spec: bool) -> ModelSpec:
         tdir = Path(tempfile.mkdtemp(prefix="replayssm-ab-tok-", dir=workdir))
         models.write_tokenizer(tdir, int(cfg["vocab_size"]))
         tok = str(tdir)
-    return ModelSpec(d.name, str(d), tok, False, cfg, "real", f"model directory {d}")
+    return ModelSpec(d.name, str(d), tok, False, cfg, "real", f"model directory {d}", draft=draft)
 
 
 def common_server_flags(args, model: ModelSpec, spec: bool) -> List[str]:
@@ -83,12 +101,7 @@ def common_server_flags(args, model: ModelSpec, spec: bool) -> List[str]:
     if backend:
         f += ["--attention-backend", backend]
     mem = args.mem_fraction_static or (0.25 if model.builtin and model.size == "tiny" else 0.85)
-    # radix on: SGLang's no_buffer mamba strategy (extra_buffer bypasses the replay ring and is
-    # rejected by the patched launcher; SGLang picks it by default for some models), which
-    # SGLang 0.5.17 runs only without the overlap scheduler
-    f += ["--sampling-backend", args.sampling_backend] + (
-        ["--disable-radix-cache"] if args.radix_cache == "off" else
-        ["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule"])
+    f += ["--sampling-backend", args.sampling_backend] + radix_flags(args.radix_cache)
     f += ["--mem-fraction-static", str(mem),
           "--context-length", str(args.context_length), "--random-seed", str(args.seed),
           "--enable-metrics"]
@@ -104,18 +117,36 @@ def common_server_flags(args, model: ModelSpec, spec: bool) -> List[str]:
             f += ["--cuda-graph-backend-prefill", "disabled"]
     f += list(model.server_flags)
     if spec:
-        algo = SPEC_ALGOS[args.spec]
-        n = args.spec_steps
-        f += ["--speculative-algorithm", algo, "--speculative-num-steps", str(n),
-              "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(n + 1)]
-        if args.spec_draft_model:
-            f += ["--speculative-draft-model-path", args.spec_draft_model]
+        steps, topk, ndraft = spec_shape(args)
+        f += ["--speculative-algorithm", SPEC_ALGOS[args.spec], "--speculative-num-steps", str(steps),
+              "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(ndraft)]
+        if model.draft:
+            f += ["--speculative-draft-model-path", model.draft]
         elif args.spec == "eagle":
-            raise SystemExit("--spec eagle needs --spec-draft-model (built-in geometries ship NEXTN/MTP drafts)")
+            raise SystemExit("--spec eagle needs a draft model: --spec-draft-model DIR, or a built-in geometry "
+                             "with an EAGLE draft")
         f += list(model.spec_server_flags)
+    if getattr(args, "stream_interval", 0):  # eval.ab --stream-interval: the same on every arm
+        f += ["--stream-interval", str(args.stream_interval)]
     for extra in args.server_arg or []:
         f += shlex.split(extra)
     return f
+
+
+# eval.ab --radix-cache -> SGLang flags, the same on every arm.  on / no_buffer: SGLang's no_buffer mamba
+# strategy, which SGLang 0.5.17 runs only without the overlap scheduler; extra_buffer: SGLang's default strategy
+# for hybrid models, overlap scheduler on (our launcher's arms also get --replayssm-extra-buffer true, arm_launch)
+RADIX_MODES = ("off", "on", "no_buffer", "extra_buffer")
+
+
+def radix_flags(mode: str) -> List[str]:
+    if mode == "off":
+        return ["--disable-radix-cache"]
+    if mode in ("on", "no_buffer"):
+        return ["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule"]
+    if mode == "extra_buffer":
+        return ["--mamba-radix-cache-strategy", "extra_buffer"]
+    raise ValueError(f"--radix-cache {mode!r}: choose one of {', '.join(RADIX_MODES)}")
 
 
 def launch_cmd(python: str, module: str, flags: Sequence[str], host: str, port: int,
@@ -128,7 +159,9 @@ def arm_launch(args, kind: str) -> Tuple[str, List[str]]:
     if kind in STOCK_KINDS:
         return args.stock_module, (["--enable-linear-replayssm"] if kind == "upstream" else [])
     extra = [x for e in (args.patched_arg or []) for x in shlex.split(e)]
-    return args.patched_module, extra + (["--replayssm-staged", "false"] if kind == "patched" else [])
+    if getattr(args, "radix_cache", "off") == "extra_buffer":  # our launcher refuses extra_buffer without it
+        extra += ["--replayssm-extra-buffer", "true"]
+    return args.patched_module, extra + (["--replayssm-replay-ring", "false"] if kind == "patched" else [])
 
 
 def server_env(base: Dict[str, str], args, phase: Phase, model: ModelSpec, pythonpath: Sequence[str]) -> Dict[str, str]:
@@ -139,7 +172,8 @@ def server_env(base: Dict[str, str], args, phase: Phase, model: ModelSpec, pytho
         for k in [k for k in env if k.startswith("SGLANG_REPLAYSSM_")]:
             env.pop(k)
     elif phase.kind == "staged":  # the launcher's default (seams on), whatever the caller exported
-        env.pop("SGLANG_REPLAYSSM_STAGED", None)
+        for k in ("SGLANG_REPLAYSSM_REPLAY_RING", "SGLANG_REPLAYSSM_STAGED"):  # the setting and its old name
+            env.pop(k, None)
     if phase.kernel_config:  # this arm's launch configs, over any inherited file
         env["SGLANG_REPLAYSSM_KERNEL_CONFIG"] = phase.kernel_config
     env["PYTHONPATH"] = os.pathsep.join([*pythonpath, *(x for x in [base.get("PYTHONPATH", "")] if x)])
@@ -175,7 +209,8 @@ def recorded_env(env: Dict[str, str]) -> Dict[str, str]:
 
 # the replay-ring seams each arm kind must run with (eval.ab checks the servers' own log line)
 ARM_SEAMS = {"staged": True, "patched": False}
-_SEAMS_LINE = re.compile(r"sglang_replayssm active \(pid \d+\):.*?\bstaged=(True|False)\b")
+# replay_ring=; staged= in the logs of servers before the setting's rename
+_SEAMS_LINE = re.compile(r"sglang_replayssm active \(pid \d+\):.*?\b(?:replay_ring|staged)=(True|False)\b")
 
 
 def seams_state(log_text: str) -> Any:

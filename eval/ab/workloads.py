@@ -17,9 +17,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from eval.ab import decode_rate, prefix_cache
 from eval.ab.common import ROOT, log
-from eval.ab.parity import run_parity, run_parity_solo
+from eval.ab.parity import run_parity, run_parity_prefix, run_parity_solo
 from eval.ab.plan import Phase, parse_batches
+from eval.ab.multiclient import BenchPool
 from eval.ab.profile import run_profile
 from eval.ab.results import write_partial
 from eval.ab.servers import (ARM_SEAMS, GpuMemSampler, ModelSpec, Server, _stop_all, arm_launch, count_retractions,
@@ -35,18 +37,48 @@ BENCH_KEYS = (
     "mean_itl_ms", "median_itl_ms", "p90_itl_ms", "p95_itl_ms", "p99_itl_ms",
     "mean_e2e_latency_ms", "median_e2e_latency_ms", "p99_e2e_latency_ms",
     "concurrency", "accept_length", "max_output_tokens_per_s", "max_concurrent_requests",
+    "clients", "per_client",  # eval.ab --clients N: the merged result of N bench_serving processes
 )
 
 
 def bench_serving_argv(base_url: str, model: ModelSpec, batch: int, args, out_file: str) -> List[str]:
     """Arguments of one ``python -m sglang.bench_serving`` run (one batch size)."""
+    head = ["--backend", "sglang", "--base-url", base_url, "--model", model.path, "--tokenizer", model.tokenizer]
+    tail = ["--max-concurrency", str(batch), "--request-rate", "inf", "--seed", str(args.seed),
+            "--warmup-requests", str(args.warmup_requests), "--ready-check-timeout-sec", "30", "--disable-tqdm",
+            "--output-file", out_file]
+    if getattr(args, "workload", "none") == "shared-prefix":
+        # text prompts (the dataset refuses --tokenize-prompt), exact lengths (range ratio 1), the prefix cache
+        # flushed after the warm-up so that every run starts cold; --num-prompts is the dataset's own count
+        return head + ["--dataset-name", "generated-shared-prefix", "--gsp-num-groups", str(args.gsp_groups),
+                       "--gsp-prompts-per-group", str(args.gsp_prompts_per_group),
+                       "--gsp-system-prompt-len", str(args.gsp_system_len),
+                       "--gsp-question-len", str(args.gsp_question_len), "--gsp-output-len", str(args.output_len),
+                       "--gsp-range-ratio", "1.0", "--num-prompts", str(args.gsp_groups * args.gsp_prompts_per_group),
+                       "--flush-cache"] + tail
     n = max(batch * args.rounds, args.min_prompts)
-    return ["--backend", "sglang", "--base-url", base_url, "--model", model.path, "--tokenizer", model.tokenizer,
-            "--dataset-name", "random-ids", "--tokenize-prompt",
-            "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
-            "--random-range-ratio", "1.0", "--num-prompts", str(n), "--max-concurrency", str(batch),
-            "--request-rate", "inf", "--seed", str(args.seed), "--warmup-requests", str(args.warmup_requests),
-            "--ready-check-timeout-sec", "30", "--disable-tqdm", "--output-file", out_file]
+    return head + ["--dataset-name", "random-ids", "--tokenize-prompt",
+                   "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
+                   "--random-range-ratio", "1.0", "--num-prompts", str(n)] + tail
+
+
+def clear_gsp_cache(args, model: ModelSpec) -> List[str]:
+    """Remove bench_serving's on-disk generated-shared-prefix dataset for this run's parameters
+    (``~/.cache/sglang/benchmark/gen_shared_prefix_<seed>_<G>_<N>_<system>_<question>_<out>_<tokenizer
+    class>.pkl``): its key names the tokenizer's class, not its vocabulary, so a file an earlier run wrote
+    with another model's synthetic tokenizer would be reused.  The run's first bench writes it afresh and
+    every later bench of the run (all arms: one tokenizer) reads the same prompts."""
+    d = Path.home() / ".cache" / "sglang" / "benchmark"
+    stem = (f"gen_shared_prefix_{args.seed}_{args.gsp_groups}_{args.gsp_prompts_per_group}_{args.gsp_system_len}_"
+            f"{args.gsp_question_len}_{args.output_len}_")
+    gone = []
+    for f in d.glob(stem + "*.pkl") if d.is_dir() else []:
+        try:
+            f.unlink()
+            gone.append(str(f))
+        except OSError:
+            pass
+    return gone
 
 
 class BenchDriver:
@@ -207,9 +239,14 @@ class PhaseRun:
                     rec["parity"] = {"skipped": "deadline"}
                 else:
                     try:
-                        rec["parity"] = run_parity(server.url, prompts, args.parity_tokens, args.parity_topk,
-                                                   timeout=min(args.parity_timeout, max(10.0, deadline - time.time())),
-                                                   sample_path=self.logdir / f"generate-sample-{phase.label}.json")
+                        timeout = min(args.parity_timeout, max(10.0, deadline - time.time()))
+                        sample = self.logdir / f"generate-sample-{phase.label}.json"
+                        if getattr(args, "workload", "none") == "shared-prefix":  # prefix hits, and hit vs cold
+                            rec["parity"] = run_parity_prefix(server.url, prompts, args.parity_groups,
+                                                              args.parity_tokens, args.parity_topk, timeout, sample)
+                        else:
+                            rec["parity"] = run_parity(server.url, prompts, args.parity_tokens, args.parity_topk,
+                                                       timeout=timeout, sample_path=sample)
                         log(f"{phase.label}: parity {len(prompts)} x {args.parity_tokens} tokens in "
                             f"{rec['parity']['seconds']} s")
                         if args.parity_solo:
@@ -244,7 +281,9 @@ class PhaseRun:
             out_file = str(self.logdir / f"bench-{phase.label}-b{b}.jsonl")
             argv = bench_serving_argv(self.server.url, self.model, b, args, out_file)
             entry = {"batch": b, "command": "python -m sglang.bench_serving " + shlex.join(argv)}
+            start = decode_rate.log_offset(self.server.log_path)  # the server log's window of this run
             res = driver.run(argv, timeout=min(args.bench_timeout, max(10.0, deadline - time.time())))
+            window = decode_rate.log_window(self.server.log_path, start)
             entry.update(ok=res.get("ok"), seconds=res.get("seconds"), error=res.get("error"))
             try:
                 lines = Path(out_file).read_text().strip().splitlines()
@@ -252,10 +291,18 @@ class PhaseRun:
             except (OSError, ValueError) as e:
                 entry["result"] = None
                 entry["error"] = entry.get("error") or f"no bench_serving output: {e}"
+            # SGLang's own decode rate at a full batch beside the client's, and the client-path flag
+            entry["rates"] = rt = decode_rate.rates(window, entry.get("result"), b)
+            # the server's own prefix-cache accounting over the run (its Prefill batch lines; flushed after warm-up)
+            entry["prefix_cache"] = pc = prefix_cache.hit_rate(window)
             r = entry.get("result") or {}
             log(f"{phase.label}: batch {b}: {r.get('output_throughput', float('nan')):.1f} tok/s, "
-                f"TPOT p50 {r.get('median_tpot_ms', float('nan')):.2f} ms "
-                f"({'ok' if entry['ok'] else entry.get('error')})")
+                f"TPOT p50 {r.get('median_tpot_ms', float('nan')):.2f} ms, decode at full batch "
+                f"{rt['decode_tok_s'] or float('nan'):.0f} tok/s"
+                f"{' (client-path bound)' if rt['client_path_bound'] else ''}"
+                + (f", TTFT p50 {r.get('median_ttft_ms', float('nan')):.1f} ms, cache hit rate {pc['hit_rate']:.3f}"
+                   if pc["hit_rate"] is not None else "")
+                + f" ({'ok' if entry['ok'] else entry.get('error')})")
             rec["bench"].append(entry)
             progress.step(f"{phase.label} b{b}")
         if args.profile_batch:
@@ -304,10 +351,10 @@ class PhaseRun:
             pass
         want = ARM_SEAMS.get(self.phase.kind)
         if want is not None and rec.get("replayssm_seams") not in (None, want):
-            # e.g. an inherited SGLANG_REPLAYSSM_CONFIG with ``staged: false`` under a staged arm
+            # e.g. an inherited SGLANG_REPLAYSSM_CONFIG with ``replay_ring: false`` under a staged arm
             rec["status"] = "error"
             rec["error"] = (f"arm kind {self.phase.kind} needs the replay-ring seams "
-                            f"{'on' if want else 'off'}, but the server logged staged={rec['replayssm_seams']}")
+                            f"{'on' if want else 'off'}, but the server logged replay_ring={rec['replayssm_seams']}")
             log(f"{self.phase.label}: {rec['error']}")
         return rec
 
@@ -336,7 +383,9 @@ def run_servers(run: Dict[str, Any], args, phases: List[Phase], spec_models: Dic
     if any(ph.bench for ph in phases):
         denv = dict(base_env)
         denv["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [x for x in [base_env.get("PYTHONPATH", "")] if x])
-        driver = BenchDriver(args.python, denv, logdir / "bench_serving.log")
+        n = getattr(args, "clients", 1) or 1
+        driver = BenchDriver(args.python, denv, logdir / "bench_serving.log") if n == 1 else BenchPool(
+            n, lambda i: BenchDriver(args.python, denv, logdir / f"bench_serving-client{i}.log"))
     n_steps = sum(1 + (len(parse_batches(args.batch)) if ph.bench else 0) + (1 if ph.parity else 0) for ph in phases)
     progress = Progress(n_steps, enable=not args.no_progress)
     try:

@@ -7,7 +7,6 @@ against ``tests/eval/fake_sglang_server.py`` (a CPU stand-in speaking SGLang's H
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -118,20 +117,12 @@ def test_arm_launchers():
     # staged: the launcher as users run it (the replay path is its default); patched: seams off
     assert ab.arm_launch(args, "staged") == (ab.PATCHED_MODULE, ["--replayssm-buffer-len", "8"])
     assert ab.arm_launch(args, "patched") == (ab.PATCHED_MODULE,
-                                               ["--replayssm-buffer-len", "8", "--replayssm-staged", "false"])
+                                               ["--replayssm-buffer-len", "8", "--replayssm-replay-ring", "false"])
     assert ab.arm_launch(args, "upstream") == (ab.STOCK_MODULE, ["--enable-linear-replayssm"])
 
 
 def _model(tmp_path, name, spec=False):
     return ab.prepare_model(_args("--model", name), tmp_path, spec)
-
-
-@pytest.fixture(scope="module")
-def sglang_parser():
-    sa = pytest.importorskip("sglang.srt.server_args")
-    p = argparse.ArgumentParser()
-    sa.ServerArgs.add_cli_args(p)
-    return p
 
 
 @pytest.mark.parametrize("name", models.names())
@@ -416,7 +407,9 @@ def test_two_arms_of_one_kind_write_two_results(tmp_path):
 
 
 def test_seams_state_from_the_server_log():
-    line = "[t replayssm pid=7] INFO sglang_replayssm active (pid 7): L=16, ssm_types=gdn, spec=True, staged={}, x"
+    line = "[t replayssm pid=7] INFO sglang_replayssm active (pid 7): L=16, ssm_types=gdn, spec=True, replay_ring={}, x"
+    old = line.replace("replay_ring=", "staged=")  # servers before the setting's rename
+    assert ab.seams_state(old.format("False")) is False and ab.seams_state(old.format("True")) is True
     assert ab.seams_state(line.format("True") + "\n" + line.format("True")) is True
     assert ab.seams_state(line.format("False")) is False
     assert ab.seams_state(line.format("True") + "\n" + line.format("False")) == "mixed"
@@ -424,13 +417,15 @@ def test_seams_state_from_the_server_log():
 
 
 def test_staged_arm_drops_an_inherited_seams_switch(tmp_path):
-    base = {"PATH": "/bin", "SGLANG_REPLAYSSM_STAGED": "0", "SGLANG_REPLAYSSM_BUFFER_LEN": "8"}
+    base = {"PATH": "/bin", "SGLANG_REPLAYSSM_REPLAY_RING": "0", "SGLANG_REPLAYSSM_STAGED": "0",
+            "SGLANG_REPLAYSSM_BUFFER_LEN": "8"}
     args = _args()
     m = _model(tmp_path, "tiny-nemotron-h")
     staged = ab.server_env(base, args, ab.Phase("staged", "staged", False, None, True, False), m, [])
     patched = ab.server_env(base, args, ab.Phase("patched", "patched", False, None, True, False), m, [])
-    assert "SGLANG_REPLAYSSM_STAGED" not in staged and staged["SGLANG_REPLAYSSM_BUFFER_LEN"] == "8"
-    assert patched["SGLANG_REPLAYSSM_STAGED"] == "0"  # its own --replayssm-staged false decides anyway
+    assert "SGLANG_REPLAYSSM_REPLAY_RING" not in staged and "SGLANG_REPLAYSSM_STAGED" not in staged
+    assert staged["SGLANG_REPLAYSSM_BUFFER_LEN"] == "8"
+    assert patched["SGLANG_REPLAYSSM_REPLAY_RING"] == "0"  # its own --replayssm-replay-ring false decides anyway
 
 
 def test_an_arm_whose_server_ran_the_wrong_seams_is_an_error(tmp_path):

@@ -7,7 +7,6 @@ an end-to-end run with ``tests/eval/fake_sglang_server.py`` stand-ins, and the g
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
@@ -31,14 +30,6 @@ FULL = "qwen3-next-80b-a3b"
 
 def _args(*argv):
     return ab.build_parser().parse_args(list(argv))
-
-
-@pytest.fixture(scope="module")
-def sglang_parser():
-    sa = pytest.importorskip("sglang.srt.server_args")
-    p = argparse.ArgumentParser()
-    sa.ServerArgs.add_cli_args(p)
-    return p
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4])

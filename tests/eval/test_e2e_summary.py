@@ -351,3 +351,66 @@ def test_greedy_mismatches_read_each_models_latest_spec_run():
     assert again["greedy_mismatches"] == s["greedy_mismatches"] + \
         e2e_summary.spec_summary([(f, res)])["summary"]["greedy_mismatches"]
     assert b in res["summary"]["spec_vs_nonspec"]
+
+
+def _io1024(res, started, rates=None):
+    """A standard-decode-workload run (eval.ab --workload standard-decode) with the decode rates eval.ab records
+    per arm and batch: rates = {label: {batch: (decode tok/s, client-path bound)}}."""
+    r = copy.deepcopy(res)
+    r["started"] = started
+    r["flags"]["harness"].update(input_len=1024, output_len=1024, rounds=2, workload="standard-decode")
+    for label, by in (rates or {}).items():
+        for e in r["arms"][label]["bench"]:
+            if e["batch"] in by:
+                dec, bound = by[e["batch"]]
+                e["rates"] = {"client_tok_s": e["result"]["output_throughput"], "decode_tok_s": dec,
+                              "client_path_bound": bound}
+    return r
+
+
+def test_standard_decode_workload_keys_and_client_path_bound_runs(tmp_path):
+    """The issue-24 keys read only runs of the standard decode workload (1024/1024, two waves); the decode-rate
+    speedup is SGLang's own full-batch rate, ours over stock; client_path_bound_runs counts the flagged runs among
+    those the summary keys read (an older flagged run that no key reads does not count)."""
+    res = json.loads((DATA / "ab_result_sample.json").read_text())
+    a, b = res["summary"]["a"], res["summary"]["b"]
+    runs = tmp_path / "runs"
+    report.write_json(runs / "std" / "ab-nemotron-h-8b-stock-vs-staged.json", res)  # the old standard workload
+    old = _io1024(res, "2099-01-01T00:00:00Z", {a: {256: (9000.0, True)}, b: {256: (12000.0, True)}})
+    report.write_json(runs / "old" / "ab-nemotron-h-8b-stock-vs-staged.json", old)
+    new = _io1024(_variant(res, scale=1.2), "2099-02-01T00:00:00Z",
+                  {a: {256: (9300.0, False), 1: (220.0, False)}, b: {256: (15300.0, True), 1: (215.0, False)}})
+    report.write_json(runs / "new" / "ab-nemotron-h-8b-stock-vs-staged.json", new)
+    g = "qwen3-next-80b-a3b-e64"
+    gs = _io1024(_variant(res, model=g), "2099-02-01T01:00:00Z")
+    gu = _io1024(_variant(res, model=g, b_kind="upstream", scale=0.8), "2099-02-01T01:00:00Z")
+    report.write_json(runs / "g" / f"ab-{g}-stock-vs-staged.json", gs)
+    report.write_json(runs / "g" / f"ab-{g}-stock-vs-upstream.json", gu)
+    out = tmp_path / "out"
+    assert e2e_summary.main([str(runs), "--out-dir", str(out)]) == 0
+    dec = json.loads((out / "e2e-decode-h200.json").read_text())["summary"]
+    base = _tok_s(res, b, 256) / _tok_s(res, a, 256)
+    assert abs(dec["nemotron_h_speedup_bs256"] - base) < 1e-9  # the old keys stay on the old standard workload
+    assert Path(dec["sources"]["nemotron_h_speedup_bs256"]).parent.name == "std"
+    assert abs(dec["nemotron_h_speedup_bs256_io1024"] - 1.2 * base) < 1e-9
+    assert abs(dec["nemotron_h_decode_rate_speedup_bs256_io1024"] - 15300.0 / 9300.0) < 1e-9
+    assert abs(dec["nemotron_h_speedup_bs1_io1024"] - 1.2 * _tok_s(res, b, 1) / _tok_s(res, a, 1)) < 1e-9
+    assert Path(dec["sources"]["nemotron_h_speedup_bs256_io1024"]).parent.name == "new"
+    assert abs(dec["gdn_vs_upstream_bs256_io1024"] - 1.25) < 1e-9
+    # the new run's batch-256 row is flagged (ours); the old flagged run is read by no key
+    assert dec["client_path_bound_runs"] == 1 and "new/" in dec["client_path_bound_list"][0]
+    assert dec["met"]["client_path_bound_runs"] is False and dec["targets"]["client_path_bound_runs"] == 0
+    assert dec["met"]["nemotron_h_decode_rate_speedup_bs256_io1024"] is True  # 1.645 >= 1.6
+    md = (out / "e2e-decode-h200.md").read_text()
+    assert "| nemotron_h_decode_rate_speedup_bs256_io1024 | 1.645 | 1.60 | yes | new |" in md
+    assert "| client_path_bound_runs | 1 | 0 | no |" in md and "| 1024/1024 x2 |" in md
+
+
+def test_arm_decode_rate_prefers_the_recorded_rates_and_falls_back_to_the_log():
+    rec = {"decode_tok_s": 15000.0, "client_path_bound": False}
+    assert e2e_summary.arm_decode_rate(rec, {"median_tpot_ms": 99.0}, 1.0, 256) == (15000.0, False)
+    # an older run: the log's rate at exactly the batch against the client's batch / TPOT (256 / 35.4 ms = 7232)
+    rate, bound = e2e_summary.arm_decode_rate(None, {"median_tpot_ms": 35.4}, 15300.0, 256)
+    assert rate == 15300.0 and bound is True
+    assert e2e_summary.arm_decode_rate(None, {"median_tpot_ms": 16.5}, 15300.0, 256) == (15300.0, False)
+    assert e2e_summary.arm_decode_rate(None, {"median_tpot_ms": 16.5}, None, 256) == (None, None)

@@ -1,0 +1,101 @@
+"""SGLang's own decode rate beside the client's, and the "client-path bound" flag (issue 24).
+
+The scheduler logs a ``Decode batch, #running-req: N, ... gen throughput (token/s): X`` line every 40 decode
+steps.  The decode rate of a bench run is the median X of the lines its server wrote during the run (the log
+between two byte offsets) whose N is at least 90% of the run's batch: the engine decoding a full batch.
+
+What the client saw at a full batch is ``batch x 1000 / median TPOT (ms)``: every request of a wave streams
+its tokens over (end - first token), so B concurrent requests deliver B / TPOT tokens per second while the
+batch is full.  Prefill, the ramp and the gaps between waves are outside TPOT, exactly as they are outside the
+scheduler's full-batch lines, so the two numbers measure the same thing from the two ends of the path.  A run
+is *client-path bound* when they disagree by more than 10%: tokens decoded on the GPU did not reach the
+client at the rate they were decoded (the tokenizer manager, the detokenizer, the HTTP stream or the benchmark
+client was the bottleneck), and its client tok/s is not a measure of the engine.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import re
+import statistics
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+# "Decode batch [123], ..." when SGLang logs forward iterations
+DECODE_LINE = re.compile(r"Decode batch(?: \[\d+\])?, #running-req: (\d+),.*?gen throughput \(token/s\): ([0-9.]+)")
+FULL_BATCH_FRACTION = 0.9    # a log line counts as a full batch from this share of the run's batch up
+CLIENT_PATH_TOLERANCE = 0.10  # |client full-batch rate / decode rate - 1| above this flags the run
+
+
+def decode_lines(text: str) -> List[Tuple[int, float]]:
+    """(running requests, gen throughput tok/s) of every scheduler ``Decode batch`` line in ``text``."""
+    return [(int(m.group(1)), float(m.group(2))) for m in DECODE_LINE.finditer(text)]
+
+
+def read_log(path: Path) -> str:
+    """A server log's text (``.gz`` too)."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", errors="replace") as f:
+        return f.read()
+
+
+def log_offset(path: Path) -> int:
+    """The log's current size: the start (or end) of a bench run's window."""
+    try:
+        return Path(path).stat().st_size
+    except OSError:
+        return 0
+
+
+def log_window(path: Path, start: int, end: Optional[int] = None) -> str:
+    """What the server wrote to its log between two offsets (``end`` None: up to now)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            data = f.read(-1 if end is None else max(0, end - start))
+    except OSError:
+        return ""
+    return data.decode(errors="replace")
+
+
+def min_full_batch(batch: int, fraction: float = FULL_BATCH_FRACTION) -> int:
+    return max(1, math.ceil(fraction * batch))
+
+
+def full_batch_rate(lines: List[Tuple[int, float]], batch: int,
+                    fraction: float = FULL_BATCH_FRACTION) -> Tuple[Optional[float], int]:
+    """(median gen throughput of the lines with at least ``fraction`` x ``batch`` running requests, how many
+    lines that was); (None, 0) when the batch never filled (too few prompts, a lower --max-running-requests)."""
+    lo = min_full_batch(batch, fraction)
+    vals = [x for n, x in lines if n >= lo]
+    return (statistics.median(vals) if vals else None), len(vals)
+
+
+def client_full_batch_rate(bench: Optional[Dict[str, Any]], batch: int) -> Optional[float]:
+    """Tokens per second the client received while the batch was full: concurrency x 1000 / median TPOT (ms)."""
+    tpot = (bench or {}).get("median_tpot_ms")
+    if not isinstance(tpot, (int, float)) or tpot <= 0:
+        return None
+    return batch * 1000.0 / tpot
+
+
+def check(client_rate: Optional[float], decode_rate: Optional[float],
+          tolerance: float = CLIENT_PATH_TOLERANCE) -> Tuple[Optional[float], Optional[bool]]:
+    """(client / decode, client-path bound?): None, None when either rate is missing."""
+    if not client_rate or not decode_rate:
+        return None, None
+    r = client_rate / decode_rate
+    return r, abs(r - 1.0) > tolerance
+
+
+def rates(log_text: str, bench: Optional[Dict[str, Any]], batch: int) -> Dict[str, Any]:
+    """A bench run's two rates side by side (its server log window and bench_serving's result) and the flag."""
+    lines = decode_lines(log_text)
+    decode, n = full_batch_rate(lines, batch)
+    client_fb = client_full_batch_rate(bench, batch)
+    ratio, bound = check(client_fb, decode)
+    return {"client_tok_s": (bench or {}).get("output_throughput"), "client_full_batch_tok_s": client_fb,
+            "decode_tok_s": decode, "decode_lines": n, "decode_lines_all": len(lines),
+            "min_running": min_full_batch(batch), "client_to_decode": ratio, "client_path_bound": bound}

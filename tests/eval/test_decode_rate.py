@@ -1,0 +1,78 @@
+"""SGLang's decode rate from its scheduler log beside the client's rate, and the client-path-bound flag
+(eval/ab/decode_rate.py): parsed from a real server log excerpt (Nemotron-H-8B on the H200, batch 256)."""
+
+from __future__ import annotations
+
+import gzip
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from eval.ab import decode_rate  # noqa: E402
+
+# eval/results/e2e-h200/decode-nemotron-h-8b-single-wave-1024/server-staged.log.gz, lines 360-368 and the
+# wave's tail (the first decode line after a prefill carries the prefill's seconds in its gap)
+EXCERPT = """\
+[2026-11-30 18:47:00] Prefill batch, #new-seq: 64, #new-token: 8192, #cached-token: 0, full token usage: 0.01, mamba usage: 0.54, #running-req: 169, #queue-req: 0, #pending-token: 2944, cuda graph: False, input throughput (token/s): 23762.22
+[2026-11-30 18:47:00] Prefill batch, #new-seq: 23, #new-token: 2944, #cached-token: 0, full token usage: 0.01, mamba usage: 0.54, #running-req: 233, #queue-req: 0, #pending-token: 0, cuda graph: False, input throughput (token/s): 41513.74
+[2026-11-30 18:47:01] Decode batch, #running-req: 256, #full token: 43008, full token usage: 0.01, mamba num: 256, mamba usage: 0.54, cuda graph: True, gen throughput (token/s): 3231.96, #queue-req: 0
+[2026-11-30 18:47:02] Decode batch, #running-req: 256, #full token: 53248, full token usage: 0.01, mamba num: 256, mamba usage: 0.54, cuda graph: True, gen throughput (token/s): 16242.57, #queue-req: 0
+[2026-11-30 18:47:02] Decode batch, #running-req: 256, #full token: 63488, full token usage: 0.02, mamba num: 256, mamba usage: 0.54, cuda graph: True, gen throughput (token/s): 15913.24, #queue-req: 0
+[2026-11-30 18:47:03] Decode batch, #running-req: 256, #full token: 73728, full token usage: 0.02, mamba num: 256, mamba usage: 0.54, cuda graph: True, gen throughput (token/s): 16193.68, #queue-req: 0
+[2026-11-30 18:47:04] Decode batch, #running-req: 256, #full token: 83968, full token usage: 0.02, mamba num: 256, mamba usage: 0.54, cuda graph: True, gen throughput (token/s): 15810.60, #queue-req: 0
+[2026-11-30 18:47:30] Decode batch [1234], #running-req: 240, #full token: 280000, full token usage: 0.08, mamba num: 240, mamba usage: 0.50, cuda graph: True, gen throughput (token/s): 15500.00, #queue-req: 0
+[2026-11-30 18:47:31] Decode batch, #running-req: 120, #full token: 140000, full token usage: 0.04, mamba num: 120, mamba usage: 0.25, cuda graph: True, gen throughput (token/s): 9000.00, #queue-req: 0
+"""
+
+
+def test_decode_lines_of_a_real_log_excerpt():
+    lines = decode_rate.decode_lines(EXCERPT)
+    assert len(lines) == 7  # the prefill lines are not decode lines; "Decode batch [iter]" is one
+    assert lines[0] == (256, 3231.96) and lines[-2] == (240, 15500.0) and lines[-1] == (120, 9000.0)
+
+
+def test_full_batch_rate_keeps_lines_from_90_percent_of_the_batch():
+    lines = decode_rate.decode_lines(EXCERPT)
+    rate, n = decode_rate.full_batch_rate(lines, 256)
+    # 231 running requests or more: the five 256 lines and the 240 one; the median sheds the prefill-tainted line
+    assert n == 6 and rate == pytest.approx((15810.60 + 15913.24) / 2)
+    assert decode_rate.min_full_batch(256) == 231 and decode_rate.min_full_batch(1) == 1
+    assert decode_rate.full_batch_rate(lines, 512) == (None, 0)  # the batch never filled
+    assert decode_rate.full_batch_rate(lines, 128)[1] == 7
+
+
+def test_client_path_flag():
+    # the issue's run: the client saw 35.4 ms TPOT at 256 requests (7.2k tok/s) while the scheduler decoded ~15.9k
+    bench = {"output_throughput": 6897.0, "median_tpot_ms": 35.4}
+    r = decode_rate.rates(EXCERPT, bench, 256)
+    assert r["client_tok_s"] == 6897.0 and r["client_full_batch_tok_s"] == pytest.approx(256e3 / 35.4)
+    assert r["client_to_decode"] == pytest.approx(256e3 / 35.4 / r["decode_tok_s"]) and r["client_path_bound"] is True
+    # a client that keeps up: 256 / 16.2 ms = 15.8k, within 10% of the decode rate
+    ok = decode_rate.rates(EXCERPT, {"output_throughput": 14000.0, "median_tpot_ms": 16.2}, 256)
+    assert ok["client_path_bound"] is False
+    assert decode_rate.check(100.0, 111.2) == (pytest.approx(100 / 111.2), True)
+    assert decode_rate.check(100.0, 109.0)[1] is False
+    assert decode_rate.check(120.0, 100.0)[1] is True  # a disagreement either way
+    # nothing to compare: no TPOT, or no full-batch line
+    assert decode_rate.rates(EXCERPT, {"output_throughput": 1.0}, 256)["client_path_bound"] is None
+    assert decode_rate.rates("", bench, 256)["client_path_bound"] is None
+
+
+def test_log_window_reads_what_a_run_appended(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("startup\n" + EXCERPT.splitlines()[2] + "\n")
+    start = decode_rate.log_offset(log)
+    with open(log, "a") as f:
+        f.write("\n".join(EXCERPT.splitlines()[3:5]) + "\n")
+    window = decode_rate.log_window(log, start)
+    assert [x for _, x in decode_rate.decode_lines(window)] == [16242.57, 15913.24]
+    assert decode_rate.log_offset(tmp_path / "missing.log") == 0
+    gz = tmp_path / "server.log.gz"
+    with gzip.open(gz, "wt") as f:
+        f.write(EXCERPT)
+    assert decode_rate.read_log(gz) == EXCERPT
