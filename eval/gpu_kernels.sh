@@ -6,7 +6,9 @@
 # pytest's summary), $OUT/gpu-test-times.txt (every finished test's time and outcome), $OUT/gpu-tests-full.log
 # (pytest's whole output: the failures' tracebacks); KERNEL_BENCH=0 stops after the tests and exits with pytest's
 # status (`make gpu-test`); else $OUT/bench.log,
-# $OUT/kernels-h200.{json,md,png}, and (SPEC=0 skips it) $OUT/spec-bench.log, $OUT/spec-kernels-h200.{json,md,png}.
+# $OUT/kernels-h200.{json,md,png}, and (SPEC=0 skips it) $OUT/spec-bench.log, $OUT/spec-kernels-h200.{json,md,png};
+# (DVV=0 skips it) $OUT/spec-t1-h200.json and $OUT/decode-vs-verify-h200.{json,md}; (TREE=0 skips it)
+# $OUT/spec-tree-kernels-h200.json; PACK=1 then packs all but the JSONs into $OUT/gpu-kernels-logs.tgz.
 set -uo pipefail
 OUT="${OUT:-eval/results}"
 mkdir -p "$OUT"
@@ -65,5 +67,24 @@ timeout "${BENCH_TIMEOUT:-420}" "$PY" -m eval.bench_kernels --out "$OUT/kernels-
 if [ "${SPEC:-1}" != "0" ]; then
   timeout "${SPEC_TIMEOUT:-300}" "$PY" -m eval.bench_spec --out "$OUT/spec-kernels-h200.json" "$@" 2>&1 \
     | tee "$OUT/spec-bench.log" | tail -40
+fi
+# decode vs verify at T = 1 (skip with DVV=0): the verify kernels at a one-token window beside the decode kernels
+if [ "${DVV:-1}" != "0" ] && [ -f "$OUT/kernels-h200.json" ]; then
+  timeout "${DVV_TIMEOUT:-240}" "$PY" -m eval.bench_spec --window 1 --accept 1 --history 16 --batches 1 32 256 \
+    --dtypes fp32 bf16 --out "$OUT/spec-t1-h200.json" 2>&1 | tee "$OUT/spec-t1-bench.log" | tail -20
+  "$PY" -m eval.decode_vs_verify --decode "$OUT/kernels-h200.json" --verify "$OUT/spec-t1-h200.json" \
+    --out "$OUT/decode-vs-verify-h200.json" 2>&1 | tail -20
+fi
+# the tree speculative-verify benchmark vs SGLang's tree verify (skip with TREE=0)
+if [ "${TREE:-1}" != "0" ]; then
+  timeout "${TREE_TIMEOUT:-300}" "$PY" -m eval.bench_tree_spec --out "$OUT/spec-tree-kernels-h200.json" 2>&1 \
+    | tee "$OUT/tree-bench.log" | tail -20
+fi
+# PACK=1: everything but the result JSONs in one tarball (the device tool returns at most 8 files)
+if [ "${PACK:-0}" = "1" ]; then
+  tmp_tgz="$(mktemp /tmp/gpu-kernels-logs.XXXXXX.tgz)"
+  tar -C "$OUT" -czf "$tmp_tgz" --exclude='*.json' . \
+    && find "$OUT" -maxdepth 1 -type f ! -name '*.json' -delete && mv "$tmp_tgz" "$OUT/gpu-kernels-logs.tgz"
+  ls -la "$OUT"
 fi
 [ "$test_rc" = 0 ] || exit "$test_rc"  # the benchmarks ran; the tests failed

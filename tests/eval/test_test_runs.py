@@ -177,3 +177,42 @@ def test_gpu_kernels_script_reports_a_run_cut_by_its_time_limit(tmp_path):
     finished = [(outcome, nodeid.split("::")[1]) for _, outcome, nodeid in _times(out)]
     assert finished in ([], [("passed", "test_quick")]), finished  # test_long never finished
     assert ("# finished tests: 1 passed" in log) == bool(finished), log
+
+
+def test_gpu_kernels_benchmark_stage_and_pack(tmp_path):
+    """The benchmark stage's command lines (a stand-in interpreter records each ``-m eval.*`` call and writes
+    its --out JSON), decode-vs-verify fed by both benchmarks' files, and PACK=1 leaving the JSONs plus one
+    tarball (the device tool returns at most 8 files)."""
+    calls = tmp_path / "calls.txt"
+    shim = tmp_path / "py"
+    shim.write_text(f"""#!{sys.executable}
+import json, runpy, sys
+if len(sys.argv) > 2 and sys.argv[1] == "-m" and sys.argv[2].startswith("eval."):
+    with open({str(calls)!r}, "a") as f:
+        f.write(" ".join(sys.argv[2:]) + "\\n")
+    if "--out" in sys.argv:
+        out = sys.argv[sys.argv.index("--out") + 1]
+        open(out, "w").write(json.dumps({{"summary": {{}}}}))
+        if out.endswith("vs-verify-h200.json"):
+            open(out[:-5] + ".md", "w").write("table")
+    print("ran", sys.argv[2])
+    sys.exit(0)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__") if sys.argv and sys.argv[0] != "-" else exec(sys.stdin.read())
+""")
+    shim.chmod(0o755)
+    out = tmp_path / "out"
+    e = _env(OUT=str(out), GPU_PY=str(shim), TEST_JOBS="0", PACK="1",
+             PATH=f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}")
+    r = subprocess.run(["bash", "eval/gpu_kernels.sh"], cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+    ran = calls.read_text().splitlines()
+    assert [c.split()[0] for c in ran] == ["eval.bench_kernels", "eval.bench_spec", "eval.bench_spec",
+                                           "eval.decode_vs_verify", "eval.bench_tree_spec"], ran
+    assert "--window 1 --accept 1 --history 16" in ran[2]
+    assert f"--decode {out}/kernels-h200.json --verify {out}/spec-t1-h200.json" in ran[3]
+    left = sorted(p.name for p in out.iterdir())
+    assert left == ["decode-vs-verify-h200.json", "gpu-kernels-logs.tgz", "kernels-h200.json",
+                    "spec-kernels-h200.json", "spec-t1-h200.json", "spec-tree-kernels-h200.json"], left
+    packed = subprocess.run(["tar", "tzf", str(out / "gpu-kernels-logs.tgz")], capture_output=True, text=True).stdout
+    assert "bench.log" in packed and "decode-vs-verify-h200.md" in packed and "gpu-info.txt" in packed
