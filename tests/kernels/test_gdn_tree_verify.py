@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gdn_testlib import ORACLE_TOL, REF_OUT_TOL, ULP_RTOL, bits, check_close
+from gdn_testlib import MANTISSA_BITS, ORACLE_TOL, REF_OUT_TOL, ULP_RTOL, bits, check_close
 from kernel_testlib import make_gen
 from test_mamba2_tree_verify import random_tree
 
@@ -151,7 +151,17 @@ class GdnTreeHarness:
                     check_close(out[live], ref_out[live], *REF_OUT_TOL, f"{tag} out vs reference")
                 else:
                     check_close(out[live], ref_out[live], 1e-6, ULP_RTOL[out_dtype], f"{tag} out vs reference")
-            for name, atol, rtol in (("d", 1e-5 if self.sd == F32 else 1e-6, ULP_RTOL[self.sd]), ("g", 0.0, 1e-5)):
+            d_atol = 1e-5
+            if self.sd != F32:
+                # a 16-bit checkpoint is rounded from fp32 values that kernel and reference form in different
+                # orders: at a rounding tie one element lands a unit apart, and d = beta (v - S k^) carries that
+                # unit times |k^|_1 <= sqrt(K) (unit keys, beta <= 1), which cancellation in v - S k^ can make
+                # several units of a small d (seen: 2 units at 2/3840 elements, fp16)
+                s_max = float(ref["state"].float().abs().max())
+                _, e = torch.frexp(torch.tensor(max(s_max, 1e-30), dtype=torch.float64))
+                d_atol = float(torch.ldexp(torch.tensor(1.0, dtype=torch.float64), e - 1 - MANTISSA_BITS[self.sd])) \
+                    * self.K ** 0.5
+            for name, atol, rtol in (("d", d_atol, ULP_RTOL[self.sd]), ("g", 0.0, 1e-5)):
                 fin = torch.isfinite(ref[name].float())  # the rings start as NaN
                 assert torch.equal(fin, torch.isfinite(now[name].float())), f"{tag} {name} written elsewhere"
                 check_close(now[name][fin], ref[name][fin], atol, rtol, f"{tag} {name} ring vs reference")
