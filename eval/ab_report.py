@@ -245,7 +245,8 @@ def markdown(res: Dict[str, Any]) -> str:
                            if (res.get("bench") or {}).get(k) not in (None, "none")),
     }
     harness = res.get("flags", {}).get("harness", {}) or {}
-    info["servers"] = ("started together (--concurrent-start), measured one at a time while the others idled"
+    info["servers"] = ("started back to back (--concurrent-start: each once the one before had allocated its memory "
+                       "pools), measured one at a time while the others idled"
                        if harness.get("concurrent_start") else "started, measured and stopped one after another")
     if res.get("env_inherited"):
         info["settings from the caller's environment"] = ", ".join(f"{k}={v}" for k, v in res["env_inherited"].items())

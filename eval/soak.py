@@ -10,7 +10,8 @@ with ``eval.ab.common_server_flags``, dummy + scaled random weights), in this or
 4. idle reading: ``/metrics`` (``sglang:mamba_used_tokens`` / ``sglang:mamba_available_tokens``, the mamba
    pool's slots, which SGLang's scheduler publishes on going idle; a probe request first makes that
    publication immediate, see ``idle_reading``) and the GPU memory of the server's processes (``nvidia-smi``);
-5. chaos for ``--minutes`` (or ``--max-requests``): ``--concurrency`` workers send random prompt lengths up to
+5. chaos for ``--minutes`` (or ``--max-requests``), split into ``--rounds`` rounds with an idle reading after
+   each (as in step 6): ``--concurrency`` workers send random prompt lengths up to
    the context, random output lengths, greedy and sampled, single and batch ``/generate``, streams cut by
    the client after a random number of chunks, ``/abort_request`` mid-generation, OpenAI
    ``/v1/completions`` with token prompts, and bad requests (negative ids, ids >= vocab, non-integer ids,
@@ -31,7 +32,10 @@ beside them), ``server_crashes`` counts dead or hung servers, ``baseline_identic
 greedy outputs after the chaos equal those before it, ``bad_requests_not_4xx`` sums bad requests answered
 with anything but a 4xx (a 5xx, a dropped connection, a timeout, ...), ``leaked_mamba_slots`` sums the mamba
 slots still used after the drain beyond the idle value, ``gpu_mem_growth_mib`` is the largest growth of a
-server's GPU memory from its first idle reading to its second (None without ``nvidia-smi``).
+server's GPU memory from its idle reading after the first chaos round to the one after the last (one round:
+from before the chaos; None without ``nvidia-smi``): the first round's growth is PyTorch's caching allocator
+meeting the chaos's shapes for the first time (reported beside it, ``gpu_mem_round1_growth_mib``), what a leak
+adds shows in every round.
 
     python -m eval.soak --model tiny-nemotron-h --model nemotron-h-8b --spec none,nextn --minutes 2
     python -m eval.soak --plan tiny-nemotron-h:nextn:0.75 --plan nemotron-h-8b:none:1.5 --deadline-s 500
@@ -761,25 +765,60 @@ def soak_server(args, plan: Plan, label: str, index: int, workdir: Path, logdir:
         if sampler is not None:
             sampler.start()
         seconds = max(0.0, min(plan.minutes * 60.0, deadline - time.time() - args.reserve_s))
-        log(f"{label}: chaos for {seconds:.0f} s (at most {args.max_requests} requests, {args.concurrency} at once)")
-        chaos = Chaos(server.url, lim, concurrency=args.concurrency, bad_fraction=args.bad_fraction,
-                      lenient_fraction=args.lenient_fraction, request_timeout=args.request_timeout,
-                      seed=args.seed + 7919 * (index + 1), model_name=model_name, alive=server.alive,
-                      hang_s=args.hang_s, compiling=lambda: jit_compiling(server.proc.pid))
-        run = asyncio.run(chaos.run(seconds, args.max_requests, args.drain_timeout, progress=not args.no_progress))
-        rec["chaos"] = dict(run, **tally(chaos.recs), aborts=dict(chaos.aborts),
-                            health_failures_during=chaos.health_failures,
-                            jit_compile_wait_s=round(chaos.compile_wait_s, 1))
-        _write_requests(logdir / f"requests-{label}.jsonl", chaos.recs)
+        rounds = max(1, args.rounds)
+        log(f"{label}: chaos for {seconds:.0f} s in {rounds} round(s) (at most {args.max_requests} requests, "
+            f"{args.concurrency} at once)")
+        used0 = ((rec["idle_before"].get("metrics") or {}).get("mamba_used_tokens"))
+        runs: List[Dict[str, Any]] = []
+        recs: List[Rec] = []
+        aborts: Counter = Counter()
+        health_failures, compile_wait, died = 0, 0.0, False
+        rec["rounds"] = []
+        for r in range(rounds):
+            # each round gets its share of the time and request cap; the last takes what the earlier left
+            r_seconds = max(0.0, min(seconds - sum(x["seconds"] for x in runs), seconds / rounds)) \
+                if r < rounds - 1 else max(0.0, seconds - sum(x["seconds"] for x in runs))
+            r_cap = (args.max_requests - len(recs)) if r == rounds - 1 else max(1, args.max_requests // rounds)
+            chaos = Chaos(server.url, lim, concurrency=args.concurrency, bad_fraction=args.bad_fraction,
+                          lenient_fraction=args.lenient_fraction, request_timeout=args.request_timeout,
+                          seed=args.seed + 7919 * (index + 1) + 104729 * r, model_name=model_name,
+                          alive=server.alive, hang_s=args.hang_s, compiling=lambda: jit_compiling(server.proc.pid))
+            run = asyncio.run(chaos.run(r_seconds, r_cap, args.drain_timeout, progress=not args.no_progress))
+            runs.append(run)
+            recs += chaos.recs
+            aborts.update(chaos.aborts)
+            health_failures += chaos.health_failures
+            compile_wait += chaos.compile_wait_s
+            t = tally(chaos.recs)
+            rnd: Dict[str, Any] = {"round": r + 1, "seconds": run["seconds"], "requests": t["requests"],
+                                   "bad": t["bad"], "bad_not_4xx": t["bad_not_4xx"], "good_failed": t["good_failed"]}
+            rec["rounds"].append(rnd)
+            if chaos.crashed_at is not None or chaos.hung_at is not None or not server.alive():
+                died = True
+                break
+            # the idle reading after every round: growth after the first round is what a leak would show;
+            # the first round's own growth is the caching allocator meeting new shapes
+            idle = idle_reading(server.url, args.settle_timeout, probe, want_used=used0)
+            rnd["idle"] = dict(idle, gpu_mem_mib=gpu_mem(sampler))
+            log(f"{label}: round {r + 1}/{rounds}: {t['requests']} requests ({t['bad']} bad, {t['bad_not_4xx']} "
+                f"of them not 4xx; {t['good_failed']} good ones failed) in {run['seconds']} s, drained in "
+                f"{run['drain_s']} s; idle GPU memory {rnd['idle']['gpu_mem_mib']} MiB")
+            if len(recs) >= args.max_requests:
+                break
+        rec["chaos"] = dict({"seconds": round(sum(x["seconds"] for x in runs), 2),
+                             "drain_s": round(sum(x["drain_s"] for x in runs), 2),
+                             "cancelled_at_drain": sum(x["cancelled_at_drain"] for x in runs),
+                             "started": sum(x["started"] for x in runs)},
+                            **tally(recs), aborts=dict(aborts), health_failures_during=health_failures,
+                            jit_compile_wait_s=round(compile_wait, 1))
+        _write_requests(logdir / f"requests-{label}.jsonl", recs)
         c = rec["chaos"]
         log(f"{label}: {c['requests']} requests ({c['bad']} bad, {c['bad_not_4xx']} of them not 4xx; "
             f"{c['good_failed']} good ones failed) in {c['seconds']} s, drained in {c['drain_s']} s")
-        if chaos.crashed_at is not None or chaos.hung_at is not None or not server.alive():
+        if died:
             _crash(rec, server, chaos)
         else:
-            used0 = ((rec["idle_before"].get("metrics") or {}).get("mamba_used_tokens"))
-            idle = idle_reading(server.url, args.settle_timeout, probe, want_used=used0)
-            rec["idle_after"] = dict(idle, gpu_mem_mib=gpu_mem(sampler))
+            rec["idle_after"] = rec["rounds"][-1]["idle"]
             rec["baseline_after"] = run_baseline(server.url, prompts, args.baseline_tokens, args.request_timeout)
             rec["health_after"] = ab.http_text(server.url + "/health", timeout=30)[0] == 200
             if not server.alive():
@@ -975,6 +1014,10 @@ def finish_record(rec: Dict[str, Any]) -> Dict[str, Any]:
     leaked = max(0, int(round(used1 - used0))) if ab_number(used0) and ab_number(used1) else None
     g0 = (rec.get("idle_before") or {}).get("gpu_mem_mib")
     g1 = (rec.get("idle_after") or {}).get("gpu_mem_mib")
+    # the steady-state growth: from the idle reading after the first chaos round to the last one (one round:
+    # from before the chaos); the first round's growth is reported beside it
+    idles = [(x.get("idle") or {}).get("gpu_mem_mib") for x in rec.get("rounds") or []]
+    g_first = idles[0] if len(idles) >= 2 else g0
     cmp = compare_baselines(rec.get("baseline_before") or {}, rec["baseline_after"]) \
         if "baseline_after" in rec else {"identical": False, "why": "no baseline after the chaos"}
     rec["baseline"] = cmp
@@ -987,7 +1030,10 @@ def finish_record(rec: Dict[str, Any]) -> Dict[str, Any]:
         "mamba_available_before": before.get("mamba_available_tokens"),
         "mamba_available_after": after.get("mamba_available_tokens"),
         "gpu_mem_before_mib": g0, "gpu_mem_after_mib": g1,
-        "gpu_mem_growth_mib": (g1 - g0) if ab_number(g0) and ab_number(g1) else None,
+        "gpu_mem_after_round1_mib": idles[0] if idles else None,
+        "gpu_mem_growth_mib": (g1 - g_first) if ab_number(g_first) and ab_number(g1) else None,
+        "gpu_mem_round1_growth_mib": (idles[0] - g0) if idles and ab_number(g0) and ab_number(idles[0]) else None,
+        "gpu_mem_growth_total_mib": (g1 - g0) if ab_number(g0) and ab_number(g1) else None,
         "peak_gpu_mem_mib": rec.get("peak_gpu_mem_mib"),
     }
     return rec
@@ -1084,7 +1130,11 @@ def render_markdown(res: Dict[str, Any]) -> str:
                  f"{_v(n.get('mamba_used_after'))}", f"leaked {_v(n.get('leaked_mamba_slots'))}"],
                 ["GPU MiB before / after / peak", f"{_v(n.get('gpu_mem_before_mib'))} / "
                  f"{_v(n.get('gpu_mem_after_mib'))} / {_v(n.get('peak_gpu_mem_mib'))}",
-                 f"growth {_v(n.get('gpu_mem_growth_mib'))}"],
+                 f"growth {_v(n.get('gpu_mem_growth_mib'))} after the first round (that round: "
+                 f"{_v(n.get('gpu_mem_round1_growth_mib'))}; in all: {_v(n.get('gpu_mem_growth_total_mib'))})"],
+                ["rounds (requests, idle GPU MiB after)", len(srv.get("rounds") or []), ", ".join(
+                    f"{x.get('requests')} req, {_v((x.get('idle') or {}).get('gpu_mem_mib'))} MiB"
+                    for x in srv.get("rounds") or [])],
                 ["SGLang leak warnings, tracebacks in log",
                  f"{_v(lc.get('memory_leak_warnings'))}, {_v(lc.get('tracebacks'))}", ""]]
         lines += [_table(["", "value", "detail"], rows), ""]
@@ -1155,6 +1205,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--bad-fraction", type=float, default=0.1, help="share of bad requests (default 0.1)")
     c.add_argument("--lenient-fraction", type=float, default=0.01,
                    help="share of odd-but-legal requests (unknown top-level JSON fields; must not get a 5xx)")
+    c.add_argument("--rounds", type=int, default=2,
+                   help="chaos rounds per server, the time and request cap split between them, an idle reading "
+                        "after each; gpu_mem_growth_mib is the growth after the first round (default 2)")
     c.add_argument("--request-timeout", type=float, default=120.0, help="seconds per request, streams included")
     c.add_argument("--drain-timeout", type=float, default=60.0,
                    help="after the chaos, seconds in-flight requests get to finish before the client hangs up")
@@ -1193,7 +1246,7 @@ def build_parser() -> argparse.ArgumentParser:
 def check_args(args) -> None:
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         raise ValueError(f"--host {args.host!r}: the soak runs on loopback only (127.0.0.1)")
-    for name in ("concurrency", "max_requests", "max_new_tokens", "baseline_tokens", "context_length"):
+    for name in ("rounds", "concurrency", "max_requests", "max_new_tokens", "baseline_tokens", "context_length"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if not (0 <= args.bad_fraction and 0 <= args.lenient_fraction and args.bad_fraction + args.lenient_fraction < 1):

@@ -166,9 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--min-phase-s", type=float, default=60.0, help="skip a server if less time than this is left")
     o.add_argument("--save-jitcache", default=None, metavar="DIR", help="tar the JIT caches after the first server")
     o.add_argument("--concurrent-start", action="store_true",
-                   help="start every server at once (one cold JIT compile, one import wait), then measure them "
-                        "one at a time while the others idle; recorded in the result. Size the pools so that all "
-                        "fit (e.g. --mem-fraction-static 0.2 --server-arg '--max-total-tokens 65536')")
+                   help="start every server before measuring any (one cold JIT compile, one import wait; each "
+                        "starts once the one before has allocated its memory pools, which SGLang sizes from the "
+                        "free GPU memory), then measure them one at a time while the others idle; recorded in the "
+                        "result. Size the pools so that all fit (e.g. --mem-fraction-static 0.2)")
     o.add_argument("--gpu-index", default=None, help="GPU for peak-memory sampling (default: first visible)")
     o.add_argument("--noise-band", type=float, default=0.03, help="|ratio-1| reported as noise")
     o.add_argument("--no-progress", action="store_true")

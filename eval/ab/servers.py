@@ -316,6 +316,25 @@ class Server:
         except OSError:
             return ""
 
+    def wait_log(self, markers: Sequence[str], timeout: float) -> Optional[str]:
+        """Poll the log until one of ``markers`` shows, the server is healthy or has exited, or ``timeout``: the
+        marker seen, ``"healthy"``, ``"exited"`` or None (timed out)."""
+        end = time.time() + timeout
+        while time.time() < end:
+            try:
+                text = self.log_path.read_text(errors="replace")
+            except OSError:
+                text = ""
+            hit = next((m for m in markers if m in text), None)
+            if hit is not None:
+                return hit
+            if not self.alive():
+                return "exited"
+            if http_text(self.url + "/health", timeout=2)[0] == 200:
+                return "healthy"
+            time.sleep(0.5)
+        return None
+
     def wait_ready(self, timeout: float) -> float:
         """Poll ``/health`` until 200; returns seconds since start."""
         end = time.time() + timeout

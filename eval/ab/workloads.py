@@ -180,6 +180,10 @@ class Progress:
             self.bar.close()
 
 
+# SGLang's log line once a server's memory pools are allocated (0.5.15-0.5.23)
+POOL_MARKERS = ("Memory pool end",)
+
+
 class PhaseRun:
     """One server of the plan: start, wait for health, measure, stop (``run_phase`` chains them;
     ``--concurrent-start`` starts every server first and measures them one at a time)."""
@@ -205,6 +209,16 @@ class PhaseRun:
         self.sampler = GpuMemSampler(self.args.gpu_index, pgid=self.server.proc.pid).start()
         self.rec["gpu_mem_baseline_mib"] = self.sampler.baseline
         self.rec["status"] = "started"
+
+    def wait_pools(self, deadline: float) -> None:
+        """Wait until this server has sized and allocated its memory pools (SGLang's "Memory pool end" log line;
+        or it is healthy, or it exited): SGLang sizes its pools from the GPU memory free at that moment, so a
+        server profiling while another allocates miscounts (with extra_buffer: a negative mamba cache size)."""
+        left = max(10.0, min(self.args.server_timeout, deadline - time.time()))
+        seen = self.server.wait_log(POOL_MARKERS, left)
+        self.rec["pools_ready_after_s"] = round(time.time() - self.server.t0, 1)
+        log(f"{self.phase.label}: memory pools {'allocated' if seen in POOL_MARKERS else seen or 'not seen'} "
+            f"after {self.rec['pools_ready_after_s']} s; starting the next server")
 
     def wait(self, deadline: float, progress: Progress) -> None:
         try:
@@ -393,8 +407,10 @@ def run_servers(run: Dict[str, Any], args, phases: List[Phase], spec_models: Dic
             runs = [PhaseRun(ph, args, spec_models[ph.spec], flags[ph.spec], base_env, pythonpath, logdir)
                     for ph in phases]
             try:
-                for pr in runs:
+                for i, pr in enumerate(runs):
                     pr.start()
+                    if i < len(runs) - 1:  # the next starts once this one holds its memory pools (see below)
+                        pr.wait_pools(deadline)
                 for pr in runs:
                     pr.wait(deadline, progress)
                 if args.save_jitcache:

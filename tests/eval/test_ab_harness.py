@@ -394,6 +394,9 @@ def test_end_to_end_with_stand_in_servers(tmp_path, concurrent):
     assert not par["exact"] and par["mismatches"] == 1 and par["first_divergence"][0] == 10
     assert "sglang_replayssm.launch_server" not in sp["arms"]["patched"]["command"]  # stand-in launcher
     assert not list(tmp_path.glob("*partial.json"))
+    if concurrent:  # each server but the last held back the next until its memory pools were allocated
+        assert "memory pools allocated after" in r.stderr + r.stdout
+        assert "pools_ready_after_s" in ss["arms"]["stock"] and "pools_ready_after_s" not in sp["arms"]["patched"]
 
 
 def test_two_arms_of_one_kind_write_two_results(tmp_path):

@@ -230,6 +230,27 @@ def test_summary_from_records():
         assert f"| {k}" in md
 
 
+def test_memory_growth_is_counted_after_the_first_round():
+    """The first chaos round's growth (the caching allocator meeting new shapes) is reported apart; the summary's
+    figure is the growth from the idle reading after round 1 to the one after the last round."""
+    rec = {"label": "r", "status": "ok", "crashed": False, "chaos": {"requests": 10, "bad": 1},
+           "idle_before": {"metrics": {"mamba_used_tokens": 0.0}, "gpu_mem_mib": 1000.0},
+           "rounds": [{"round": 1, "idle": {"gpu_mem_mib": 1596.0}}, {"round": 2, "idle": {"gpu_mem_mib": 1600.0}},
+                      {"round": 3, "idle": {"gpu_mem_mib": 1610.0}}],
+           "idle_after": {"metrics": {"mamba_used_tokens": 0.0}, "gpu_mem_mib": 1610.0},
+           "baseline_before": {"outputs": [[1]]}, "baseline_after": {"outputs": [[1]]}}
+    n = soak.finish_record(rec)["numbers"]
+    assert (n["gpu_mem_growth_mib"], n["gpu_mem_round1_growth_mib"], n["gpu_mem_growth_total_mib"]) == \
+        (14.0, 596.0, 610.0)
+    assert soak.summarize([rec])["gpu_mem_growth_mib"] == 14.0
+    # one round: the growth is from before the chaos, as before rounds existed
+    one = dict(rec, rounds=[{"round": 1, "idle": {"gpu_mem_mib": 1610.0}}])
+    n = soak.finish_record(one)["numbers"]
+    assert (n["gpu_mem_growth_mib"], n["gpu_mem_round1_growth_mib"]) == (610.0, 610.0)
+    md = soak.render_markdown({"summary": soak.summarize([rec]), "servers": [rec]})
+    assert "growth 14 after the first round (that round: 596; in all: 610)" in md
+
+
 def test_log_uniform_lengths_stay_in_bounds():
     rng = random.Random(3)
     xs = [soak.log_uniform_int(rng, 1, 100) for _ in range(3000)]
@@ -249,6 +270,10 @@ def test_soak_of_a_healthy_server(tmp_path):
     assert srv["status"] == "ok" and srv["shutdown"]["stopped"] and srv["alive_after"] and srv["health_after"]
     # the counts add up: by category, by kind, and the per-request records on disk
     assert c["requests"] == c["good"] + c["bad"] + c["lenient"] == c["started"] > 50
+    # two rounds (the default), an idle reading after each; the last is the idle reading after the chaos
+    assert [x["round"] for x in srv["rounds"]] == [1, 2] and all(x["requests"] > 10 for x in srv["rounds"])
+    assert sum(x["requests"] for x in srv["rounds"]) == c["requests"]
+    assert srv["rounds"][-1]["idle"] == srv["idle_after"] and srv["rounds"][0]["idle"]["settled"]
     assert sum(sum(v.values()) for v in c["by_kind"].values()) == c["requests"]
     assert sum(sum(v.values()) for v in c["by_category"].values()) == c["requests"]
     lines = (Path(out.parent / "logs-soak" / "requests-tiny-nemotron-h.jsonl")).read_text().splitlines()
