@@ -102,7 +102,7 @@ class TreeCase:
 
     def ours_fn(self, s, state=None, rings=None, out=None):
         from sglang_replayssm.kernels.gdn_tree_verify import gdn_tree_verify
-        from sglang_replayssm.kernels.mamba2_tree_verify import mamba2_tree_verify
+        from sglang_replayssm.kernels.mamba2_verify import mamba2_tree_verify
 
         w, st = self.w, self.w.sets[s]
         state = w.state if state is None else state

@@ -43,6 +43,15 @@ token``, ``bc: pre``, ``nonflush: stream``: the built-in defaults) are in eval/r
 Rows whose slot is < 0 or == null_slot write nothing.  The window is ``T`` tokens per row (SGLang's
 chain verify: ``draft_token_num`` for every row); ``wp`` is clamped to [0, R − T] for memory safety only.
 
+Tree (:func:`mamba2_tree_verify`, SGLang EAGLE with ``--speculative-eagle-topk`` > 1): the window
+is T draft nodes with ``parents`` int [batch, T] (0 = root = the last verified token, ``parents[b, s]``
+in ``[0, s)``; see :mod:`spec_tree`), and node s's output is the recurrence over the committed
+history and then *its own* ancestor path root..s.  The same kernel (``IS_TREE``) builds the
+ancestor mask ``anc(s)`` in-kernel by pointer-jumping and uses it where the chain uses ``m <= s``:
+μ_s = Σ_{m ∈ anc(s)} Δ_m, and the window term sums over m ∈ anc(s) with μ_s − μ_m the Δ of the
+path nodes after m.  A chain (``parents[s] = s − 1``) gives the chain verify.  The window goes to
+the ring in node order; :func:`spec_tree.spec_commit_tree` gathers the accepted path later.
+
 Numerics: every reduction fp32, no rounding of intermediates; the only roundings are
 the stores (ring entries, the checkpoint on flush, the outputs).
 """
@@ -60,8 +69,9 @@ from .common import suffix_sum_excl
 from .common import (block_param, choice_param, config_keys, count_param, dot_precision_param, launch_config,
                      maxnreg_param, next_pow2, register_cap, register_family, warps_param)
 from .mamba2_replay import _delta_from_raw, _head_param
+from .spec_tree import _tree_ancestor_mask, check_parents_arg
 
-__all__ = ["mamba2_verify", "MAMBA2_VERIFY_DEFAULT_LAUNCH", "verify_geometry_key"]
+__all__ = ["mamba2_verify", "mamba2_tree_verify", "MAMBA2_VERIFY_DEFAULT_LAUNCH", "verify_geometry_key"]
 
 # How the per-token dots are reduced (the same math and fp32 order of terms per dot):
 # "bcast" -- one [rows, T, NC] broadcast-and-sum per chunk (3-D temporaries);
@@ -155,7 +165,7 @@ def verify_geometry_key(H: int, P: int, N: int, G: int, R: int, T: int) -> str:
 def _mamba2_verify_kernel(
     state_ptr, xr_ptr, Br_ptr, dtr_ptr,
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, dtb_ptr, out_ptr,
-    slot_ptr, wp_ptr, org_ptr, fl_ptr, bc_ptr,
+    slot_ptr, wp_ptr, org_ptr, fl_ptr, bc_ptr, par_ptr,
     null_slot, P, N, R, T, heads_per_group,
     s_st_s, s_st_h, s_st_p, s_st_n,
     s_xr_s, s_xr_h, s_xr_r, s_xr_p,
@@ -171,10 +181,12 @@ def _mamba2_verify_kernel(
     s_dtb_h,
     s_o_b, s_o_t, s_o_h, s_o_p,
     s_bc_b, s_bc_g,
+    s_par_b, s_par_t,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_NC: tl.constexpr, N_CHUNKS: tl.constexpr, WH: tl.constexpr, TP: tl.constexpr,
     PER_TOKEN: tl.constexpr, BC_PRE: tl.constexpr, STREAM: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_TREE: tl.constexpr, LOG_TP: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -206,10 +218,14 @@ def _mamba2_verify_kernel(
     else:
         dtb = 0.0
 
-    # ---- window: Δ_s, μ_s, x_s ----
+    # ---- window: Δ_s, μ_s (chain: prefix sums; tree: sums over the path root..s), x_s ----
     dt_win = tl.load(dt_ptr + row * s_dt_b + offs_t * s_dt_t + h * s_dt_h, mask=mask_t, other=0.0)
     d_win = tl.where(mask_t, _delta_from_raw(dt_win, dtb, HAS_DT_BIAS, DT_SOFTPLUS), 0.0)
-    mu = tl.cumsum(d_win, 0)
+    if IS_TREE:
+        anc = _tree_ancestor_mask(par_ptr + row * s_par_b, s_par_t, T, TP, LOG_TP) > 0.5  # [m, s]: m on root..s
+        mu = tl.sum(tl.where(anc & mask_t[:, None], d_win[:, None], 0.0), 0)
+    else:
+        mu = tl.cumsum(d_win, 0)
     x_win = tl.load(x_ptr + row * s_x_b + h * s_x_h + offs_m[:, None] * s_x_p + offs_t[None, :] * s_x_t,
                     mask=mask_m[:, None] & mask_t[None, :], other=0.0).to(tl.float32)  # [BLOCK_M, TP]
 
@@ -311,11 +327,18 @@ def _mamba2_verify_kernel(
         bc_w = tl.load(bc_base + (WH + offs_t)[:, None] * TP + offs_t[None, :])
 
     # ---- outputs ----
-    causal = (offs_t[:, None] <= offs_t[None, :]) & mask_t[:, None]  # [m, s]: m <= s
-    # μ_s − μ_m = Σ_{m<i<=s} Δ_i [m, s], summed directly over the Δ between (nothing subtracted: no cancellation).
-    # A masked [m, s, i] sum rather than a 2-D cumsum: Triton 3.6 fails to lower small 2-D scans in some layouts
-    between_i = (offs_t[None, None, :] > offs_t[:, None, None]) & (offs_t[None, None, :] <= offs_t[None, :, None])
-    between = tl.sum(tl.where(between_i, d_win[None, None, :], 0.0), 2)
+    # μ_s − μ_m [m, s], summed directly over the Δ between (nothing subtracted: no cancellation)
+    if IS_TREE:
+        causal = anc & mask_t[:, None]  # [m, s]: m on the path root..s
+        # the Δ of the nodes i > m on s's path ([m, i, s], summed over i)
+        between = tl.sum(tl.where((offs_t[None, :, None] > offs_t[:, None, None]) & anc[None, :, :],
+                                  d_win[None, :, None], 0.0), 1)
+    else:
+        causal = (offs_t[:, None] <= offs_t[None, :]) & mask_t[:, None]  # [m, s]: m <= s
+        # Σ_{m<i<=s} Δ_i: a masked [m, s, i] sum rather than a 2-D cumsum (Triton 3.6 fails to lower small 2-D
+        # scans in some layouts)
+        between_i = (offs_t[None, None, :] > offs_t[:, None, None]) & (offs_t[None, None, :] <= offs_t[None, :, None])
+        between = tl.sum(tl.where(between_i, d_win[None, None, :], 0.0), 2)
     expo = tl.where(causal, A * between, 0.0)
     w_w = tl.where(causal, d_win[:, None] * tl.exp(expo) * bc_w, 0.0)  # [m, s]
     if is_flush:
@@ -369,7 +392,7 @@ def mamba2_verify(
     state, x_ring, B_ring, dt_ring,
     x, dt, A, B, C,
     state_indices, wp, origin, flush,
-    *, D=None, z=None, dt_bias=None, dt_softplus=True, out=None, null_slot=0,
+    *, D=None, z=None, dt_bias=None, dt_softplus=True, out=None, null_slot=0, parents=None,
 ):
     """Verify a window of T tokens per row (see the module docstring).
 
@@ -377,7 +400,8 @@ def mamba2_verify(
     x [batch, T, H, P]; dt [batch, T, H] (or [batch, T, H, P] tied over P); A [H] or
     [H, P, N] tied; B, C [batch, T, G, N]; D [H] or [H, P]; z [batch, T, H, P];
     dt_bias [H] or [H, P] tied; state_indices [batch]; wp, origin, flush [S] (slot
-    cursors).  Returns ``out`` [batch, T, H, P].  No host sync.
+    cursors); ``parents`` int32/int64 [batch, T] makes the window a tree (see
+    :func:`mamba2_tree_verify`).  Returns ``out`` [batch, T, H, P].  No host sync.
     """
     named = dict(state=state, x_ring=x_ring, B_ring=B_ring, dt_ring=dt_ring, x=x, dt=dt, A=A, B=B, C=C,
                  state_indices=state_indices, wp=wp, origin=origin, flush=flush, D=D, z=z, dt_bias=dt_bias,
@@ -450,6 +474,8 @@ def mamba2_verify(
         _check_shape("out", out, (batch, T, H, P))
         if out.dtype not in _FLOAT_DTYPES:
             _err(f"out must be float32/bfloat16/float16, got {out.dtype}")
+    if parents is not None:
+        check_parents_arg("mamba2_verify", parents, batch, T, dev)
     if batch == 0:
         return out
 
@@ -477,18 +503,39 @@ def mamba2_verify(
         state, x_ring, B_ring, dt_ring,
         x, dt, A, B, C,
         D if D is not None else x, z if z is not None else x, dt_bias if dt_bias is not None else dt,
-        out, state_indices, wp, origin, flush, bc,
+        out, state_indices, wp, origin, flush, bc, parents if parents is not None else state_indices,
         -1 if null_slot is None else int(null_slot), P, N, R, T, H // G,
         *state.stride(), *x_ring.stride(), *B_ring.stride(), *dt_ring.stride(),
         *x.stride(), dt.stride(0), dt.stride(1), dt.stride(2), s_A_h,
         *B.stride(), *C.stride(),
         s_D_h, s_D_p, *dz, s_dtb_h, *out.stride(),
         bc.stride(0) if bc_pre else 0, bc.stride(1) if bc_pre else 0,
+        *(parents.stride() if parents is not None else (0, 0)),
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
         DT_SOFTPLUS=bool(dt_softplus), DOT_PRECISION=cfg["dot_precision"],
         BLOCK_M=BLOCK_M, BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP,
         PER_TOKEN=cfg["reduce"] == "token", BC_PRE=bc_pre,
         STREAM=cfg["nonflush"] == "stream", BLOCK_N=max(16, next_pow2(N)),
+        IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg),
     )
     return out
+
+
+def mamba2_tree_verify(
+    state, x_ring, B_ring, dt_ring,
+    x, dt, A, B, C,
+    state_indices, wp, origin, flush, parents,
+    *, D=None, z=None, dt_bias=None, dt_softplus=True, out=None, null_slot=0,
+):
+    """Verify a tree of T draft nodes per row: :func:`mamba2_verify` with ``parents`` int32/int64
+    [batch, T] (``parents[b, 0] = -1``, ``parents[b, s]`` in ``[0, s)``: out-of-range values are the
+    caller's bug, clamped in-kernel for memory safety).  Returns ``out`` [batch, T, H, P].  No host sync."""
+    if parents is None:
+        raise ValueError("mamba2_tree_verify: parents must be a torch.Tensor, got NoneType")
+    try:
+        return mamba2_verify(state, x_ring, B_ring, dt_ring, x, dt, A, B, C, state_indices, wp, origin, flush,
+                             D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus, out=out, null_slot=null_slot,
+                             parents=parents)
+    except ValueError as e:
+        raise ValueError(str(e).replace("mamba2_verify:", "mamba2_tree_verify:", 1)) from None

@@ -128,7 +128,7 @@ class GdnTreeHarness:
         now = self.pools
 
         # nothing outside the write set changed (window ring positions; the checkpoint on flush)
-        allowed = {k: torch.zeros(t.shape, dtype=torch.bool, device=dev) for k, t in now.items()}
+        allowed = {k: torch.zeros(t.shape, dtype=torch.bool) for k, t in now.items()}  # bits() is on the CPU
         for k in live:
             s = slot_of[k]
             w, o, f = cur0[s]

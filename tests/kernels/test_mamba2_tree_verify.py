@@ -22,8 +22,8 @@ import torch
 from kernel_testlib import bits, make_gen, mismatch, view_like
 from test_mamba2_replay import ORACLE_TOL, REF_TOL
 
-from sglang_replayssm.kernels.mamba2_tree_verify import mamba2_tree_verify
-from sglang_replayssm.kernels.mamba2_tree_verify_ref import mamba2_tree_oracle, mamba2_tree_verify_ref
+from sglang_replayssm.kernels.mamba2_verify import mamba2_tree_verify
+from sglang_replayssm.kernels.mamba2_verify_ref import mamba2_tree_oracle, mamba2_tree_verify_ref
 from sglang_replayssm.kernels.mamba2_verify import mamba2_verify
 from sglang_replayssm.kernels.spec_cursor import check_spec_cursors, spec_reset, spec_ring_len
 from sglang_replayssm.kernels.spec_tree import (chain_parents, check_tree_parents, spec_commit_tree,

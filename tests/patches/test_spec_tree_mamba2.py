@@ -138,13 +138,13 @@ def _run(sgl, inputs, trees, patched):
 
 
 def _kernel_sets():
-    from sglang_replayssm.kernels.mamba2_tree_verify_ref import mamba2_tree_verify_ref
+    from sglang_replayssm.kernels.mamba2_verify_ref import mamba2_tree_verify_ref
     from sglang_replayssm.kernels.spec_tree import spec_commit_tree, spec_commit_tree_ref
 
     sets = [pytest.param({"mamba2_tree_verify": mamba2_tree_verify_ref, "spec_commit_tree": spec_commit_tree_ref},
                          id="torch-references")]
     try:
-        from sglang_replayssm.kernels.mamba2_tree_verify import mamba2_tree_verify
+        from sglang_replayssm.kernels.mamba2_verify import mamba2_tree_verify
     except ImportError:
         return sets
     return sets + [pytest.param({"mamba2_tree_verify": mamba2_tree_verify, "spec_commit_tree": spec_commit_tree},
