@@ -7,13 +7,14 @@
 #   PACK=1          write results + logs to a temp dir, then pack them as $OUT/ab-results.tgz
 #                   (for hosts that return few files)
 #   PYTHON=<python> interpreter for the harness, the servers and bench_serving (default python3)
-#   JITCACHE=1      after the first server, tar the JIT caches into $OUT (jit-triton.tgz,
-#                   jit-other.tgz: copy them to .sglang-bundle/jitcache/ for warm starts)
+#   JITCACHE=1      after the first server, tar the JIT caches into $OUT (jit-triton.txz,
+#                   jit-other.txz: copy them to .sglang-bundle/jitcache/ for warm starts)
 # The plugin entry points are written by the harness itself (no pip install needed).
 set -uo pipefail
 OUT="${OUT:-eval/results}"
 mkdir -p "$OUT"
 if [ -f .sglang-bundle/bootstrap.sh ] && ! "${PYTHON:-python3}" -c "import sglang" 2>/dev/null; then
+  bash eval/jit_cache.sh restore  # carried warm caches (.sglang-bundle/jitcache/*.txz)
   SGLANG_BUNDLE_HTTP=1 source .sglang-bundle/bootstrap.sh
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1

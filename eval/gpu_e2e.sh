@@ -4,13 +4,14 @@
 # Usage (repo root on the GPU host, offline SGLang bundle carried in .sglang-bundle/):
 #   GIT_COMMIT=<sha> OUT=<dir> bash eval/gpu_e2e.sh "<eval.ab flags of run 1>" ["<flags of run 2>" ...]
 # Each run i writes its results and logs, packed, to $OUT/ab-run<i>.tgz (unpack into eval/results/);
-# JIT=0 skips $OUT/jit-triton.tgz and $OUT/jit-other.tgz (copy them to .sglang-bundle/jitcache/).
+# JIT=0 skips $OUT/jit-triton.txz and $OUT/jit-other.txz (copy them to .sglang-bundle/jitcache/).
 # Give each run its own --deadline-s and size the pools so that every server fits at once.
 set -uo pipefail
 OUT="${OUT:-/tmp/replayssm-e2e}"
 mkdir -p "$OUT"
 # the HTTP server needs the bundle's HTTP extras (jsonschema, fastapi, ...), not only sglang
 if [ -f .sglang-bundle/bootstrap.sh ] && ! python3 -c "import sglang, jsonschema, fastapi" 2>/dev/null; then
+  bash eval/jit_cache.sh restore  # carried warm caches (.sglang-bundle/jitcache/*.txz)
   SGLANG_BUNDLE_HTTP=1 source .sglang-bundle/bootstrap.sh
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -36,10 +37,6 @@ for j in "${!pids[@]}"; do
   tar -C "${dirs[$j]}" -czf "$OUT/ab-run$((j + 1)).tgz" .
 done
 if [ "${JIT:-1}" = 1 ] && [ -n "${SGLANG_CACHE_ROOT:-}" ] && [ -d "$SGLANG_CACHE_ROOT" ]; then
-  # without Triton's text IRs (a cache hit needs only each kernel's .json, .cubin and launcher .so; eval/ab/servers.py)
-  (cd "$SGLANG_CACHE_ROOT" && tar -czf "$OUT/jit-triton.tgz" --exclude='*.llir' --exclude='*.ptx' \
-     --exclude='*.ttir' --exclude='*.ttgir' --exclude='*.source' triton 2>/dev/null
-   tar -czf "$OUT/jit-other.tgz" $(ls -d flashinfer tvm-ffi 2>/dev/null))
-  ls -la "$OUT"
+  bash eval/jit_cache.sh save "$OUT"  # without Triton's text IRs, xz (eval/jit_cache.sh)
 fi
 exit "$rc"

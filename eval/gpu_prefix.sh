@@ -7,7 +7,7 @@
 #   GIT_COMMIT=<sha> OUT=<dir> bash eval/gpu_prefix.sh [more python -m eval.ab flags for both runs...]
 #   bash eval/gpu_prefix.sh --dry-run        # print both runs' plans and command lines, start nothing
 # Writes $OUT/prefix-<model>.tgz per run (result JSON/MD/PNG, server and bench logs, console) and the warm JIT
-# caches ($OUT/jit-triton.tgz, $OUT/jit-other.txz; JIT=0: not): at most 4 files.
+# caches ($OUT/jit-triton.txz, $OUT/jit-other.txz; JIT=0: not): at most 4 files.
 # Knobs (environment): PREFIX_MODELS (default "tiny-nemotron-h tiny-qwen3-next"), PREFIX_DEADLINE_S (wall cap
 # of each run, default 220), PYTHON (default python3).
 # Wall estimate with warm caches: per run both servers start together (--concurrent-start, ~60 s), then each is

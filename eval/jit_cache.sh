@@ -2,11 +2,11 @@
 # Warm JIT caches for the GPU host, small enough to carry (the device tool's 64 MiB includes the SGLang bundle).
 #   bash eval/jit_cache.sh restore            # before sourcing .sglang-bundle/bootstrap.sh: unpacks
 #                                             # .sglang-bundle/jitcache/*.txz into $SGLANG_CACHE_ROOT
-#   bash eval/jit_cache.sh save <dir>         # after a run: <dir>/jit-triton.tgz (Triton, without its text IRs:
+#   bash eval/jit_cache.sh save <dir>         # after a run: <dir>/jit-triton.txz (Triton, without its text IRs:
 #                                             # a cache hit needs each kernel's .json, .cubin and launcher .so)
 #                                             # and <dir>/jit-other.txz (FlashInfer / tvm-ffi builds, xz: ~1/3 of gzip)
-# Copy the saved files into .sglang-bundle/jitcache/ for the next call: the bundle's bootstrap restores *.tgz,
-# this script the *.txz.
+# Copy the saved files into .sglang-bundle/jitcache/ for the next call (restore unpacks every *.txz there; the
+# bundle's bootstrap restores *.tgz).
 set -uo pipefail
 root="${SGLANG_CACHE_ROOT:-/tmp/sglang-cache}"
 case "${1:-}" in
@@ -19,8 +19,9 @@ case "${1:-}" in
   save)
     out="${2:?usage: eval/jit_cache.sh save <dir>}"
     mkdir -p "$out"
-    [ -d "$root/triton" ] && tar -C "$root" -czf "$out/jit-triton.tgz" --exclude='*.llir' --exclude='*.ptx' \
-      --exclude='*.ttir' --exclude='*.ttgir' --exclude='*.source' triton
+    # xz: the device tool returns files of at most 16 MiB (a server's Triton cache is ~21 MiB as gzip)
+    [ -d "$root/triton" ] && tar -C "$root" -cf - --exclude='*.llir' --exclude='*.ptx' --exclude='*.ttir' \
+      --exclude='*.ttgir' --exclude='*.source' triton | xz -6 -T0 > "$out/jit-triton.txz"
     others=$(cd "$root" && ls -d flashinfer tvm-ffi 2>/dev/null)
     [ -n "$others" ] && tar -C "$root" -cf - $others | xz -6 -T0 > "$out/jit-other.txz"
     ls -la "$out"/jit-* 2>/dev/null

@@ -488,20 +488,21 @@ TRITON_IR_SUFFIXES = (".llir", ".ptx", ".ttir", ".ttgir", ".source")
 
 
 def save_jitcache(dest: Path) -> Dict[str, Any]:
-    """Tarballs of ``$SGLANG_CACHE_ROOT/{triton}`` (without its text IRs) and ``{flashinfer,tvm-ffi}``
-    (bundle README).  FlashInfer's object files stay: its ninja build recompiles a missing one."""
+    """xz tarballs of ``$SGLANG_CACHE_ROOT/{triton}`` (without its text IRs) and ``{flashinfer,tvm-ffi}``,
+    the names ``eval/jit_cache.sh restore`` unpacks (xz: the device tool returns files of at most 16 MiB).
+    FlashInfer's object files stay: its ninja build recompiles a missing one."""
     root = Path(os.environ.get("SGLANG_CACHE_ROOT", "/tmp/sglang-cache"))
     out: Dict[str, Any] = {"root": str(root)}
     if not root.is_dir():
         out["error"] = "no cache root"
         return out
     dest.mkdir(parents=True, exist_ok=True)
-    for fname, parts in (("jit-triton.tgz", ["triton"]), ("jit-other.tgz", ["flashinfer", "tvm-ffi"])):
+    for fname, parts in (("jit-triton.txz", ["triton"]), ("jit-other.txz", ["flashinfer", "tvm-ffi"])):
         present = [p for p in parts if (root / p).is_dir()]
         if not present:
             continue
         path = dest / fname
-        with tarfile.open(path, "w:gz") as tf:
+        with tarfile.open(path, "w:xz") as tf:
             for p in present:
                 tf.add(str(root / p), arcname=p, filter=_jitcache_member)
         out[fname] = round(path.stat().st_size / 2**20, 2)

@@ -533,7 +533,7 @@ def test_save_jitcache_keeps_what_a_cache_hit_loads(tmp_path, monkeypatch):
     out = ab.save_jitcache(tmp_path / "out")
     assert out["root"] == str(root) and "error" not in out
     got = set()
-    for fname in ("jit-triton.tgz", "jit-other.tgz"):
+    for fname in ("jit-triton.txz", "jit-other.txz"):
         with tarfile.open(tmp_path / "out" / fname) as tf:
             got |= {m.name for m in tf.getmembers() if m.isfile()}
     dropped = {f"triton/H1/k{ext}" for ext in ab.TRITON_IR_SUFFIXES}
