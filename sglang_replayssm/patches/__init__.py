@@ -25,10 +25,13 @@ def replay_ring_patches() -> List[Patch]:
     the overlap scheduler, the radix cache (``no_buffer``), forced retraction and a bf16 state
     (``eval/results/e2e-h200``).
     """
-    from . import gdn_decode, lifecycle, mamba2_decode, pool, prefix_track, spec_commit
+    from . import gdn_decode, lifecycle, mamba2_decode, pool, prefix_track, spec_commit, spec_tree
 
+    # spec_tree before spec_commit: the tree commit wraps SGLang's commit_mamba_states_after_verify, whose chain
+    # calls (and idle batches, ringless pools) it passes through to SGLang and so to the chain commit seam
     return (list(pool.PATCHES) + list(mamba2_decode.PATCHES) + list(gdn_decode.PATCHES)
-            + list(lifecycle.PATCHES) + list(spec_commit.PATCHES) + list(prefix_track.PATCHES))
+            + list(lifecycle.PATCHES) + list(spec_tree.PATCHES) + list(spec_commit.PATCHES)
+            + list(prefix_track.PATCHES))
 
 
 def active_patches(replay_ring: bool) -> List[Patch]:

@@ -316,11 +316,16 @@ def target_verify_around(original, self, A_log, dt_bias, q, k, v, a, b, *, ssm_s
     if ctx is None or ctx.mode != "verify":
         return original(self, A_log, dt_bias, q, k, v, a, b, ssm_states=ssm_states, cache_indices=cache_indices,
                         query_start_loc=query_start_loc, **kwargs)
+    if kwargs.get("retrieve_parent_token") is not None:  # a tree (EAGLE topk > 1)
+        from .spec_tree import gdn_tree_verify_call
+
+        return gdn_tree_verify_call(ctx, A_log, dt_bias, q, k, v, a, b, ssm_states=ssm_states,
+                                    cache_indices=cache_indices, cache_steps=kwargs.get("cache_steps"),
+                                    retrieve_parent_token=kwargs["retrieve_parent_token"],
+                                    scale=ctx.geom.head_k_dim ** -0.5, use_qk_l2norm=USE_QK_L2NORM)
     g = ctx.geom
     why = None
-    if kwargs.get("retrieve_parent_token") is not None:
-        why = "retrieve_parent_token is set (tree verify; only chains, --speculative-eagle-topk 1, are supported)"
-    elif ssm_states.dim() != 4 or ssm_states.data_ptr() != ctx.state_ptr or ssm_states.shape[0] != ctx.num_slots:
+    if ssm_states.dim() != 4 or ssm_states.data_ptr() != ctx.state_ptr or ssm_states.shape[0] != ctx.num_slots:
         why = "ssm_states is not this layer's temporal cache"
     elif cache_indices is None or cache_indices.data_ptr() != ctx.slots.data_ptr():
         why = "cache_indices are not the forward metadata's mamba_cache_indices"

@@ -266,8 +266,6 @@ def _not_plain_decode(a: Dict[str, Any], ctx: _LayerContext) -> Optional[str]:
 def _not_chain_verify(a: Dict[str, Any], ctx: _LayerContext) -> Optional[str]:
     if not a.get("disable_state_update"):
         return "disable_state_update is not set (not SGLang's target-verify call)"
-    if a.get("retrieve_parent_token") is not None:
-        return "retrieve_parent_token is set (tree verify; only chains, --speculative-eagle-topk 1, are supported)"
     x = a["x"]
     if x.dim() != 4:
         return f"x has shape {tuple(x.shape)}, expected [batch, draft_tokens, H, P]"
@@ -296,6 +294,10 @@ def selective_state_update_around(original, *args, **kwargs):
     if ctx is None:
         return original(*args, **kwargs)
     a = _bind(original, args, kwargs)
+    if ctx.mode == "verify" and a.get("retrieve_parent_token") is not None:  # a tree (EAGLE topk > 1)
+        from .spec_tree import mamba2_tree_verify_call
+
+        return mamba2_tree_verify_call(a, ctx)
     why = _not_chain_verify(a, ctx) if ctx.mode == "verify" else _not_plain_decode(a, ctx)
     if why is not None:
         raise ReplayDecodeError(f"layer_id {ctx.layer_id}: unexpected selective_state_update call during a "

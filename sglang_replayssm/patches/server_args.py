@@ -87,10 +87,10 @@ def unsupported_reasons(args, cfg: ReplaySSMConfig) -> List[str]:
 # --------------------------------------------------------------------------------------
 # speculative decoding: tree shape, ring window, separate draft model
 # --------------------------------------------------------------------------------------
-# Tree verify (--speculative-eagle-topk > 1) runs on the replay ring once the tree seams are wired
-# (patches/spec_tree.py, docs/tree-speculation.md); until then topk > 1 is refused.  Every other
-# check below already holds for trees, so lifting the refusal is this one switch.
-TREE_VERIFY_WIRED = False
+# Tree verify (--speculative-eagle-topk > 1) runs on the replay ring: the verify seams hand a call that carries
+# retrieve_parent_token to patches/spec_tree.py, whose commit seam is in replay_ring_patches()
+# (docs/tree-speculation.md).  False refuses topk > 1 at launch (tests flip it to check the refusal).
+TREE_VERIFY_WIRED = True
 
 # EAGLE-family algorithms whose draft consumes the target's hidden states and shares its embedding
 HIDDEN_STATE_DRAFTS = ("EAGLE", "EAGLE3", "NEXTN")

@@ -1,19 +1,18 @@
 """Seam: tree speculative verify and commit (EAGLE ``--speculative-eagle-topk`` > 1) on the spec ring (no math).
 
-NOT APPLIED: this module is not in :func:`sglang_replayssm.patches.replay_ring_patches` (the staged seams), and
-the launch check still refuses topk > 1 (``server_args.TREE_VERIFY_WIRED``).  It is written against the tree
-kernels' API (``kernels.mamba2_verify.mamba2_tree_verify``, ``kernels.gdn_tree_verify.gdn_tree_verify``,
-``kernels.spec_tree.spec_commit_tree``), CPU-tested with pure-torch stand-ins of them and, wired, against
-SGLang's own tree verify + commit (``tests/patches/test_spec_tree*.py``).  The design, and every SGLang function
-the tree path goes through, is in ``docs/tree-speculation.md``.
+Applied with the replay-ring seams (:func:`sglang_replayssm.patches.replay_ring_patches`); the launch check
+accepts topk > 1 (``server_args.TREE_VERIFY_WIRED``).  The kernels are ``kernels.mamba2_verify.mamba2_tree_verify``,
+``kernels.gdn_tree_verify.gdn_tree_verify`` and ``kernels.spec_tree.spec_commit_tree``; CPU-tested with pure-torch
+stand-ins of them and against SGLang's own tree verify + commit (``tests/patches/test_spec_tree*.py``).  The
+design, and every SGLang function the tree path goes through, is in ``docs/tree-speculation.md``.
 
 What SGLang 0.5.17 does for a tree, and what changes here
 ---------------------------------------------------------
 * Verify: every Mamba2 / GDN layer first runs SGLang's fused tree conv kernel, which also fills
   ``forward_metadata.retrieve_parent_token`` (each node's parent; root entry 0), then the SSM update with
   ``retrieve_parent_token=`` and a per-node state snapshot buffer.  The chain verify seams
-  (``mamba2_decode.selective_state_update_around``, ``gdn_decode.target_verify_around``) refuse such a call
-  today; wired, they hand it to :func:`mamba2_tree_verify_call` / :func:`gdn_tree_verify_call`, which run the
+  (``mamba2_decode.selective_state_update_around``, ``gdn_decode.target_verify_around``) hand such a call to
+  :func:`mamba2_tree_verify_call` / :func:`gdn_tree_verify_call`, which run the
   tree kernel on the layer's ring with ``parents = retrieve_parent_token`` (the kernels treat position 0 as
   the root whatever its entry holds).  No node state is written; the snapshot buffer has zero slots.
 * Commit: ``spec_utils.commit_mamba_states_after_verify(target_worker, batch, accept_lens, accept_index,

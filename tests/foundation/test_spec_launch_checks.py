@@ -94,14 +94,20 @@ def test_mismatched_draft_fails_in_check_server_args_naming_the_file(tmp_path, c
 # --------------------------------------------------------------------------------
 # trees
 # --------------------------------------------------------------------------------
-def test_tree_is_refused_until_its_seams_are_wired(tmp_path, checked):
+def test_tree_refusal_switch(tmp_path, checked, monkeypatch):
+    """Trees are accepted (the seams are wired); the switch that would refuse them names the flag to change."""
     target = _target(tmp_path)
+    draft = _draft(tmp_path, target)
+    assert sa.TREE_VERIFY_WIRED is True
+    args = checked(_eagle_argv(target, draft, topk=4, ndraft=8))
+    assert args.speculative_eagle_topk == 4
+    monkeypatch.setattr(sa, "TREE_VERIFY_WIRED", False)
     with pytest.raises(UnsupportedConfigError, match="--speculative-eagle-topk 4: tree verify is not supported"):
-        checked(_eagle_argv(target, _draft(tmp_path, target), topk=4, ndraft=8))
+        checked(_eagle_argv(target, draft, topk=4, ndraft=8))
 
 
-def test_tree_shapes_once_wired(tmp_path, checked, monkeypatch):
-    """With the refusal lifted: topk 4 / 8 nodes and topk 8 / 16 nodes fit the default ring (16); a tree with
+def test_tree_shapes(tmp_path, checked, monkeypatch):
+    """topk 4 / 8 nodes and topk 8 / 16 nodes fit the default ring (16); a tree with
     more nodes than --replayssm-buffer-len, or more than its steps x topk can hold, is refused naming the flag."""
     monkeypatch.setattr(sa, "TREE_VERIFY_WIRED", True)
     target = _target(tmp_path)

@@ -178,14 +178,16 @@ def test_commit_refuses_track_indices(sgl):
                                                             torch.tensor([0]), None)
 
 
-def test_tree_verify_call_is_refused(sgl, monkeypatch):
-    """A verify call with parent indices (tree drafts, topk > 1) under a spec ring raises."""
+def test_tree_verify_call_goes_to_the_tree_seam(sgl, monkeypatch):
+    """A verify call with parent indices (tree drafts, topk > 1) under a spec ring goes to the tree call, which
+    refuses parents of the wrong shape naming retrieve_parent_token (the tree kernels' parity with SGLang's own
+    tree path is tests/patches/test_spec_tree_mamba2.py)."""
     h = Harness(sgl, spec_tokens=D)
     _attach_spec_ring(h)
     apply(m2d.PATCHES)
     fb = h.set_metadata([3], verify_tokens=D)
-    h.backend.forward_metadata.retrieve_parent_token = torch.zeros(1, D, dtype=torch.int64)
-    with pytest.raises(m2d.ReplayDecodeError, match="tree verify"):
+    h.backend.forward_metadata.retrieve_parent_token = torch.zeros(1, D + 1, dtype=torch.int64)
+    with pytest.raises(m2d.ReplayDecodeError, match=r"tree verify call .*retrieve_parent_token has shape \(1, 4\)"):
         h.layer(LAYER_IDS[0], make_inputs([[3]], tokens_per_row=D)[0][0], fb)
 
 

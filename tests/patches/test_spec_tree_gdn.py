@@ -11,7 +11,6 @@ the conv state, each flushed checkpoint and the final state (ring folded) must e
 CPU shims: ``test_gdn_decode`` and ``test_spec_gdn``.
 """
 
-import dataclasses
 import types
 
 import pytest
@@ -62,20 +61,9 @@ class TreeHarness(Harness):
 
 
 def _wired_patches():
-    """The GDN seams as wired for trees: a target_verify call carrying retrieve_parent_token -> the tree call."""
-    def target_verify_wired(original, self, A_log, dt_bias, q, k, v, a, b, *, ssm_states, cache_indices,
-                            query_start_loc, **kwargs):
-        ctx = gdn.current_context()
-        if ctx is not None and ctx.mode == "verify" and kwargs.get("retrieve_parent_token") is not None:
-            return spec_tree.gdn_tree_verify_call(
-                ctx, A_log, dt_bias, q, k, v, a, b, ssm_states=ssm_states, cache_indices=cache_indices,
-                cache_steps=kwargs.get("cache_steps"), retrieve_parent_token=kwargs["retrieve_parent_token"],
-                scale=ctx.geom.head_k_dim ** -0.5, use_qk_l2norm=gdn.USE_QK_L2NORM)
-        return gdn.target_verify_around(original, self, A_log, dt_bias, q, k, v, a, b, ssm_states=ssm_states,
-                                        cache_indices=cache_indices, query_start_loc=query_start_loc, **kwargs)
-
-    return [dataclasses.replace(p, hook=target_verify_wired) if p.target == gdn.TARGET_VERIFY_TARGET else p
-            for p in gdn.PATCHES]
+    """The GDN seams as the launcher applies them (a verify call carrying retrieve_parent_token goes to the
+    tree call)."""
+    return list(gdn.PATCHES)
 
 
 def make_tree_inputs(schedule, seed=13):

@@ -12,7 +12,6 @@ the Triton kernels themselves.  Every node's output, the conv state, each flushe
 state (the ring folded) must equal SGLang's.  Harness and CPU shims: ``test_mamba2_decode``.
 """
 
-import dataclasses
 
 import pytest
 import torch
@@ -77,16 +76,9 @@ def _tree_forward(h, slots, hs, parents):
 
 
 def _wired_patches():
-    """The Mamba2 seams as wired for trees: a verify call carrying retrieve_parent_token -> the tree call."""
-    def ssu_wired(original, *args, **kwargs):
-        ctx = m2d.current_context()
-        if ctx is not None and ctx.mode == "verify":
-            a = m2d._bind(original, args, kwargs)
-            if a.get("retrieve_parent_token") is not None:
-                return spec_tree.mamba2_tree_verify_call(a, ctx)
-        return m2d.selective_state_update_around(original, *args, **kwargs)
-
-    return [dataclasses.replace(p, hook=ssu_wired) if p.target == m2d.SSU_TARGET else p for p in m2d.PATCHES]
+    """The Mamba2 seams as the launcher applies them (a verify call carrying retrieve_parent_token goes to the
+    tree call)."""
+    return list(m2d.PATCHES)
 
 
 def _accept(paths):

@@ -252,13 +252,15 @@ def test_gdn_tree_verify_call_packs_qkv_and_returns_sglangs_layout(monkeypatch):
 # --------------------------------------------------------------------------------
 # registry: the commit patch resolves against SGLang, reaches its by-name importers, is not applied by default
 # --------------------------------------------------------------------------------
-def test_commit_patch_applies_and_propagates_but_is_not_in_the_replay_ring_list():
+def test_commit_patch_is_a_replay_ring_seam_that_applies_and_propagates():
     import importlib
 
     from sglang_replayssm import patches
 
     names = [p.target for p in patches.active_patches(True)]
-    assert spec_tree.COMMIT_TARGET not in names
+    assert spec_tree.COMMIT_TARGET in names and spec_tree.COMMIT_TARGET not in \
+        [p.target for p in patches.active_patches(False)]
+    assert names.index(spec_tree.COMMIT_TARGET) < names.index(spec_commit.TARGET)
     spec_utils = importlib.import_module("sglang.srt.speculative.spec_utils")
     worker_common = importlib.import_module("sglang.srt.speculative.eagle_worker_common")
     stock = spec_utils.commit_mamba_states_after_verify
