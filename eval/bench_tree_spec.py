@@ -101,7 +101,7 @@ class TreeCase:
         return run
 
     def ours_fn(self, s, state=None, rings=None, out=None):
-        from sglang_replayssm.kernels.gdn_tree_verify import gdn_tree_verify
+        from sglang_replayssm.kernels.gdn_verify import gdn_tree_verify
         from sglang_replayssm.kernels.mamba2_verify import mamba2_tree_verify
 
         w, st = self.w, self.w.sets[s]

@@ -1,5 +1,5 @@
-"""Gated DeltaNet (GDN) ReplaySSM speculative verify: a window of T tokens over a
-checkpoint plus a circular ring of committed history.
+"""Gated DeltaNet (GDN) ReplaySSM speculative verify: a window of T tokens (a chain, or
+a tree of T draft nodes) over a checkpoint plus a circular ring of committed history.
 
 Pure math and plumbing (no SGLang import).  Reference: :mod:`gdn_verify_ref`.
 
@@ -55,6 +55,22 @@ window's (d_i, raw k_i, g_i) are written to the ring at logical w + i, physical
 programs of one row never race.  Rejected drafts stay there, masked by the next
 cursors, and are overwritten by the next verify: rollback is a cursor move.
 
+Tree (:func:`gdn_tree_verify`, SGLang EAGLE with ``--speculative-eagle-topk`` > 1)
+------------------------------------------------------------------------------
+``parents`` int [B, T] (position 0 = root = the last verified token, ``parents[b, i]``
+in ``[0, i)``; see :mod:`spec_tree`): node i's output is the sequential delta rule over
+the committed history and then *its own* ancestor path root..i; no per-node state is
+written.  The same kernel (``IS_TREE``) builds the ancestor mask anc(i) (i included)
+in-kernel by pointer-jumping (``spec_tree._tree_ancestor_mask``) and uses it where the
+chain uses j <= i: Gamma_i = sum_{m in anc(i)} g_m (path sums), A_ij and the o_i sum run
+over j in anc(i), and e^{Gamma_i - Gamma_j} sums the g of the path nodes after j.
+Parents precede children, so node order is a valid substitution order and d_i is node
+i's delta-rule correction along its own path: the ring entry written for node i is what
+a chain verify of that path writes.  History replay, flush, scores, ring writes (node
+order) and null rows are the chain's; :func:`spec_tree.spec_commit_tree` later gathers
+the accepted path into consecutive positions.  A chain (``parents[i] = i - 1``) gives the
+chain verify.
+
 Programs and traffic
 --------------------
 Grid ``(cdiv(V, BV), B, HV)``: one program per BV value rows of one (row, v-head),
@@ -101,8 +117,8 @@ The built-in launch parameters are the fastest measured on the H200 (one warp, `
 ``scores: pre`` above batch 1, a 168-register cap: eval/results/spec-variants-h200/ rounds 1-2;
 4 warps with the broadcast reduction and inline scores, the earlier defaults, were the slowest).
 
-Launch parameters: ``common.launch_config("gdn_verify", key)`` (the family registered below)
-with key ``HV{HV}_HK{Hk}_K{K}_V{V}_R{R}_T{T}``.  The wrapper does no host sync
+Launch parameters: ``common.launch_config("gdn_verify", key)`` (the family registered below,
+chain and tree alike) with key ``HV{HV}_HK{Hk}_K{K}_V{V}_R{R}_T{T}``.  The wrapper does no host sync
 (CUDA-graph safe); flush vs verify is a per-row runtime branch on ``flush[slot]``.
 """
 
@@ -120,8 +136,10 @@ from .common import (L2NORM_EPS, SOFTPLUS_THRESHOLD, block_param, choice_param, 
                      count_param, dot_precision_param, launch_config, maxnreg_param, next_pow2, register_cap,
                      register_family, warps_param)
 from .gdn_replay import _cast_rtne, _gdn_gate, _history_weights, _l2norm_vec, _normalise_rows
+from .spec_tree import _tree_ancestor_mask, check_parents_arg
 
-__all__ = ["gdn_verify", "gdn_verify_launch_params", "GDN_VERIFY_DEFAULT_LAUNCH", "gdn_verify_key"]
+__all__ = ["gdn_verify", "gdn_tree_verify", "gdn_verify_launch_params", "GDN_VERIFY_DEFAULT_LAUNCH",
+           "gdn_verify_key"]
 
 _FLUSH_MODES = ("rank1", "dot")
 _REDUCE_MODES = ("bcast", "token")
@@ -245,7 +263,7 @@ def _fold_history_dot(s, eG, c, d_hist, k_head, stride_k2, ph, valid, o_k, mask_
 def _gdn_verify_kernel(
     qkv, a, b, A_log, dt_bias,
     state, d_ring, k_ring, g_ring,
-    state_indices, wp, origin, flush, out, sc,
+    state_indices, wp, origin, flush, out, sc, parents,
     scale, null_slot,
     stride_idx, stride_wp, stride_org, stride_fl,
     stride_x0, stride_x1,
@@ -255,11 +273,12 @@ def _gdn_verify_kernel(
     stride_k0, stride_k1, stride_k2,
     stride_g0, stride_g1, stride_g2,
     stride_o0, stride_o1, stride_o2,
-    stride_sc0, stride_sc1,
+    stride_sc0, stride_sc1, stride_p0, stride_p1,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, TP: tl.constexpr,
     USE_L2NORM: tl.constexpr, ROUND_BETA: tl.constexpr, FLUSH_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, PER_TOKEN: tl.constexpr, SCORES_PRE: tl.constexpr,
+    IS_TREE: tl.constexpr, LOG_TP: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_n = tl.program_id(1).to(tl.int64)
@@ -396,7 +415,11 @@ def _gdn_verify_kernel(
         kk = tl.load(sc_base + (2 * LP + o_t)[:, None] * TP + o_t[None, :])
         kq = tl.load(sc_base + (2 * LP + TP + o_t)[:, None] * TP + o_t[None, :])
 
-    # ---- window, part 2: UT forward substitution, one token at a time ----
+    if IS_TREE:
+        # ---- tree: anc[j, i] = 1 when node j is on the path root..i (i included) ----
+        anc = _tree_ancestor_mask(parents + i_n * stride_p0, stride_p1, T, TP, LOG_TP)
+
+    # ---- window, part 2: UT forward substitution, one token (tree: node) at a time ----
     d_win = tl.zeros([BV, TP], dtype=tl.float32)
     o_win = tl.zeros([BV, TP], dtype=tl.float32)
     for i in tl.static_range(T):
@@ -404,10 +427,17 @@ def _gdn_verify_kernel(
         col = sel[None, :]
         beta_i = tl.sum(tl.where(sel, beta, 0.0), axis=0)
         v_i = tl.load(v_row + i * stride_x1 + o_v, mask=mask_v, other=0).to(tl.float32)
-        # window decays: cw_j = e^{Gamma_i - Gamma_j} (j <= i, 0 past i), e^{Gamma_i}; the exponents summed directly
-        # over g_{j+1..i} (_history_weights). Not one [TP, TP] cumsum before the loop: Triton 3.6 fails to lower
-        # that 2-D scan for one-warp programs (ScanOpToLLVM assertion; eval.verify_sass gdn/t1)
-        cw, e_gam = _history_weights(tl.where(o_t <= i, g_win, 0.0), i + 1, TP)
+        if IS_TREE:
+            # path decays: the chain's sums over the g of the nodes on the path root..i only, cw_j = 0 off the path
+            # (ancestors precede i, so the Gram and the substitution below are the chain's, restricted by cw)
+            on_path = tl.sum(tl.where(col, anc, 0.0), axis=1) > 0.5
+            cw, e_gam = _history_weights(tl.where(on_path, g_win, 0.0), i + 1, TP)
+            cw = tl.where(on_path, cw, 0.0)
+        else:
+            # window decays: cw_j = e^{Gamma_i - Gamma_j} (j <= i, 0 past i), e^{Gamma_i}; the exponents summed
+            # directly over g_{j+1..i} (_history_weights). Not one [TP, TP] cumsum before the loop: Triton 3.6 fails
+            # to lower that 2-D scan for one-warp programs (ScanOpToLLVM assertion; eval.verify_sass gdn/t1)
+            cw, e_gam = _history_weights(tl.where(o_t <= i, g_win, 0.0), i + 1, TP)
         kk_i = tl.sum(tl.where(col, kk, 0.0), axis=1)  # k^_j . k^_i over j
         kq_i = tl.sum(tl.where(col, kq, 0.0), axis=1)  # k^_j . q^_i over j
         r_i = beta_i * (v_i - e_gam * tl.sum(tl.where(col, s_k, 0.0), axis=1))
@@ -472,6 +502,7 @@ def gdn_verify(
     round_beta: bool = False,
     out: Optional[torch.Tensor] = None,
     null_slot: Optional[int] = 0,
+    parents: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Speculative verify of a window of T tokens per row (see the module docstring).
 
@@ -481,7 +512,9 @@ def gdn_verify(
     state_indices [B]; wp, origin, flush [S] (per-slot cursors, int32/int64; read
     only); out [B, T, HV, V] (allocated in mixed_qkv's dtype when None).  Any strides
     with a contiguous last dim.  Rows whose slot is < 0 or == ``null_slot`` are
-    skipped entirely (``null_slot=None``: only negative slots).  No device syncs.
+    skipped entirely (``null_slot=None``: only negative slots).  ``parents``
+    int32/int64 [B, T] makes the window a tree (see :func:`gdn_tree_verify`).  No
+    device syncs.
     """
     tensors = dict(mixed_qkv=mixed_qkv, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=state, d_ring=d_ring,
                    k_ring=k_ring, g_ring=g_ring, state_indices=state_indices, wp=wp, origin=origin, flush=flush)
@@ -523,6 +556,8 @@ def gdn_verify(
     _shape("A_log", A_log, (HV,))
     _shape("dt_bias", dt_bias, (HV,))
     _shape("state_indices", state_indices, (B,))
+    if parents is not None:
+        check_parents_arg("gdn_verify", parents, B, T, dev)
     for name in ("wp", "origin", "flush"):
         _shape(name, tensors[name], (S,), " (one cursor per state slot)")
     for name in ("state_indices", "wp", "origin", "flush"):
@@ -588,7 +623,7 @@ def gdn_verify(
     _gdn_verify_kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias,
         state, d_ring, k_ring, g_ring,
-        state_indices, wp, origin, flush, out, sc,
+        state_indices, wp, origin, flush, out, sc, state_indices if parents is None else parents,
         float(scale), null,
         state_indices.stride(0), wp.stride(0), origin.stride(0), flush.stride(0),
         mixed_qkv.stride(0), mixed_qkv.stride(1),
@@ -599,11 +634,32 @@ def gdn_verify(
         g_ring.stride(0), g_ring.stride(1), g_ring.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         sc.stride(0) if scores_pre else 0, sc.stride(1) if scores_pre else 0,
+        0 if parents is None else parents.stride(0), 0 if parents is None else parents.stride(1),
         HK=Hk, HV=HV, K=K, V=V, R=R, T=T, BK=BK, BV=BV, LP=LP, TP=TP,
         USE_L2NORM=bool(use_qk_l2norm), ROUND_BETA=bool(round_beta), FLUSH_DOT=cfg["flush"] == "dot",
         PER_TOKEN=cfg["reduce"] == "token", SCORES_PRE=scores_pre,
+        IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
         DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **register_cap(cfg),
     )
     return out
+
+
+def gdn_tree_verify(mixed_qkv, a, b, A_log, dt_bias, state, d_ring, k_ring, g_ring, state_indices, wp, origin, flush,
+                    parents, *, scale=None, use_qk_l2norm=True, round_beta=False, out=None,
+                    null_slot=0) -> torch.Tensor:
+    """Verify a tree of T draft nodes per row: :func:`gdn_verify` (same arguments and types) with ``parents``
+    int32/int64 [B, T] (``parents[b, 0] = -1``, ``parents[b, s]`` in ``[0, s)``: out-of-range values are the
+    caller's bug, clamped in-kernel for memory safety).  Returns ``out`` [B, T, HV, V].  No host sync."""
+    if parents is None:
+        raise ValueError("gdn_tree_verify: parents must be a torch.Tensor, got NoneType")
+    try:
+        return gdn_verify(mixed_qkv, a, b, A_log, dt_bias, state, d_ring, k_ring, g_ring, state_indices, wp, origin,
+                          flush, scale=scale, use_qk_l2norm=use_qk_l2norm, round_beta=round_beta, out=out,
+                          null_slot=null_slot, parents=parents)
+    except ValueError as e:
+        msg = str(e)
+        if not msg.startswith("gdn_verify: "):
+            raise
+        raise ValueError("gdn_tree_verify: " + msg[len("gdn_verify: "):]) from None

@@ -1,21 +1,27 @@
-"""PyTorch references for the GDN ReplaySSM speculative verify (:mod:`gdn_verify`).
+"""PyTorch references for the GDN ReplaySSM speculative verify, chain and tree (:mod:`gdn_verify`).
 
-Plain PyTorch, no Triton, no SGLang import.
+Plain PyTorch (no Triton kernel), no SGLang import.
 
-``gdn_verify_ref``
+``gdn_verify_ref`` / ``gdn_tree_verify_ref``
     The verify algorithm itself (history replay or flush fold, then the window's UT
     forward substitution), with exactly the arguments and side effects of
-    :func:`sglang_replayssm.kernels.gdn_verify.gdn_verify` (reads the checkpoint, the
-    circular (d, raw k, g) ring and the cursors; writes out, the window's ring
-    entries and, on flush rows, the checkpoint; never the cursors), computed row by
-    row in ``compute_dtype`` with the kernel's association.  With
-    ``compute_dtype=torch.float64`` and fp64 pools it is an exact check of the algebra.
+    :func:`sglang_replayssm.kernels.gdn_verify.gdn_verify` / ``gdn_tree_verify`` (reads
+    the checkpoint, the circular (d, raw k, g) ring and the cursors; writes out, the
+    window's ring entries and, on flush rows, the checkpoint; never the cursors),
+    computed row by row in ``compute_dtype`` with the kernel's association.  A tree
+    restricts each node's UT row to its ancestors (the chain is the tree with
+    ``parents[i] = i - 1``).  With ``compute_dtype=torch.float64`` and fp64 pools it is
+    an exact check of the algebra.
 
 ``gdn_window_oracle``
     The *sequential* GDN recurrence over a window of tokens from dense per-row states
     (the stock decode math of :func:`gdn_ref.gdn_step_oracle`, token by token), which
     also returns each token's d_i = beta_i (v_i - alpha_i S_{i-1} k^_i) and the state
     after every token.  Knows nothing about rings, cursors or checkpoints.
+
+``gdn_tree_oracle``
+    ``gdn_window_oracle`` run, for every node of a tree, along the node's own path
+    root..i (fp64; independent of the tree algebra above).
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ from typing import Optional, Tuple
 import torch
 
 from .gdn_ref import _prep_qk, gdn_gates, history_weights, l2norm, split_qkv
+from .spec_tree import tree_path
 
-__all__ = ["gdn_verify_ref", "gdn_window_oracle", "window_betas"]
+__all__ = ["gdn_verify_ref", "gdn_tree_verify_ref", "gdn_window_oracle", "gdn_tree_oracle", "window_betas"]
 
 
 def window_betas(b: torch.Tensor, round_beta: bool) -> torch.Tensor:
@@ -92,6 +99,7 @@ def gdn_window_oracle(
 def gdn_verify_ref(
     mixed_qkv, a, b, A_log, dt_bias, state, d_ring, k_ring, g_ring, state_indices, wp, origin, flush,
     *, scale=None, use_qk_l2norm=True, round_beta=False, out=None, null_slot=0, compute_dtype=torch.float32,
+    parents=None,
 ):
     """Reference verify: same arguments and side effects as ``gdn_verify``.
 
@@ -99,7 +107,8 @@ def gdn_verify_ref(
     logical j < w at physical (o + j) % R):
       S_c = e^G S_ck + sum_j e^{G-G_j} d_j k^_j^T   (built and stored on flush rows,
             then re-read in the state dtype; replayed per query vector otherwise)
-      window i: r_i, A_ij, d_i (forward substitution), o_i as in the module docstring
+      window i: r_i, A_ij, d_i (forward substitution), o_i as in the module docstring,
+            over j <= i (chain) or j on the path root..i (``parents``)
       ring[(o + w + i) % R] <- (d_i, raw k_i, g_i)
     """
     cd = compute_dtype
@@ -158,13 +167,15 @@ def gdn_verify_ref(
         v = v_all[n].to(cd)
         D = torch.zeros(T, HV, V, dtype=cd, device=S_ck.device)
         for i in range(T):
-            cw, e_gam = history_weights(g_w[: i + 1].transpose(0, 1))  # [HV, i+1], [HV]
-            kk = torch.einsum("jhk,hk->hj", kv[: i + 1], kv[i])
-            kq = torch.einsum("jhk,hk->hj", kv[: i + 1], qv[i])
+            # j runs over the tokens 0..i (chain) or the nodes on the path root..i (tree), i last
+            path = list(range(i + 1)) if parents is None else tree_path(parents[n], i)
+            cw, e_gam = history_weights(g_w[path].transpose(0, 1))  # [HV, len], [HV]
+            kk = torch.einsum("jhk,hk->hj", kv[path], kv[i])
+            kq = torch.einsum("jhk,hk->hj", kv[path], qv[i])
             r_i = beta[i][:, None] * (v[i] - e_gam[:, None] * sk[i])
-            a_row = beta[i][:, None] * cw[:, :i] * kk[:, :i]
-            D[i] = r_i - torch.einsum("hj,jhv->hv", a_row, D[:i])
-            o_i = e_gam[:, None] * sq[i] + torch.einsum("hj,jhv->hv", cw * kq, D[: i + 1])
+            a_row = beta[i][:, None] * cw[:, :-1] * kk[:, :-1]
+            D[i] = r_i - torch.einsum("hj,jhv->hv", a_row, D[path[:-1]])
+            o_i = e_gam[:, None] * sq[i] + torch.einsum("hj,jhv->hv", cw * kq, D[path])
             out[n, i] = o_i.to(out.dtype)
         for i in range(T):
             p = (o + w + i) % R
@@ -172,3 +183,37 @@ def gdn_verify_ref(
             k_ring[s, :, p] = k_all[n, i].to(k_ring.dtype)
             g_ring[s, :, p] = g_all[n, i].to(g_ring.dtype)
     return out
+
+
+@torch.no_grad()
+def gdn_tree_verify_ref(
+    mixed_qkv, a, b, A_log, dt_bias, state, d_ring, k_ring, g_ring, state_indices, wp, origin, flush, parents,
+    *, scale=None, use_qk_l2norm=True, round_beta=False, out=None, null_slot=0, compute_dtype=torch.float32,
+):
+    """Reference tree verify: same arguments and side effects as ``gdn_tree_verify``."""
+    return gdn_verify_ref(mixed_qkv, a, b, A_log, dt_bias, state, d_ring, k_ring, g_ring, state_indices, wp, origin,
+                          flush, scale=scale, use_qk_l2norm=use_qk_l2norm, round_beta=round_beta, out=out,
+                          null_slot=null_slot, compute_dtype=compute_dtype, parents=parents)
+
+
+@torch.no_grad()
+def gdn_tree_oracle(mixed_qkv, a, b, A_log, dt_bias, state, parents, *, num_k_heads, scale=None,
+                    use_qk_l2norm=True, round_beta=False, compute_dtype=torch.float64):
+    """Sequential GDN along every node's path, one row.
+
+    mixed_qkv [T, W]; a, b [T, HV]; state [HV, V, K] (the committed state, not modified); parents [T].
+    Returns ``(o [T, HV, V], d [T, HV, V], states [T, HV, V, K])``: node i's output, its delta-rule
+    correction along its path and the state after it.
+    """
+    T = mixed_qkv.shape[0]
+    outs, ds, states = [], [], []
+    for i in range(T):
+        path = torch.tensor(tree_path(parents, i), dtype=torch.long, device=mixed_qkv.device)
+        o, d, st = gdn_window_oracle(mixed_qkv[path][None], a[path][None], b[path][None], A_log, dt_bias,
+                                     state[None], num_k_heads=num_k_heads, scale=scale,
+                                     use_qk_l2norm=use_qk_l2norm, round_beta=round_beta,
+                                     compute_dtype=compute_dtype)
+        outs.append(o[0, -1])
+        ds.append(d[0, -1])
+        states.append(st[0, -1])
+    return torch.stack(outs), torch.stack(ds), torch.stack(states)

@@ -2,7 +2,7 @@
 
 Applied with the replay-ring seams (:func:`sglang_replayssm.patches.replay_ring_patches`); the launch check
 accepts topk > 1 (``server_args.TREE_VERIFY_WIRED``).  The kernels are ``kernels.mamba2_verify.mamba2_tree_verify``,
-``kernels.gdn_tree_verify.gdn_tree_verify`` and ``kernels.spec_tree.spec_commit_tree``; CPU-tested with pure-torch
+``kernels.gdn_verify.gdn_tree_verify`` and ``kernels.spec_tree.spec_commit_tree``; CPU-tested with pure-torch
 stand-ins of them and against SGLang's own tree verify + commit (``tests/patches/test_spec_tree*.py``).  The
 design, and every SGLang function the tree path goes through, is in ``docs/tree-speculation.md``.
 
@@ -45,7 +45,7 @@ COMMIT_TARGET = "sglang.srt.speculative.spec_utils.commit_mamba_states_after_ver
 # the tree kernels, resolved on first use (``_IMPL`` entries win: tests put pure-torch stand-ins there)
 KERNELS = {
     "mamba2_tree_verify": ("sglang_replayssm.kernels.mamba2_verify", "mamba2_tree_verify"),
-    "gdn_tree_verify": ("sglang_replayssm.kernels.gdn_tree_verify", "gdn_tree_verify"),
+    "gdn_tree_verify": ("sglang_replayssm.kernels.gdn_verify", "gdn_tree_verify"),
     "spec_commit_tree": ("sglang_replayssm.kernels.spec_tree", "spec_commit_tree"),
 }
 _IMPL: Dict[str, Callable] = {}

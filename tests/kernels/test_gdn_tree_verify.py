@@ -1,4 +1,5 @@
-"""Tests of the GDN tree speculative verify (``kernels/gdn_tree_verify.py``) and its tree commit.
+"""Tests of the GDN tree speculative verify (``gdn_verify.gdn_tree_verify``: the chain verify kernel with
+``parents``, ``IS_TREE``) and its tree commit.
 
 CUDA when present, else Triton's CPU interpreter (tests/conftest.py).  Fresh random inputs
 every run (seed in every message; REPLAYSSM_TEST_SEED replays one).
@@ -20,11 +21,11 @@ import torch
 from gdn_testlib import MANTISSA_BITS, ORACLE_TOL, REF_OUT_TOL, ULP_RTOL, bits, check_close
 from kernel_testlib import make_gen
 from test_mamba2_tree_verify import random_tree
+from test_gdn_verify import VARIANTS as GDN_VERIFY_VARIANTS
 
 from sglang_replayssm.kernels.common import interpreting
-from sglang_replayssm.kernels.gdn_tree_verify import gdn_tree_verify
-from sglang_replayssm.kernels.gdn_tree_verify_ref import gdn_tree_oracle, gdn_tree_verify_ref
-from sglang_replayssm.kernels.gdn_verify import gdn_verify
+from sglang_replayssm.kernels.gdn_verify import gdn_tree_verify, gdn_verify
+from sglang_replayssm.kernels.gdn_verify_ref import gdn_tree_oracle, gdn_tree_verify_ref
 from sglang_replayssm.kernels.spec_cursor import check_spec_cursors, spec_reset, spec_ring_len
 from sglang_replayssm.kernels.spec_tree import chain_parents, check_tree_parents, spec_commit_tree, \
     spec_commit_tree_ref, tree_path
@@ -40,8 +41,8 @@ def whole_v_tile(tmp_path, monkeypatch):
     """In the interpreter, one V tile per (row, v-head) (its time grows with the number of programs);
     on CUDA the built-in launch parameters.  The tests that keep several V tiles do not use it."""
     if interpreting():
-        f = tmp_path / "gdn_tree_verify_launch.yaml"
-        f.write_text("gdn_tree_verify:\n  default:\n    BV: 64\ngdn_verify:\n  default:\n    BV: 64\n")
+        f = tmp_path / "gdn_verify_launch.yaml"
+        f.write_text("gdn_verify:\n  default:\n    BV: 64\n")
         monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
 
 
@@ -354,3 +355,18 @@ def test_matches_sglang_stock_tree_verify(device):
     res = bts.check("gdn", dict(HV=4, Hk=2, K=32, V=32), 8, 16, 4, 3, device.type, kern, 2, 4)
     assert res["flush_steps"], f"no flush in the checked steps: {res}"
     assert res["passed"], f"ours vs SGLang's tree verify: {res['steps']}"
+
+
+@pytest.mark.parametrize("variant", list(GDN_VERIFY_VARIANTS))
+def test_launch_variants_random_trees(device, tmp_path, monkeypatch, variant):
+    """The tree path (IS_TREE) under every launch variant of the chain's ``gdn_verify`` config (reduce: bcast /
+    token, scores: inline / pre, flush: rank1 / dot; two V tiles): random trees checked against the reference
+    and the per-path oracle, flushes included."""
+    entries = dict(BV=16, **GDN_VERIFY_VARIANTS[variant])
+    f = tmp_path / "gdn_verify_launch.yaml"
+    f.write_text("gdn_verify:\n  default:\n" + "".join(f"    {k}: {v}\n" for k, v in entries.items()))
+    monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
+    h = GdnTreeHarness(device, SMALL, 4, 4, F32, F32, n_req=2)
+    for _ in range(6):
+        h.step()
+    assert h.flushes >= 1, f"{h.tag()} no flush in the stream"

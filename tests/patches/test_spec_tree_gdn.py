@@ -108,14 +108,14 @@ def _kernel_sets():
 
     sets = []
     try:
-        from sglang_replayssm.kernels.gdn_tree_verify_ref import gdn_tree_verify_ref
+        from sglang_replayssm.kernels.gdn_verify_ref import gdn_tree_verify_ref
     except ImportError:
         gdn_tree_verify_ref = None
     if gdn_tree_verify_ref is not None:
         sets.append(pytest.param({"gdn_tree_verify": gdn_tree_verify_ref, "spec_commit_tree": spec_commit_tree_ref},
                                  id="torch-references"))
     try:
-        from sglang_replayssm.kernels.gdn_tree_verify import gdn_tree_verify
+        from sglang_replayssm.kernels.gdn_verify import gdn_tree_verify
     except ImportError:
         gdn_tree_verify = None
     if gdn_tree_verify is not None:
