@@ -40,12 +40,14 @@ def test_supported_args_pass_and_unsupported_are_listed(args_for, monkeypatch):
     assert "--pp-size 2" in str(e.value)
 
 
-def test_tree_spec_rejected(args_for, monkeypatch):
+def test_tree_spec_accepted_unless_it_cannot_hold_its_nodes(args_for, monkeypatch):
     monkeypatch.setenv("SGLANG_REPLAYSSM_ENABLE", "1")
     apply(launch_check_patches())
+    args_for("--speculative-algorithm", "NEXTN", "--speculative-eagle-topk", "2",
+             "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "8").check_server_args()
     a = args_for("--speculative-algorithm", "NEXTN", "--speculative-eagle-topk", "2",
-                 "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "8")
-    with pytest.raises(UnsupportedConfigError, match="tree verify"):
+                 "--speculative-num-steps", "1", "--speculative-num-draft-tokens", "8")
+    with pytest.raises(UnsupportedConfigError, match="has at most 3 nodes"):
         a.check_server_args()
 
 
