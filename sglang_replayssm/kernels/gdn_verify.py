@@ -651,7 +651,7 @@ def gdn_tree_verify(mixed_qkv, a, b, A_log, dt_bias, state, d_ring, k_ring, g_ri
                     null_slot=0) -> torch.Tensor:
     """Verify a tree of T draft nodes per row: :func:`gdn_verify` (same arguments and types) with ``parents``
     int32/int64 [B, T] (``parents[b, 0] = -1``, ``parents[b, s]`` in ``[0, s)``: out-of-range values are the
-    caller's bug, clamped in-kernel for memory safety).  Returns ``out`` [B, T, HV, V].  No host sync."""
+    caller's bug, read as the root in-kernel for memory safety).  Returns ``out`` [B, T, HV, V].  No host sync."""
     if parents is None:
         raise ValueError("gdn_tree_verify: parents must be a torch.Tensor, got NoneType")
     try:

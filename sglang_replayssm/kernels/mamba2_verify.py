@@ -530,7 +530,7 @@ def mamba2_tree_verify(
 ):
     """Verify a tree of T draft nodes per row: :func:`mamba2_verify` with ``parents`` int32/int64
     [batch, T] (``parents[b, 0] = -1``, ``parents[b, s]`` in ``[0, s)``: out-of-range values are the
-    caller's bug, clamped in-kernel for memory safety).  Returns ``out`` [batch, T, H, P].  No host sync."""
+    caller's bug, read as the root in-kernel for memory safety).  Returns ``out`` [batch, T, H, P].  No host sync."""
     if parents is None:
         raise ValueError("mamba2_tree_verify: parents must be a torch.Tensor, got NoneType")
     try:

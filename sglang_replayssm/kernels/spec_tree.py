@@ -19,8 +19,8 @@ verify does) and never write a cursor.  Pure math: no SGLang import.
   chain verify of the accepted path would have left: rollback stays a cursor move.
 
 Bad values inside ``parents`` / ``accepted`` are the caller's bug: the host checks only
-shape, dtype and device (no sync); kernels clamp them for memory safety (a parent to
-``[0, s)``, an accepted node to ``[0, T)``).  :func:`check_tree_parents` is the
+shape, dtype and device (no sync); kernels keep them in range for memory safety (a parent
+outside ``[0, s)`` is read as the root, an accepted node is clamped to ``[0, T)``).  :func:`check_tree_parents` is the
 host-side (syncing) check for tests and debugging.
 """
 
@@ -141,18 +141,19 @@ def check_tree_parents(parents: torch.Tensor) -> None:
 def _tree_ancestor_mask(par_row, stride_p, T, TP: tl.constexpr, LOG_TP: tl.constexpr):
     """fp32 0/1 [TP, TP] with M[m, s] = 1 when node m is on the path root..s (s itself included).
 
-    One step of the parent relation (m == s or m == parent(s)), closed by LOG_TP rounds of
-    pointer-jumping (M <- M·M: paths of length 1, 2, 4, ...; depth <= T - 1 < TP).  Parents
-    are clamped to [0, s) so that any input gives a tree; padded positions (s >= T) keep
-    only themselves."""
+    Built in node order: parents precede children, so column s is column parent(s) plus s itself,
+    one [TP, TP] select per node (no [TP, TP, TP] temporaries: they spill in the verify kernels).
+    A parent outside [0, s) becomes the root (as :func:`tree_ancestors` / :func:`tree_path` read it), so
+    that any input gives a tree; padded positions (s >= T) keep only themselves.  ``LOG_TP`` is unused
+    (kept for the kernels' signature)."""
     o = tl.arange(0, TP)
-    live = (o > 0) & (o < T)
-    par = tl.load(par_row + o * stride_p, mask=live, other=0).to(tl.int32)
-    par = tl.minimum(tl.maximum(par, 0), tl.maximum(o - 1, 0))
-    step = (o[:, None] == o[None, :]) | ((o[:, None] == par[None, :]) & live[None, :])
-    M = step.to(tl.float32)
-    for _ in tl.static_range(LOG_TP):
-        M = tl.minimum(tl.sum(M[:, :, None] * M[None, :, :], axis=1), 1.0)
+    M = (o[:, None] == o[None, :]).to(tl.float32)
+    for s in tl.static_range(1, TP):
+        p = tl.load(par_row + s * stride_p, mask=s < T, other=0).to(tl.int32)
+        p = tl.where((p >= 0) & (p < s), p, 0)
+        col_p = tl.sum(tl.where(o[None, :] == p, M, 0.0), 1)  # [m]: the ancestors of parent(s)
+        col_p = tl.where(s < T, col_p, 0.0)
+        M = tl.where(o[None, :] == s, tl.maximum(M, col_p[:, None]), M)
     return M
 
 

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from kernel_testlib import bits, make_gen
 from test_mamba2_tree_verify import random_tree
 
 from sglang_replayssm.kernels.spec_cursor import check_spec_cursors, spec_commit_ref
-from sglang_replayssm.kernels.spec_tree import (chain_parents, check_tree_parents, parents_from_retrieve,
-                                                spec_commit_tree, spec_commit_tree_ref, tree_ancestors, tree_path)
+from sglang_replayssm.kernels.spec_tree import (_tree_ancestor_mask, chain_parents, check_tree_parents,
+                                                parents_from_retrieve, spec_commit_tree, spec_commit_tree_ref,
+                                                tree_ancestors, tree_path)
 
 
 def retrieve_layout(par, gen=None):
@@ -99,6 +102,35 @@ def test_ancestors_and_paths():
         check_tree_parents(torch.tensor([[0, 0]]))
     with pytest.raises(AssertionError, match=r"parents\[0, 2\] = 2"):
         check_tree_parents(torch.tensor([[-1, 0, 2]]))
+
+
+@triton.jit
+def _ancestor_mask_probe(par_ptr, out_ptr, stride_b, T, TP: tl.constexpr, LOG_TP: tl.constexpr):
+    b = tl.program_id(0)
+    M = _tree_ancestor_mask(par_ptr + b * stride_b, 1, T, TP, LOG_TP)
+    o = tl.arange(0, TP)
+    tl.store(out_ptr + b * TP * TP + o[:, None] * TP + o[None, :], M)
+
+
+@pytest.mark.parametrize("T,TP", [(1, 2), (5, 8), (8, 8), (13, 16)])
+def test_in_kernel_ancestor_mask_matches_the_host_paths(device, T, TP):
+    """The verify kernels' ancestor mask: M[m, s] = m on the path root..s, for random trees, chains, stars and
+    parents out of range (clamped as the host helper clamps them); positions past T keep only themselves."""
+    gen, seed = make_gen()
+    rows = [random_tree(T, gen) for _ in range(6)] + [list(range(-1, T - 1)), [-1] + [0] * (T - 1)]
+    bad = torch.randint(-3, T + 3, (T,), generator=gen).tolist()
+    bad[0] = -1
+    rows.append(bad)  # out-of-range parents: the kernel clamps them to [0, s)
+    par = torch.tensor(rows, dtype=torch.int32)
+    out = torch.full((len(rows), TP, TP), float("nan"))
+    out_d = out.to(device)
+    _ancestor_mask_probe[(len(rows),)](par.to(device), out_d, par.stride(0), T, TP=TP, LOG_TP=TP.bit_length() - 1)
+    got = out_d.cpu()
+    want = torch.zeros(len(rows), TP, TP)
+    want[:, :T, :T] = tree_ancestors(par).transpose(1, 2).float()  # [b, m, s]
+    for k in range(T, TP):
+        want[:, k, k] = 1.0
+    assert torch.equal(got, want), f"seed {seed}"
 
 
 def _cursors(gen, S, T, R, device):
