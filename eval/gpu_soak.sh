@@ -14,6 +14,9 @@
 # then tiny-nemotron-h, tiny-nemotron-h NEXTN and tiny-qwen3-next NEXTN (~40-60 s to start, 36 s of chaos each,
 # or less when --max-requests is reached first); ~15 s per server of warm-up, baselines, drain and stop:
 # about 4 min of starts + 3 min of chaos + 1 min = ~8 min, under the 480 s cap, ~9 min with the bundle's bootstrap.
+# With cold Triton caches (the first call after a kernel change: Nemotron-H-8B took 178 s to start) it does not
+# fit one call: split the plan over two calls (SOAK_PLAN), then merge the two records of the same commit:
+#   python -m eval.soak --merge a/soak-h200.json b/soak-h200.json --out eval/results/soak-h200.json
 set -uo pipefail
 OUT="${OUT:-eval/results}"
 mkdir -p "$OUT"

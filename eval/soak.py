@@ -40,6 +40,7 @@ adds shows in every round.
     python -m eval.soak --model tiny-nemotron-h --model nemotron-h-8b --spec none,nextn --minutes 2
     python -m eval.soak --plan tiny-nemotron-h:nextn:0.75 --plan nemotron-h-8b:none:1.5 --deadline-s 500
     python -m eval.soak --render eval/results/soak-h200.json      # re-draw the Markdown
+    python -m eval.soak --merge a.json b.json --out eval/results/soak-h200.json   # runs of one commit, one record
 """
 
 from __future__ import annotations
@@ -1105,7 +1106,10 @@ def render_markdown(res: Dict[str, Any]) -> str:
     lines = [f"# Soak test ({res.get('gpu', {}).get('name', '?')})", "",
              f"git `{res.get('git_commit')}`, SGLang {res.get('sglang_version')}, started {res.get('started')}, "
              f"{res.get('wall_s')} s wall. Targets are judged by reading this record, not asserted by the harness.",
-             "", "## Summary", "",
+             "", *([f"Merged from {len(res['merged_from'])} runs (`--merge`): " + "; ".join(
+                 f"started {m.get('started')}, {', '.join(m.get('servers') or [])}" for m in res["merged_from"]) + ".",
+                    ""] if res.get("merged_from") else []),
+             "## Summary", "",
              _table(["figure", "value", "target"], [[k, s.get(k), TARGETS[k]] for k in SUMMARY_KEYS]), ""]
     for srv in res["servers"]:
         n = srv.get("numbers") or {}
@@ -1159,6 +1163,36 @@ def _bad_misses(chaos: Dict[str, Any]) -> Dict[str, int]:
             if miss:
                 out[kind] = miss
     return out
+
+
+def merge_runs(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """One record of several soak runs of the same commit, SGLang and GPU (one device call may not hold every
+    server): the servers in run order, each tagged with its run's start, and the summary over all of them."""
+    if not runs:
+        raise ValueError("--merge: no runs given")
+    for key in ("schema", "git_commit", "sglang_version"):
+        vals = {r.get(key) for r in runs}
+        if len(vals) != 1:
+            raise ValueError(f"--merge: the runs differ in {key} ({sorted(map(str, vals))}); merge only runs of "
+                             "one commit, SGLang and harness")
+    names = {(r.get("gpu") or {}).get("name") for r in runs}
+    if len(names) != 1:
+        raise ValueError(f"--merge: the runs were on different GPUs ({sorted(map(str, names))})")
+    labels = [s["label"] for r in runs for s in r.get("servers", [])]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise ValueError(f"--merge: server(s) {dup} appear in more than one run")
+    res = {k: v for k, v in runs[0].items() if k not in ("servers", "summary", "plan", "flags", "finished",
+                                                         "wall_s")}
+    res["merged_from"] = [{"started": r.get("started"), "finished": r.get("finished"), "wall_s": r.get("wall_s"),
+                           "flags": r.get("flags"), "servers": [s["label"] for s in r.get("servers", [])]}
+                          for r in runs]
+    res["plan"] = [p for r in runs for p in r.get("plan", [])]
+    res["servers"] = [dict(s, run_started=r.get("started")) for r in runs for s in r.get("servers", [])]
+    res["finished"] = runs[-1].get("finished")
+    res["wall_s"] = round(sum(float(r.get("wall_s") or 0) for r in runs), 1)
+    res["summary"] = summarize(res["servers"])
+    return res
 
 
 def write_outputs(res: Dict[str, Any], out: Path) -> List[Path]:
@@ -1223,6 +1257,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="result JSON (the Markdown goes beside it, .md)")
     o.add_argument("--log-dir", default=None, help="server logs and request records (default <out dir>/logs-<stem>)")
     o.add_argument("--render", metavar="JSON", help="re-draw the Markdown of a result JSON, exit")
+    o.add_argument("--merge", metavar="JSON", nargs="+", help="write one record (--out, and its Markdown) of "
+                   "these runs of one commit, SGLang and GPU, the summary over all their servers, exit")
     o.add_argument("--deadline-s", type=float, default=0.0, help="wall cap of the whole run; servers that do not "
                    "fit are skipped, the chaos of the last one is cut short (0: none)")
     o.add_argument("--reserve-s", type=float, default=30.0, help="seconds kept per server for drain/settle/stop")
@@ -1257,6 +1293,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     from eval import entry_points
 
+    if args.merge:
+        try:
+            res = merge_runs([json.loads(Path(f).read_text()) for f in args.merge])
+        except (OSError, ValueError) as e:
+            print(f"python -m eval.soak: error: {e}", file=sys.stderr)
+            return 2
+        for path in write_outputs(res, Path(args.out)):
+            log(f"wrote {path}")
+        log("summary: " + json.dumps({k: res["summary"][k] for k in SUMMARY_KEYS}))
+        return 0
     if args.render:
         res = json.loads(Path(args.render).read_text())
         md = Path(args.render).with_suffix(".md")

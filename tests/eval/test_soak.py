@@ -230,6 +230,39 @@ def test_summary_from_records():
         assert f"| {k}" in md
 
 
+def test_merge_runs_of_one_commit(tmp_path):
+    """Runs of one commit, SGLang and GPU merge into one record whose summary covers every server; runs of
+    different commits, GPUs or with a server twice are refused in one line."""
+    def run(started, *servers, commit="abc"):
+        return {"schema": soak.SCHEMA, "git_commit": commit, "sglang_version": "0.5.17", "gpu": {"name": "H200"},
+                "started": started, "finished": started, "wall_s": 100.0, "plan": [{"label": s["label"]}
+                                                                                   for s in servers],
+                "servers": list(servers), "summary": soak.summarize(list(servers))}
+    a = run("t0", _server("a", requests=2100), _server("b", requests=2500))
+    b = run("t1", _server("c", requests=2200, bad=120, used=(0.0, 1.0)))
+    for i, r in enumerate((a, b)):
+        (tmp_path / f"r{i}.json").write_text(json.dumps(r))
+    out = tmp_path / "merged.json"
+    r = subprocess.run([sys.executable, "-m", "eval.soak", "--merge", str(tmp_path / "r0.json"),
+                        str(tmp_path / "r1.json"), "--out", str(out)], cwd=REPO, env=_env(), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    m = json.loads(out.read_text())
+    assert [s["label"] for s in m["servers"]] == ["a", "b", "c"] and m["servers"][2]["run_started"] == "t1"
+    s = m["summary"]
+    assert (s["requests"], s["bad_requests_sent"], s["leaked_mamba_slots"], s["servers"], s["complete"]) == \
+        (2100, 120, 1, 3, 1)
+    assert s["requests_total"] == 6800 and m["wall_s"] == 200.0 and len(m["merged_from"]) == 2
+    assert "Merged from 2 runs" in out.with_suffix(".md").read_text()
+    with pytest.raises(ValueError, match="differ in git_commit"):
+        soak.merge_runs([a, run("t2", _server("d"), commit="def")])
+    with pytest.raises(ValueError, match=r"server\(s\) \['a'\] appear in more than one run"):
+        soak.merge_runs([a, run("t2", _server("a"))])
+    r = subprocess.run([sys.executable, "-m", "eval.soak", "--merge", str(tmp_path / "missing.json"), "--out",
+                        str(out)], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "error" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
 def test_memory_growth_is_counted_after_the_first_round():
     """The first chaos round's growth (the caching allocator meeting new shapes) is reported apart; the summary's
     figure is the growth from the idle reading after round 1 to the one after the last round."""
