@@ -308,6 +308,29 @@ def forward_extend_around(original, self, layer, forward_batch, mixed_qkv, a, b,
     return result
 
 
+def verify_call_problem(ctx, q, k, v, ssm_states, cache_indices, steps) -> Optional[str]:
+    """Why a ``target_verify`` call under a verify context is not this layer's window (chain or tree), or None."""
+    g = ctx.geom
+    if ssm_states.dim() != 4 or ssm_states.data_ptr() != ctx.state_ptr or ssm_states.shape[0] != ctx.num_slots:
+        return "ssm_states is not this layer's temporal cache"
+    if cache_indices is None or cache_indices.data_ptr() != ctx.slots.data_ptr():
+        return "cache_indices are not the forward metadata's mamba_cache_indices"
+    if q.dim() != 4 or q.shape[0] != 1 or tuple(q.shape[2:]) != (g.num_k_heads, g.head_k_dim) \
+            or tuple(v.shape[2:]) != (g.num_v_heads, g.head_v_dim):
+        return f"q/k/v shapes {tuple(q.shape)}/{tuple(k.shape)}/{tuple(v.shape)} do not match the ring's heads"
+    if not steps or q.shape[1] % int(steps):
+        return f"cache_steps={steps} does not divide the {q.shape[1]} verify tokens"
+    return None
+
+
+def verify_window(q, k, v, g, bs: int, T: int):
+    """``(mixed, out)``: one packed q|k|v row per token, the layout the ring kernels read (SGLang split it for its
+    kernel), ``[bs, T, -1]``; and a zeroed output ``[bs, T, HV, V]`` (rows the kernel skips read 0)."""
+    seq = bs * T
+    mixed = torch.cat([q.reshape(seq, -1), k.reshape(seq, -1), v.reshape(seq, -1)], dim=-1).view(bs, T, -1)
+    return mixed, q.new_zeros(bs, T, g.num_v_heads, g.head_v_dim)
+
+
 def target_verify_around(original, self, A_log, dt_bias, q, k, v, a, b, *, ssm_states, cache_indices,
                          query_start_loc, **kwargs):
     """AROUND ``GDNKernelDispatcher.target_verify``: under a verify context, the chain verify runs
@@ -324,29 +347,17 @@ def target_verify_around(original, self, A_log, dt_bias, q, k, v, a, b, *, ssm_s
                                     retrieve_parent_token=kwargs["retrieve_parent_token"],
                                     scale=ctx.geom.head_k_dim ** -0.5, use_qk_l2norm=USE_QK_L2NORM)
     g = ctx.geom
-    why = None
-    if ssm_states.dim() != 4 or ssm_states.data_ptr() != ctx.state_ptr or ssm_states.shape[0] != ctx.num_slots:
-        why = "ssm_states is not this layer's temporal cache"
-    elif cache_indices is None or cache_indices.data_ptr() != ctx.slots.data_ptr():
-        why = "cache_indices are not the forward metadata's mamba_cache_indices"
-    elif q.dim() != 4 or q.shape[0] != 1 or tuple(q.shape[2:]) != (g.num_k_heads, g.head_k_dim) \
-            or tuple(v.shape[2:]) != (g.num_v_heads, g.head_v_dim):
-        why = f"q/k/v shapes {tuple(q.shape)}/{tuple(k.shape)}/{tuple(v.shape)} do not match the ring's heads"
     steps = kwargs.get("cache_steps")
-    seq = q.shape[1] if q.dim() == 4 else 0
-    if why is None and (not steps or seq % int(steps)):
-        why = f"cache_steps={steps} does not divide the {seq} verify tokens"
+    why = verify_call_problem(ctx, q, k, v, ssm_states, cache_indices, steps)
     if why is not None:
         raise ReplayDecodeError(f"layer_id {ctx.layer_id}: unexpected target_verify call during a replay verify "
                                 f"forward: {why}")
     from ..kernels.gdn_verify import gdn_verify
 
     T = int(steps)
-    bs = seq // T
-    HV, V = g.num_v_heads, g.head_v_dim
-    # one packed q|k|v row per token, the layout the ring kernel reads (SGLang split it for its kernel)
-    mixed = torch.cat([q.reshape(seq, -1), k.reshape(seq, -1), v.reshape(seq, -1)], dim=-1).view(bs, T, -1)
-    out = q.new_zeros(bs, T, HV, V)  # rows the kernel skips (padding, dummy slot 0) read 0
+    bs = q.shape[1] // T
+    mixed, out = verify_window(q, k, v, g, bs, T)
+    seq, HV, V = q.shape[1], g.num_v_heads, g.head_v_dim
     rv = ctx.ring_views
     gdn_verify(mixed, a.reshape(bs, T, HV), b.reshape(bs, T, HV), A_log, dt_bias, ssm_states, rv["d"], rv["k"],
                rv["g"], cache_indices[:bs], *ctx.spec, scale=g.head_k_dim ** -0.5, use_qk_l2norm=USE_QK_L2NORM,

@@ -82,19 +82,12 @@ def _parents_problem(parents, batch: int, T: int, device) -> Optional[str]:
 def mamba2_tree_verify_call(a: Dict[str, Any], ctx: LayerContext) -> None:
     """A Mamba2 tree verify call of ``mamba.selective_state_update`` (``a``: its bound arguments) under a verify
     context -> ``mamba2_tree_verify`` on the layer's ring; fills ``a["out"]``, counts the call."""
-    from .mamba2_decode import _not_this_layer
+    from .mamba2_decode import _not_chain_verify
 
     x = a["x"]
-    why = None
-    if not a.get("disable_state_update"):
-        why = "disable_state_update is not set (not SGLang's target-verify call)"
-    elif x.dim() != 4:
-        why = f"x has shape {tuple(x.shape)}, expected [batch, draft_tokens, H, P]"
-    elif a.get("cache_steps") is not None and int(a["cache_steps"]) != x.shape[1]:
-        why = f"cache_steps={a['cache_steps']} differs from the window {x.shape[1]}"
-    else:
-        why = _parents_problem(a.get("retrieve_parent_token"), x.shape[0], x.shape[1], x.device) \
-            or _not_this_layer(a, ctx)
+    # the chain verify's checks (SGLang's target-verify call, this layer's window), then the parents
+    why = _not_chain_verify(a, ctx) or _parents_problem(a.get("retrieve_parent_token"), x.shape[0], x.shape[1],
+                                                        x.device)
     if why is not None:
         raise ReplayDecodeError(f"layer_id {ctx.layer_id}: unexpected tree verify call of selective_state_update: "
                                 f"{why}")
@@ -112,18 +105,11 @@ def gdn_tree_verify_call(ctx: LayerContext, A_log, dt_bias, q, k, v, a, b, *, ss
                          cache_steps, retrieve_parent_token, scale: float, use_qk_l2norm: bool) -> torch.Tensor:
     """A GDN tree verify call of ``GDNKernelDispatcher.target_verify`` under a verify context ->
     ``gdn_tree_verify`` on the layer's ring; returns the output in SGLang's layout ``[1, tokens, HV, V]``."""
+    from .gdn_decode import verify_call_problem, verify_window
+
     g = ctx.geom
-    why = None
-    if ssm_states.dim() != 4 or ssm_states.data_ptr() != ctx.state_ptr or ssm_states.shape[0] != ctx.num_slots:
-        why = "ssm_states is not this layer's temporal cache"
-    elif cache_indices is None or cache_indices.data_ptr() != ctx.slots.data_ptr():
-        why = "cache_indices are not the forward metadata's mamba_cache_indices"
-    elif q.dim() != 4 or q.shape[0] != 1 or tuple(q.shape[2:]) != (g.num_k_heads, g.head_k_dim) \
-            or tuple(v.shape[2:]) != (g.num_v_heads, g.head_v_dim):
-        why = f"q/k/v shapes {tuple(q.shape)}/{tuple(k.shape)}/{tuple(v.shape)} do not match the ring's heads"
     seq = q.shape[1] if q.dim() == 4 else 0
-    if why is None and (not cache_steps or seq % int(cache_steps)):
-        why = f"cache_steps={cache_steps} does not divide the {seq} verify tokens"
+    why = verify_call_problem(ctx, q, k, v, ssm_states, cache_indices, cache_steps)
     T = int(cache_steps or 1)
     bs = seq // T
     if why is None:
@@ -131,9 +117,7 @@ def gdn_tree_verify_call(ctx: LayerContext, A_log, dt_bias, q, k, v, a, b, *, ss
     if why is not None:
         raise ReplayDecodeError(f"layer_id {ctx.layer_id}: unexpected tree verify call of target_verify: {why}")
     HV, V = g.num_v_heads, g.head_v_dim
-    # one packed q|k|v row per token, the layout the ring kernels read (as the chain seam packs it)
-    mixed = torch.cat([q.reshape(seq, -1), k.reshape(seq, -1), v.reshape(seq, -1)], dim=-1).view(bs, T, -1)
-    out = q.new_zeros(bs, T, HV, V)  # rows the kernel skips (padding, dummy slot 0) read 0
+    mixed, out = verify_window(q, k, v, g, bs, T)
     rv = ctx.ring_views
     kernel("gdn_tree_verify")(mixed, a.reshape(bs, T, HV), b.reshape(bs, T, HV), A_log, dt_bias, ssm_states,
                               rv["d"], rv["k"], rv["g"], cache_indices[:bs], *ctx.spec,
