@@ -5,6 +5,8 @@
 #   bash eval/jit_cache.sh save <dir>         # after a run: <dir>/jit-triton.txz (Triton, without its text IRs:
 #                                             # a cache hit needs each kernel's .json, .cubin and launcher .so)
 #                                             # and <dir>/jit-other.txz (FlashInfer / tvm-ffi builds, xz: ~1/3 of gzip)
+#                                             # and <dir>/jit-home.txz (SGLang's FlashInfer autotune results,
+#                                             # $HOME/.cache/sglang: ~50 s of every server start when missing)
 # Copy the saved files into .sglang-bundle/jitcache/ for the next call (restore unpacks every *.txz there; the
 # bundle's bootstrap restores *.tgz).
 set -uo pipefail
@@ -13,7 +15,8 @@ case "${1:-}" in
   restore)
     mkdir -p "$root"
     for a in .sglang-bundle/jitcache/*.txz; do
-      [ -f "$a" ] && xz -dc "$a" | tar -C "$root" -xf - && echo "jit_cache: restored $a"
+      dest="$root"; [ "$(basename "$a")" = jit-home.txz ] && dest="$HOME" && mkdir -p "$HOME"
+      [ -f "$a" ] && xz -dc "$a" | tar -C "$dest" -xf - && echo "jit_cache: restored $a"
     done
     ;;
   save)
@@ -24,6 +27,7 @@ case "${1:-}" in
       --exclude='*.ttgir' --exclude='*.source' triton | xz -6 -T0 > "$out/jit-triton.txz"
     others=$(cd "$root" && ls -d flashinfer tvm-ffi 2>/dev/null)
     [ -n "$others" ] && tar -C "$root" -cf - $others | xz -6 -T0 > "$out/jit-other.txz"
+    [ -d "$HOME/.cache/sglang" ] && tar -C "$HOME" -cf - .cache/sglang | xz -6 -T0 > "$out/jit-home.txz"
     ls -la "$out"/jit-* 2>/dev/null
     ;;
   *) echo "usage: bash eval/jit_cache.sh restore | save <dir>" >&2; exit 2 ;;
