@@ -1167,7 +1167,9 @@ def _bad_misses(chaos: Dict[str, Any]) -> Dict[str, int]:
 
 def merge_runs(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     """One record of several soak runs of the same commit, SGLang and GPU (one device call may not hold every
-    server): the servers in run order, each tagged with its run's start, and the summary over all of them."""
+    server): the servers in run order, each tagged with its run's start, and the summary over all of them.
+    A server a run skipped (its deadline) is dropped when another run ran it; a server that ran in several runs
+    keeps every record, the later ones labelled "<label> (run N)", so the summary counts each of them."""
     if not runs:
         raise ValueError("--merge: no runs given")
     for key in ("schema", "git_commit", "sglang_version"):
@@ -1178,17 +1180,30 @@ def merge_runs(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     names = {(r.get("gpu") or {}).get("name") for r in runs}
     if len(names) != 1:
         raise ValueError(f"--merge: the runs were on different GPUs ({sorted(map(str, names))})")
-    labels = [s["label"] for r in runs for s in r.get("servers", [])]
-    dup = sorted({x for x in labels if labels.count(x) > 1})
-    if dup:
-        raise ValueError(f"--merge: server(s) {dup} appear in more than one run")
+    ran = {s["label"] for r in runs for s in r.get("servers", []) if s.get("status") != "skipped"}
+    servers: List[Dict[str, Any]] = []
+    merged_from: List[Dict[str, Any]] = []
+    seen: Dict[str, int] = {}
+    for i, r in enumerate(runs, 1):
+        kept, dropped = [], []
+        for s in r.get("servers", []):
+            label = s["label"]
+            if s.get("status") == "skipped" and (label in ran or label in seen):
+                dropped.append(label)
+                continue
+            if label in seen:
+                s = dict(s, label=f"{label} (run {i})", server=label)
+            seen[label] = seen.get(label, 0) + 1
+            servers.append(dict(s, run_started=r.get("started")))
+            kept.append(s["label"])
+        merged_from.append({"started": r.get("started"), "finished": r.get("finished"), "wall_s": r.get("wall_s"),
+                            "flags": r.get("flags"), "servers": kept,
+                            "skipped_here_ran_elsewhere": dropped})
     res = {k: v for k, v in runs[0].items() if k not in ("servers", "summary", "plan", "flags", "finished",
                                                          "wall_s")}
-    res["merged_from"] = [{"started": r.get("started"), "finished": r.get("finished"), "wall_s": r.get("wall_s"),
-                           "flags": r.get("flags"), "servers": [s["label"] for s in r.get("servers", [])]}
-                          for r in runs]
+    res["merged_from"] = merged_from
     res["plan"] = [p for r in runs for p in r.get("plan", [])]
-    res["servers"] = [dict(s, run_started=r.get("started")) for r in runs for s in r.get("servers", [])]
+    res["servers"] = servers
     res["finished"] = runs[-1].get("finished")
     res["wall_s"] = round(sum(float(r.get("wall_s") or 0) for r in runs), 1)
     res["summary"] = summarize(res["servers"])

@@ -232,7 +232,7 @@ def test_summary_from_records():
 
 def test_merge_runs_of_one_commit(tmp_path):
     """Runs of one commit, SGLang and GPU merge into one record whose summary covers every server; runs of
-    different commits, GPUs or with a server twice are refused in one line."""
+    different commits or GPUs are refused in one line."""
     def run(started, *servers, commit="abc"):
         return {"schema": soak.SCHEMA, "git_commit": commit, "sglang_version": "0.5.17", "gpu": {"name": "H200"},
                 "started": started, "finished": started, "wall_s": 100.0, "plan": [{"label": s["label"]}
@@ -256,8 +256,14 @@ def test_merge_runs_of_one_commit(tmp_path):
     assert "Merged from 2 runs" in out.with_suffix(".md").read_text()
     with pytest.raises(ValueError, match="differ in git_commit"):
         soak.merge_runs([a, run("t2", _server("d"), commit="def")])
-    with pytest.raises(ValueError, match=r"server\(s\) \['a'\] appear in more than one run"):
-        soak.merge_runs([a, run("t2", _server("a"))])
+    # a server skipped at one run's deadline yields to the run that ran it; one that ran twice keeps both records
+    skipped = soak.finish_record({"label": "c", "status": "skipped", "crashed": False})
+    m = soak.merge_runs([run("t0", _server("a", requests=2100), skipped), b, run("t2", _server("a", requests=900))])
+    assert [s["label"] for s in m["servers"]] == ["a", "c", "a (run 3)"] and m["servers"][2]["server"] == "a"
+    assert m["merged_from"][0]["skipped_here_ran_elsewhere"] == ["c"] and m["summary"]["complete"] == 1
+    assert m["summary"]["requests"] == 900 and m["summary"]["requests_per_server"]["a (run 3)"] == 900
+    only_skipped = soak.merge_runs([run("t0", skipped), run("t1", dict(skipped))])
+    assert [s["label"] for s in only_skipped["servers"]] == ["c"] and only_skipped["summary"]["complete"] == 0
     r = subprocess.run([sys.executable, "-m", "eval.soak", "--merge", str(tmp_path / "missing.json"), "--out",
                         str(out)], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "error" in r.stderr and len(r.stderr.strip().splitlines()) == 1
