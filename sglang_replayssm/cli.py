@@ -130,7 +130,7 @@ def serve_command(model: str, extra: List[str], stock: bool = False, root: Optio
     if model in models.names():
         path = models.materialize(model, root=root)
         cmd += ["--model-path", path, "--load-format", "dummy", "--skip-tokenizer-init",
-                "--attention-backend", models.ATTENTION_BACKEND[model], "--disable-radix-cache",
+                "--attention-backend", models.ATTENTION_BACKEND[model],
                 "--mem-fraction-static", "0.5", "--context-length", "4096"]
     else:
         cmd += ["--model-path", model]

@@ -128,10 +128,10 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("replay_ring", _parse_bool, "apply the replay-ring seams: ring pool, Mamba2/GDN decode and verify, spec "
             "commit, slot lifecycle (default on). false keeps SGLang's own SSM kernels and state pool and applies "
             "only the launch checks, for an A/B inside one install", "BOOL"),
-    Setting("extra_buffer", _parse_bool, "accept SGLang's extra_buffer prefix-caching strategy (its default with "
-            "the radix cache and the overlap scheduler) for non-speculative serving: the states SGLang tracks "
-            "for the radix tree are materialised from the ring (CPU-tested against stock SGLang; not yet run "
-            "on a GPU, hence off by default). Off: the launcher refuses extra_buffer and names no_buffer", "BOOL"),
+    Setting("extra_buffer", _parse_bool, "serve SGLang's extra_buffer prefix-caching strategy (its default with "
+            "the radix cache and the overlap scheduler), with and without speculative decoding: the states SGLang "
+            "tracks for the radix tree are materialised from the ring (default on). false: the launcher refuses "
+            "extra_buffer and names no_buffer and --disable-radix-cache", "BOOL"),
     Setting("log_level", _choice(LOG_LEVELS), "log level of the sglang_replayssm logger (default info)", "LEVEL"),
     Setting("kernel_config", _parse_existing_file, "YAML file of tuned kernel launch configs "
             "(default: the packaged file for the detected GPU)", "PATH"),
@@ -177,7 +177,7 @@ class ReplaySSMConfig:
     spec: bool = True
     spec_max_running: str = "sglang"
     replay_ring: bool = True
-    extra_buffer: bool = False
+    extra_buffer: bool = True
     log_level: str = "info"
     kernel_config: Optional[str] = None
     source: Dict[str, str] = field(default_factory=dict, compare=False)

@@ -39,8 +39,8 @@ more than 10% off it (eval/ab/decode_rate.py); ``--clients N`` drives each run f
 processes, merged; ``--stream-interval N`` is SGLang's, on every server.
 
 Prefix caching: ``--radix-cache off|on|no_buffer|extra_buffer`` is the same on every arm (``extra_buffer``:
-SGLang's default strategy, overlap scheduler on, plus ``--replayssm-extra-buffer true`` for our launcher's
-arms; not with ``--spec``).  ``--workload shared-prefix`` benches SGLang's generated-shared-prefix dataset and
+SGLang's default strategy, overlap scheduler on, plus ``--replayssm-extra-buffer true`` (its default) for our
+launcher's arms).  ``--workload shared-prefix`` benches SGLang's generated-shared-prefix dataset and
 reports each server's cache hit rate (its ``Prefill batch ... #cached-token`` lines) beside TTFT p50/p99 and
 tok/s; its parity prompts share prefixes, and each server's hits are compared with the same requests on a
 flushed cache (eval/ab/prefix_cache.py, eval/ab/parity.py).

@@ -87,8 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="off: --disable-radix-cache; on (= no_buffer): radix cache with SGLang's no_buffer mamba "
                         "strategy and --disable-overlap-schedule (SGLang 0.5.17 runs no_buffer only without the "
                         "overlap scheduler); extra_buffer: --mamba-radix-cache-strategy extra_buffer on every arm, "
-                        "overlap scheduler on (SGLang's default), and --replayssm-extra-buffer true on our "
-                        "launcher's arms (staged, patched) only; not with --spec")
+                        "overlap scheduler on (SGLang's default), and --replayssm-extra-buffer true (its default) "
+                        "on our launcher's arms (staged, patched)")
     s.add_argument("--cuda-graph-max-bs", type=int, default=0, help="default: the largest --batch")
     s.add_argument("--prefill-graph", choices=("default", "off"), default="off")
     s.add_argument("--stream-interval", type=int, default=0, metavar="N",
@@ -196,10 +196,7 @@ def checked_plan(args) -> List[Phase]:
 
 
 def check_prefix(args) -> None:
-    """``--radix-cache extra_buffer`` and ``--workload shared-prefix``'s flags (a ValueError names the flag)."""
-    if args.radix_cache == "extra_buffer" and args.spec != "none":
-        raise ValueError(f"--radix-cache extra_buffer with --spec {args.spec}: SGLang's extra_buffer strategy is "
-                         "served by our launcher without speculation only; use --radix-cache no_buffer (or off)")
+    """``--workload shared-prefix``'s flags (a ValueError names the flag)."""
     if getattr(args, "workload", "none") != "shared-prefix":
         return
     for flag in ("gsp_groups", "gsp_prompts_per_group", "gsp_system_len", "gsp_question_len", "parity_groups"):

@@ -135,7 +135,8 @@ def common_server_flags(args, model: ModelSpec, spec: bool) -> List[str]:
 
 # eval.ab --radix-cache -> SGLang flags, the same on every arm.  on / no_buffer: SGLang's no_buffer mamba
 # strategy, which SGLang 0.5.17 runs only without the overlap scheduler; extra_buffer: SGLang's default strategy
-# for hybrid models, overlap scheduler on (our launcher's arms also get --replayssm-extra-buffer true, arm_launch)
+# for hybrid models, overlap scheduler on (our launcher's arms also get --replayssm-extra-buffer true, arm_launch:
+# its default, given so that the command records it)
 RADIX_MODES = ("off", "on", "no_buffer", "extra_buffer")
 
 
@@ -159,7 +160,7 @@ def arm_launch(args, kind: str) -> Tuple[str, List[str]]:
     if kind in STOCK_KINDS:
         return args.stock_module, (["--enable-linear-replayssm"] if kind == "upstream" else [])
     extra = [x for e in (args.patched_arg or []) for x in shlex.split(e)]
-    if getattr(args, "radix_cache", "off") == "extra_buffer":  # our launcher refuses extra_buffer without it
+    if getattr(args, "radix_cache", "off") == "extra_buffer":  # the launcher's default, recorded in the command
         extra += ["--replayssm-extra-buffer", "true"]
     return args.patched_module, extra + (["--replayssm-replay-ring", "false"] if kind == "patched" else [])
 

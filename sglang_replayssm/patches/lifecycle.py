@@ -67,8 +67,8 @@ Deliberately NOT folded
 Overlap: a finish fold runs on the scheduler thread's current stream.  It is exact only
 when no forward that appends to this slot is in flight, i.e. with the overlap scheduler
 off -- which SGLang forces for ``no_buffer`` (``arg_groups/overrides.py`` resolves
-``auto`` to ``no_buffer`` + ``disable_overlap_schedule``); ``extra_buffer`` is refused
-for ReplaySSM.  When a published ``ServerArgs`` says overlap is on and a fold is due, the
+``auto`` to ``no_buffer`` + ``disable_overlap_schedule``); ``extra_buffer`` finishes do
+not fold (above).  When a published ``ServerArgs`` says overlap is on and a fold is due, the
 hook raises :class:`LifecycleError` instead of caching a possibly inexact state.
 
 Per-layer parameters (the hook the decode seams must call)

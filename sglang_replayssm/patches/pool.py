@@ -134,8 +134,8 @@ Hooks (targets identical in SGLang 0.5.15, 0.5.17 and 0.5.23)
 
 Not here (other seams of the slot lifecycle): flushing a slot before radix donation on
 finish, cursor reset for extend rows on a slot with ring entries (retract/recompute),
-and refusing the modes that move state around ``clear_slots``/``copy_from``
-(extra_buffer ping-pong, the int8 checkpoint pool, HiCache, PD, unified memory).
+the extra_buffer track slots (``prefix_track``), and refusing the modes that move state around
+``clear_slots``/``copy_from`` (the int8 checkpoint pool, HiCache, PD, unified memory).
 """
 
 from __future__ import annotations

@@ -45,14 +45,14 @@ calls them by these names)
   the last layer has every layer's ``A`` already on the first forward (the decode seam
   registers it only after the layer returns).
 
-Not handled here: speculative rings (``spec_window``; SGLang tracks verify states through
-``spec_commit``, which refuses tracking) -- raises :class:`ReplayDecodeError`.
+Speculative rings: SGLang tracks verify states at the commit, not in the forward; the commit seams
+(``spec_commit``, ``spec_tree``) call :func:`spec_track_commit` after their cursor move.  A plain decode
+forward with a track mask on a spec ring is refused (:func:`check_tracked_forward`).
 
 Wiring: served with the replay-ring seams. The decode seams (``mamba2_decode._plan``,
 ``gdn_decode._plan``) take a decode forward that carries ``mamba_track_mask`` only on a
 standard-decode ring and only while these hooks are applied (:func:`hooks_applied`); the launcher
-accepts ``extra_buffer`` only with ``--replayssm-extra-buffer true`` and without speculative
-decoding (``patches/server_args.py``). Without extra_buffer SGLang never calls the track copies,
+accepts ``extra_buffer`` only with ``--replayssm-extra-buffer true`` (``patches/server_args.py``). Without extra_buffer SGLang never calls the track copies,
 so the hooks cost nothing.
 """
 
@@ -169,6 +169,56 @@ def materialize_track(ring, mamba_pool, live: torch.Tensor, mask: torch.Tensor, 
     fold_slots(mamba_pool, torch.where(rows, track, torch.full_like(track, -1)))
 
 
+def materialize_spec_track(ring, mamba_pool, live: torch.Tensor, n_accept: torch.Tensor, path_pos: torch.Tensor,
+                           track: torch.Tensor, copy_rows=None) -> None:
+    """After a speculative commit on a spec ring: make the track slots of the rows that cross a track boundary
+    the exact state after window token ``path_pos`` of the accepted path (SGLang's ``mamba_steps_to_track``,
+    as a position on the path; -1: no track for that row).
+
+    Call after the commit moved the cursors (``spec_commit`` / ``spec_commit_tree``): the live slot then holds
+    ``wp'`` committed entries after its checkpoint, the ``n_accept`` accepted ones last, so the state after path
+    position ``p`` is the checkpoint plus the first ``wp' - (n_accept - 1 - p)`` logical entries.  The live slot's
+    checkpoint, ring rows (all layers) and origin are copied to the track slot with that count as its ``wp`` and
+    no flush pending, and the track slot is folded (cursors -> 0).  The live slot is not touched.  Only rows with
+    ``0 <= p < n_accept`` and live and track slots move data (SGLang's masked row copier; the fold skips slot -1);
+    fixed shapes, no host sync.  The conv windows are the caller's: SGLang's own masked scatter, as stock.
+    """
+    dev = ring.device
+    live = live.reshape(-1).to(dev, torch.long)
+    track = track.reshape(-1).to(dev, torch.long)
+    a = n_accept.reshape(-1).to(dev, torch.long)
+    p = path_pos.reshape(-1).to(dev, torch.long)
+    rows = (p >= 0) & (p < a) & (live > NULL_SLOT) & (track > NULL_SLOT)
+    src = torch.where(rows, live, torch.zeros_like(live))
+    dst = torch.where(rows, track, torch.zeros_like(track))
+    copy_rows = copy_rows or default_row_copier()
+    names = list(ring.tensors)                      # Mamba2 x, B, dt; GDN d, k, g
+    bs = int(rows.shape[0])
+    copy_rows(ring.tensors[names[0]], mamba_pool.mamba_cache.temporal, src, rows, dst, bs)
+    copy_rows(ring.tensors[names[1]], ring.tensors[names[2]], src, rows, dst, bs)
+    wp, origin, flush = ring.verify_cursors
+    count = (wp[src].to(torch.long) - (a - 1 - p)).clamp(min=0)
+    zero = torch.zeros_like(count)
+    wp[dst] = torch.where(rows, count, zero).to(wp.dtype)
+    origin[dst] = torch.where(rows, origin[src].to(torch.long), zero).to(origin.dtype)
+    flush[dst] = torch.zeros_like(flush[dst])
+    from .lifecycle import fold_slots
+
+    fold_slots(mamba_pool, torch.where(rows, track, torch.full_like(track, -1)))
+
+
+def spec_track_commit(ring, mamba_pool, live, n_accept, path_pos, node_steps, track, conv_caches) -> None:
+    """The extra_buffer part of a spec commit: the track slots' SSM state (:func:`materialize_spec_track`) and
+    their conv windows, SGLang's masked conv scatter from the per-draft windows at the tracked node (the call
+    stock's ``scatter_mamba_states_after_mtp_verify`` makes for the track slots)."""
+    from .spec_commit import _conv_scatter
+
+    materialize_spec_track(ring, mamba_pool, live, n_accept, path_pos, track)
+    scatter = _conv_scatter()
+    for conv, window in zip(conv_caches.conv, conv_caches.intermediate_conv_window):
+        scatter(conv, window, track, node_steps)
+
+
 def _after_copy(ctx, original, per_layer: bool, cache_indices, mask, track, batch_size) -> None:
     ring, mamba_pool = ring_of_context(ctx)
     if per_layer and ctx.pool_idx != ring.num_layers - 1:
@@ -249,9 +299,9 @@ def check_tracked_forward(spec: bool) -> None:
     """Called by the decode seams on a decode forward with ``mamba_track_mask`` (extra_buffer prefix caching):
     served on a standard-decode ring while these hooks are applied; refused on a speculative ring."""
     if spec:
-        raise ReplayDecodeError("mamba state tracking (extra_buffer radix strategy) under speculative decoding "
-                                "needs verify states the replay-ring verifier does not keep; use "
-                                "--mamba-radix-cache-strategy no_buffer")
+        raise ReplayDecodeError("mamba state tracking in a plain decode forward on a speculative replay ring (SGLang "
+                                "tracks speculative states at the verify commit); use --mamba-radix-cache-strategy "
+                                "no_buffer")
     if not hooks_applied():
         raise ReplayDecodeError("mamba state tracking (extra_buffer radix strategy) without the prefix_track seam "
                                 "would copy a checkpoint that lags the replay ring; use --mamba-radix-cache-strategy "

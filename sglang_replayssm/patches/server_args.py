@@ -46,15 +46,14 @@ def unsupported_reasons(args, cfg: ReplaySSMConfig) -> List[str]:
     extra_on = extra() if callable(extra) else str(g("mamba_radix_cache_strategy") or "").startswith("extra_buffer")
     algo = g("speculative_algorithm")
     speculative = bool(algo) and str(algo).upper() != "NONE"
-    if extra_on and speculative:
-        out.append(f"--mamba-radix-cache-strategy {g('mamba_radix_cache_strategy')} with speculative decoding: "
-                   "SGLang tracks verify states that the replay-ring verifier does not keep; use "
-                   "--mamba-radix-cache-strategy no_buffer --disable-overlap-schedule, or --disable-radix-cache")
+    if extra_on and speculative and cfg.extra_buffer and not cfg.spec:
+        out.append(f"--mamba-radix-cache-strategy {g('mamba_radix_cache_strategy')} with speculative decoding and "
+                   "--replayssm-spec false: the tracked verify states are materialised by the ring verifier's "
+                   "commit; drop --replayssm-spec false, or use --mamba-radix-cache-strategy no_buffer "
+                   "--disable-overlap-schedule")
     elif extra_on and not cfg.extra_buffer:
-        # the tracked states are materialised from the ring (patches/prefix_track.py), CPU-tested against stock
-        # SGLang, not yet run on a GPU: opt in until then
         out.append(f"--mamba-radix-cache-strategy {g('mamba_radix_cache_strategy')} (SGLang's default prefix "
-                   "caching): opt in with --replayssm-extra-buffer true (CPU-tested, not yet run on a GPU), or use "
+                   "caching) with --replayssm-extra-buffer false: drop that setting, or use "
                    "--mamba-radix-cache-strategy no_buffer --disable-overlap-schedule, or --disable-radix-cache")
     if g("enable_int8_mamba_checkpoint"):
         out.append("--enable-int8-mamba-checkpoint: the int8 checkpoint pool loads cached states into slots without "
@@ -102,6 +101,16 @@ def tree_max_nodes(steps: int, topk: int) -> int:
     return 1 + topk + max(steps - 1, 0) * topk * topk
 
 
+def tree_tracking_available() -> bool:
+    """Whether SGLang's ``spec_utils`` has ``_verify_commit_step_indices`` (0.5.17+), which the tree commit seam
+    calls to find the tracked node under the extra_buffer strategy (``patches/spec_tree.py``)."""
+    try:
+        from sglang.srt.speculative import spec_utils
+    except Exception:  # SGLang missing or broken: the version checks report it
+        return True
+    return hasattr(spec_utils, "_verify_commit_step_indices")
+
+
 def spec_reasons(args, cfg: ReplaySSMConfig) -> List[str]:
     """Why the speculative settings of ``args`` cannot run on the replay ring (chains and trees alike).
 
@@ -123,6 +132,13 @@ def spec_reasons(args, cfg: ReplaySSMConfig) -> List[str]:
             out.append(f"--speculative-num-draft-tokens {ndraft}: a tree of --speculative-num-steps {steps} x "
                        f"--speculative-eagle-topk {topk} has at most {tree_max_nodes(steps, topk)} nodes; lower "
                        "--speculative-num-draft-tokens or raise --speculative-num-steps / --speculative-eagle-topk")
+        extra = getattr(args, "enable_mamba_extra_buffer", None)
+        extra_on = extra() if callable(extra) else str(g("mamba_radix_cache_strategy") or "").startswith("extra")
+        if cfg.spec and extra_on and not tree_tracking_available():
+            out.append(f"--speculative-eagle-topk {topk} with --mamba-radix-cache-strategy "
+                       f"{g('mamba_radix_cache_strategy')}: this SGLang has no spec_utils._verify_commit_step_indices, "
+                       "which the tree commit needs to track states; use --speculative-eagle-topk 1 or "
+                       "--mamba-radix-cache-strategy no_buffer --disable-overlap-schedule")
     if cfg.spec and algo not in SPEC_ALGORITHMS:
         out.append(f"--speculative-algorithm {algo}: the replay-ring verifier serves EAGLE-family drafts "
                    f"({'/'.join(SPEC_ALGORITHMS)}); use one of those or --replayssm-spec false")

@@ -28,8 +28,12 @@ committed tokens and the window's inputs sit in the ring.  The AROUND hook here
    early flush).  Rows with ``last_correct < 0`` commit no token, as the masked scatter
    (a row whose verify folded its history still moves past it: it is in the checkpoint).
 
-``mamba_track_indices`` (the extra_buffer radix strategy) needs the exact state at an
-interior step and is refused (the launch check already rejects extra_buffer).
+3. with ``mamba_track_indices`` (the extra_buffer radix strategy; SGLang's
+   ``mamba_steps_to_track`` gives, per row, the window step whose state goes to the track
+   slot, -1 for none): ``prefix_track.spec_track_commit`` after the cursor move, i.e. the
+   track slot gets the live slot's checkpoint + ring up to that step, folded, and SGLang's
+   conv-window scatter for the track slots, as stock's scatter does.  For a chain the window
+   step is the position on the accepted path.
 """
 
 from __future__ import annotations
@@ -74,9 +78,9 @@ def commit_around(original, self, last_correct_step_indices, mamba_track_indices
     if ring is None or ring.spec_window is None:
         return original(self, last_correct_step_indices, mamba_track_indices, mamba_steps_to_track, model,
                         *args, **kwargs)
-    if mamba_track_indices is not None:
-        raise ReplayDecodeError("mamba state tracking (extra_buffer radix strategy) needs per-step states that "
-                                "the replay-ring verifier does not keep; use --mamba-radix-cache-strategy no_buffer")
+    if mamba_track_indices is not None and mamba_steps_to_track is None:
+        raise ReplayDecodeError("spec commit: mamba_track_indices without mamba_steps_to_track (SGLang passes both "
+                                "for the extra_buffer radix strategy)")
     from ..kernels.spec_cursor import spec_commit
 
     n = last_correct_step_indices.shape[0]
@@ -87,6 +91,12 @@ def commit_around(original, self, last_correct_step_indices, mamba_track_indices
         scatter(conv, window, slots, last_correct_step_indices)
     spec_commit(*ring.verify_cursors, slots, last_correct_step_indices + 1,
                 window=ring.spec_window, ring_len=ring.ring_len, null_slot=NULL_SLOT)
+    if mamba_track_indices is not None:
+        from .prefix_track import spec_track_commit
+
+        steps = mamba_steps_to_track[:n]
+        spec_track_commit(ring, pool, slots, last_correct_step_indices + 1, steps, steps, mamba_track_indices[:n],
+                          caches)
     return None
 
 

@@ -24,8 +24,13 @@ What SGLang 0.5.17 does for a tree, and what changes here
   ``accept_lens`` tokens.  Chains (topk <= 1), pools without a spec ring and idle batches run the original
   (whose chain commit is ``spec_commit.commit_around``).
 
-Refused (raise, naming the flag): mamba state tracking (the extra_buffer radix strategy needs per-step states),
-a verify window larger than the ring's (the launch check prevents it), a tree call that is not this layer's.
+* Tracking (the extra_buffer radix strategy, ``batch.mamba_track_indices`` set): SGLang's own
+  ``spec_utils._verify_commit_step_indices`` gives the tracked node per row (-1: none); its position on the
+  accepted path is where ``accepted`` holds it, and after the path gather ``prefix_track.spec_track_commit``
+  materialises the track slot exactly as for a chain (conv windows: SGLang's scatter at the node).
+
+Refused (raise, naming the flag): a verify window larger than the ring's (the launch check prevents it), a tree
+call that is not this layer's.
 """
 
 from __future__ import annotations
@@ -157,9 +162,6 @@ def commit_tree_around(original, target_worker, batch, accept_lens, accept_index
         return original(target_worker, batch, accept_lens, accept_index, draft_token_num, *args, **kwargs)
     if batch.forward_mode.is_idle() or accept_index.numel() == 0:
         return None
-    if getattr(batch, "mamba_track_indices", None) is not None:
-        raise ReplayDecodeError("mamba state tracking (extra_buffer radix strategy) needs per-step states that "
-                                "the replay-ring verifier does not keep; use --mamba-radix-cache-strategy no_buffer")
     T = int(draft_token_num)
     if T > ring.spec_window:
         raise ReplayDecodeError(f"a verify window of {T} tree nodes does not fit the spec ring (window "
@@ -176,7 +178,41 @@ def commit_tree_around(original, target_worker, batch, accept_lens, accept_index
     rings: List[torch.Tensor] = [t for i in range(ring.num_layers) for t in ring.layer(i).values()]
     kernel("spec_commit_tree")(*ring.verify_cursors, slots, accepted, n_accept, rings, window=ring.spec_window,
                                ring_len=ring.ring_len, null_slot=NULL_SLOT)
+    track = getattr(batch, "mamba_track_indices", None)
+    if track is not None:
+        from .prefix_track import spec_track_commit
+
+        nodes = tracked_nodes(batch, accept_index, accept_lens, T)
+        spec_track_commit(ring, pool, slots, n_accept, path_position(accepted, n_accept, nodes), nodes,
+                          track[:accept_lens.shape[0]], caches)
     return None
+
+
+def tracked_nodes(batch, accept_index: torch.Tensor, accept_lens: torch.Tensor, draft_token_num: int) -> torch.Tensor:
+    """Per row, the tree node whose state SGLang tracks in this commit (-1: none): SGLang's own
+    ``spec_utils._verify_commit_step_indices``."""
+    import sys
+
+    mod = sys.modules.get(COMMIT_TARGET.rsplit(".", 1)[0])
+    fn = getattr(mod, "_verify_commit_step_indices", None)
+    if fn is None:
+        from .registry import sglang_version
+
+        raise ReplayDecodeError(f"spec_utils._verify_commit_step_indices not found (SGLang {sglang_version()}): the "
+                                "tree commit cannot track states for the extra_buffer radix strategy; use "
+                                "--mamba-radix-cache-strategy no_buffer")
+    _, steps = fn(batch=batch, accept_index=accept_index, accept_lens=accept_lens, draft_token_num=draft_token_num)
+    return steps
+
+
+def path_position(accepted: torch.Tensor, n_accept: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+    """Where on each row's accepted path (``accepted[b, :n_accept[b]]``) node ``nodes[b]`` sits; -1 when it is
+    not on it or ``nodes[b] < 0``.  Device ops, no sync."""
+    cols = torch.arange(accepted.shape[1], device=accepted.device)
+    hit = (accepted == nodes.to(accepted.dtype)[:, None]) & (cols[None, :] < n_accept[:, None]) & \
+        (nodes[:, None] >= 0)
+    first = torch.where(hit, cols[None, :], torch.full_like(accepted, accepted.shape[1])).min(dim=1).values
+    return torch.where(first < accepted.shape[1], first, torch.full_like(first, -1))
 
 
 PATCHES: List[Patch] = [

@@ -73,7 +73,7 @@ def test_extra_buffer_opts_in_our_launcher_only():
                                                  "--replayssm-replay-ring", "false"]
     for mode in ("off", "on", "no_buffer"):
         assert "--replayssm-extra-buffer" not in ab.arm_launch(_args("--radix-cache", mode), "staged")[1]
-    # our launcher's own flag parser reads the staged arm's launcher flags as the extra_buffer opt-in
+    # our launcher's own flag parser reads the staged arm's launcher flags as extra_buffer on (also its default)
     from sglang_replayssm import config
 
     lp = argparse.ArgumentParser()
@@ -81,15 +81,15 @@ def test_extra_buffer_opts_in_our_launcher_only():
     ns, rest = lp.parse_known_args(ab.arm_launch(args, "staged")[1])
     assert rest == [] and config.from_flags(ns, environ={}).extra_buffer is True
     assert config.from_flags(lp.parse_known_args(ab.arm_launch(_args(), "staged")[1])[0], environ={}).extra_buffer \
-        is False
+        is True
 
 
-def test_extra_buffer_with_speculation_is_refused_in_one_line(capsys):
-    assert ab.main(["--radix-cache", "extra_buffer", "--spec", "nextn", "--dry-run"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "--radix-cache extra_buffer with --spec nextn" in err
-    assert "--radix-cache no_buffer" in err
-    # the shared-prefix workload's extra_buffer default yields to a given --radix-cache under --spec
+def test_extra_buffer_with_speculation_runs(capsys):
+    """Our launcher serves extra_buffer under speculation too: the A/B takes the combination, and the
+    shared-prefix workload's extra_buffer default yields to a given --radix-cache under --spec."""
+    assert ab.main(["--radix-cache", "extra_buffer", "--spec", "nextn", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "--mamba-radix-cache-strategy extra_buffer" in out and "--speculative-algorithm NEXTN" in out
     assert ab.main(["--workload", "shared-prefix", "--spec", "nextn", "--radix-cache", "no_buffer", "--no-parity",
                     "--dry-run"]) == 0
 

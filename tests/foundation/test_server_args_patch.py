@@ -59,7 +59,7 @@ def test_hook_is_inert_when_disabled(args_for, monkeypatch):
 
 def test_reasons_cover_each_combination(args_for):
     a = args_for()
-    cfg = ReplaySSMConfig(enable=True, buffer_len=2)
+    cfg = ReplaySSMConfig(enable=True, buffer_len=2, extra_buffer=False)   # the cases below include extra_buffer
     assert unsupported_reasons(a, cfg) == []
     cases = {
         "enable_linear_replayssm": (True, "--enable-linear-replayssm"),
@@ -87,15 +87,43 @@ def test_reasons_cover_each_combination(args_for):
                for r in unsupported_reasons(adaptive, ReplaySSMConfig(enable=True, buffer_len=4)))
     lazy = SimpleNamespace(**{**base, "mamba_radix_cache_strategy": "extra_buffer_lazy"})
     assert any("extra_buffer_lazy" in r for r in unsupported_reasons(lazy, cfg))
-    # extra_buffer prefix caching: opt-in (--replayssm-extra-buffer true), never with speculative decoding
-    opted = ReplaySSMConfig(enable=True, buffer_len=4, extra_buffer=True)
+    # extra_buffer prefix caching: on by default (--replayssm-extra-buffer false refuses it), with speculative
+    # decoding on the ring verifier only
+    opted = ReplaySSMConfig(enable=True, buffer_len=4)
+    assert opted.extra_buffer is True
     eb = SimpleNamespace(**{**base, "mamba_radix_cache_strategy": "extra_buffer"})
-    assert "--replayssm-extra-buffer true" in unsupported_reasons(eb, cfg)[0]
+    assert "--replayssm-extra-buffer false" in unsupported_reasons(eb, cfg)[0]
     assert unsupported_reasons(eb, opted) == [] and unsupported_reasons(lazy, opted) == []
     eb_spec = SimpleNamespace(**{**vars(spec), "mamba_radix_cache_strategy": "extra_buffer"})
-    for c in (cfg.replace(buffer_len=4), opted):
-        reasons = unsupported_reasons(eb_spec, c)
-        assert len(reasons) == 1 and "with speculative decoding" in reasons[0] and "no_buffer" in reasons[0]
+    reasons = unsupported_reasons(eb_spec, cfg.replace(buffer_len=4))
+    assert len(reasons) == 1 and "--replayssm-extra-buffer false" in reasons[0]
+    assert unsupported_reasons(eb_spec, opted) == []
+    reasons = unsupported_reasons(eb_spec, opted.replace(spec=False))
+    assert len(reasons) == 1 and "--replayssm-spec false" in reasons[0] and "no_buffer" in reasons[0]
     ngram = SimpleNamespace(**{**vars(spec), "speculative_algorithm": "NGRAM"})
     assert any("NGRAM" in r for r in unsupported_reasons(ngram, ReplaySSMConfig(enable=True, buffer_len=4)))
     assert unsupported_reasons(ngram, ReplaySSMConfig(enable=True, buffer_len=4, spec=False)) == []
+
+
+def test_tree_tracking_needs_sglangs_step_index_function(args_for, monkeypatch):
+    """Tree drafts with extra_buffer need SGLang's spec_utils._verify_commit_step_indices (0.5.17+; 0.5.15
+    computes the step inline): without it the launch is refused in one line naming the flags, instead of the
+    first tracked commit failing."""
+    from sglang.srt.speculative import spec_utils
+
+    from sglang_replayssm.patches import server_args
+
+    a = args_for()
+    fields = getattr(type(a), "__struct_fields__", None)
+    base = {f: getattr(a, f) for f in fields} if fields else dict(vars(a))
+    tree = SimpleNamespace(**{**base, "speculative_algorithm": "EAGLE", "speculative_eagle_topk": 2,
+                              "speculative_num_steps": 3, "speculative_num_draft_tokens": 4,
+                              "mamba_radix_cache_strategy": "extra_buffer"})
+    cfg = ReplaySSMConfig(enable=True, buffer_len=4)
+    assert server_args.tree_tracking_available()
+    assert not any("_verify_commit_step_indices" in r for r in unsupported_reasons(tree, cfg))
+    monkeypatch.delattr(spec_utils, "_verify_commit_step_indices")
+    reasons = [r for r in unsupported_reasons(tree, cfg) if "_verify_commit_step_indices" in r]
+    assert len(reasons) == 1 and "--speculative-eagle-topk 1" in reasons[0] and "no_buffer" in reasons[0]
+    chain = SimpleNamespace(**{**vars(tree), "speculative_eagle_topk": 1, "speculative_num_steps": 3})
+    assert not any("_verify_commit_step_indices" in r for r in unsupported_reasons(chain, cfg))

@@ -543,9 +543,9 @@ def test_retract_request_holding_a_cached_prefix(kind):
 # wiring
 # --------------------------------------------------------------------------------------
 
-def test_served_with_the_ring_and_extra_buffer_opt_in():
-    """The track seams are served with the replay-ring seams; the launcher takes extra_buffer only with
-    --replayssm-extra-buffer true and without speculative decoding."""
+def test_served_with_the_ring_and_extra_buffer_on_by_default():
+    """The track seams are served with the replay-ring seams; the launcher takes extra_buffer by default, with
+    speculative decoding too, and refuses it with --replayssm-extra-buffer false."""
     from types import SimpleNamespace
 
     from sglang_replayssm.config import ReplaySSMConfig
@@ -553,9 +553,12 @@ def test_served_with_the_ring_and_extra_buffer_opt_in():
 
     assert {p.target for p in prefix_track.PATCHES} <= {p.target for p in replay_ring_patches()}
     args = SimpleNamespace(mamba_radix_cache_strategy="extra_buffer", tp_size=1, pp_size=1)
-    off, on = ReplaySSMConfig(enable=True), ReplaySSMConfig(enable=True, extra_buffer=True)
-    assert any("--replayssm-extra-buffer true" in r for r in server_args.unsupported_reasons(args, off))
+    off, on = ReplaySSMConfig(enable=True, extra_buffer=False), ReplaySSMConfig(enable=True)
+    assert any("--replayssm-extra-buffer false" in r for r in server_args.unsupported_reasons(args, off))
     assert not any("extra_buffer" in r for r in server_args.unsupported_reasons(args, on))
+    spec = SimpleNamespace(**vars(args), speculative_algorithm="NEXTN", speculative_eagle_topk=1,
+                           speculative_num_steps=3, speculative_num_draft_tokens=4)
+    assert not any("extra_buffer" in r for r in server_args.unsupported_reasons(spec, on))
 
 
 def test_lifecycle_skips_the_fold_for_extra_buffer_trees():

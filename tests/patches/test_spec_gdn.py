@@ -19,6 +19,7 @@ import torch
 
 from test_gdn_decode import HK, HV, K, LAYER_IDS, MAMBA_SIZE, QKV, V, Harness, _clean, _interp_exp, sgl  # noqa: F401
 from test_mamba2_decode import _cpu_masked_scatter
+from test_spec_mamba2 import TRACK, track_plan
 
 from sglang_replayssm.kernels.spec_cursor import check_spec_cursors
 from sglang_replayssm.patches import gdn_decode as gdn
@@ -169,4 +170,54 @@ def test_gdn_plain_decode_on_a_spec_ring(sgl):
         lifecycle.fold_slots(h.pool.mamba_pool, torch.tensor([2, 5]))
         torch.testing.assert_close(h.temporal[:, [2, 5]], ref_temporal[-1][:, [2, 5]], rtol=2e-4, atol=2e-4)
     finally:
+        lifecycle.clear_layer_params(ring)
+
+
+def _run_tracked(sgl, schedule, inputs, accepts, plan, patched):
+    unapply_all()
+    h = SpecHarness(sgl)
+    ring = None
+    if patched:
+        ring = h.attach_spec_ring()
+        ring.write_pos[list(TRACK.values())] = 3       # stale cursors a recycled track slot may carry
+        ring.origin[list(TRACK.values())] = 2
+        apply(gdn.PATCHES + spec_commit.PATCHES)
+    trace = []
+    for slots, inp, acc, (idx, steps) in zip(schedule, inputs, accepts, plan):
+        flags = None if ring is None else ring.flush.clone()
+        h.verify_forward(slots, inp)
+        h.hybrid.update_mamba_state_after_mtp_verify((acc - 1).to(torch.int64), idx, steps, None)
+        trace.append(dict(temporal=h.temporal.clone(), conv=h.conv.clone(), flags=flags))
+        if ring is not None:
+            tracked = [int(i) for i, st in zip(idx, steps) if st >= 0]
+            assert not ring.write_pos[tracked].any() and not ring.origin[tracked].any()
+    return trace, h, ring
+
+
+def test_gdn_extra_buffer_track_states_match_sglang(sgl):
+    """extra_buffer under speculation on the GDN spec ring: every track slot SGLang names at a commit holds
+    stock's state at that window step (its snapshot scatter) and its conv window; live slots are unchanged by
+    the tracking.  The Mamba2 twin and the plan: ``test_spec_mamba2.test_extra_buffer_track_states_match_sglang``."""
+    gen = torch.Generator().manual_seed(3)
+    accepts = [torch.tensor([int(torch.randint(1, D + 1, (1,), generator=gen)) if s > 0 else 0 for s in slots])
+               for slots in SCHEDULE]
+    inputs = make_verify_inputs(SCHEDULE)
+    plan = track_plan(SCHEDULE, accepts)
+    ref, _, _ = _run_tracked(sgl, SCHEDULE, inputs, accepts, plan, patched=False)
+    got, h, ring = _run_tracked(sgl, SCHEDULE, inputs, accepts, plan, patched=True)
+    tracked = on_flush = 0
+    try:
+        for t, (slots, r, g, (idx, steps)) in enumerate(zip(SCHEDULE, ref, got, plan)):
+            assert torch.equal(g["conv"], r["conv"]), f"step {t}: conv (live and track slots) differs from SGLang's"
+            for s, d, st in zip(slots, idx.tolist(), steps.tolist()):
+                if st < 0:
+                    continue
+                tracked += 1
+                on_flush += int(g["flags"][s])
+                torch.testing.assert_close(g["temporal"][:, d], r["temporal"][:, d], rtol=2e-3, atol=2e-3,
+                                           msg=f"step {t} slot {s} -> track {d} (window step {st})")
+        assert tracked >= 12 and on_flush >= 2, (tracked, on_flush)
+    finally:
+        from sglang_replayssm.patches import lifecycle
+
         lifecycle.clear_layer_params(ring)

@@ -168,14 +168,82 @@ def test_commit_without_spec_ring_is_sglangs(sgl):
         assert torch.equal(h.temporal[:, 3], inter[:, 0, 1]) and torch.equal(h.temporal[:, 1], inter[:, 1, 0])
 
 
-def test_commit_refuses_track_indices(sgl):
+TRACK = {2: 1, 4: 3, 5: 6}   # live slot -> its track slot (SGLang's ping-pong slot for this verify)
+
+
+def track_plan(schedule, accepts, seed=13):
+    """Per step: SGLang's ``mamba_track_indices`` and ``mamba_steps_to_track`` for the rows (a random window step
+    of the accepted ones, or -1: no boundary crossed; padded rows -1), with the first and the last accepted step
+    each forced once."""
+    gen = torch.Generator().manual_seed(seed)
+    plan = []
+    for t, (slots, acc) in enumerate(zip(schedule, accepts)):
+        idx, steps = [], []
+        for s, a in zip(slots, acc.tolist()):
+            idx.append(TRACK.get(s, -1))
+            if s <= 0 or a <= 0 or int(torch.randint(0, 3, (1,), generator=gen)) == 0:
+                steps.append(-1)
+            else:
+                steps.append({1: 0, 2: a - 1}.get(t, int(torch.randint(0, a, (1,), generator=gen))))
+        plan.append((torch.tensor(idx, dtype=torch.int64), torch.tensor(steps, dtype=torch.int64)))
+    return plan
+
+
+def _run_tracked(sgl, schedule, inputs, accepts, plan, patched):
+    unapply_all()
     h = Harness(sgl, spec_tokens=D)
-    _attach_spec_ring(h)
-    apply(spec_commit.PATCHES)
-    h.set_metadata([3], verify_tokens=D)
-    with pytest.raises(m2d.ReplayDecodeError, match="no_buffer"):
-        _hybrid(sgl, h).update_mamba_state_after_mtp_verify(torch.tensor([0]), torch.tensor([4]),
-                                                            torch.tensor([0]), None)
+    hb = _hybrid(sgl, h)
+    ring = None
+    if patched:
+        ring = _attach_spec_ring(h)
+        ring.write_pos[list(TRACK.values())] = 2       # stale cursors a recycled track slot may carry
+        ring.origin[list(TRACK.values())] = 5
+        apply(m2d.PATCHES + spec_commit.PATCHES)
+    trace = []
+    for slots, hs, acc, (idx, steps) in zip(schedule, inputs, accepts, plan):
+        flags = None if ring is None else ring.flush.clone()
+        h.forward(slots, hs, verify_tokens=D)
+        hb.update_mamba_state_after_mtp_verify((acc - 1).to(torch.int64), idx, steps, None)
+        trace.append(dict(temporal=h.temporal.clone(), conv=h.conv.clone(), flags=flags))
+        if ring is not None:
+            tracked = [int(i) for i, st in zip(idx, steps) if st >= 0]
+            assert not ring.write_pos[tracked].any() and not ring.origin[tracked].any()
+            check_spec_cursors(ring.write_pos, ring.origin, ring.flush, window=D, ring_len=ring.ring_len,
+                               slots=[s for s in slots if s > 0])
+    return trace, h, ring
+
+
+def test_extra_buffer_track_states_match_sglang(sgl):
+    """extra_buffer under speculation: SGLang hands the commit a track slot and a window step per row; stock
+    scatters that step's snapshot and conv window into the track slot.  On the ring the track slot must hold the
+    same state (checkpoint + ring up to that step, folded; conv from SGLang's scatter), on steps whose verify
+    folded the history and on steps that did not, at the first and the last accepted step, while the live slots
+    go on exactly as without tracking."""
+    inputs = make_inputs(SCHEDULE, tokens_per_row=D)
+    accepts = _accepts(SCHEDULE)
+    plan = track_plan(SCHEDULE, accepts)
+    ref, _, _ = _run_tracked(sgl, SCHEDULE, inputs, accepts, plan, patched=False)
+    got, h, ring = _run_tracked(sgl, SCHEDULE, inputs, accepts, plan, patched=True)
+    plain, _, _ = _run(sgl, SCHEDULE, inputs, accepts, patched=True)
+    tracked = on_flush = 0
+    try:
+        for t, (slots, r, g, p, (idx, steps)) in enumerate(zip(SCHEDULE, ref, got, plain, plan)):
+            assert torch.equal(g["conv"], r["conv"]), f"step {t}: conv (live and track slots) differs from SGLang's"
+            live = [s for s in slots if s > 0]
+            torch.testing.assert_close(g["temporal"][:, live], p["temporal"][:, live], rtol=0, atol=0,
+                                       msg=f"step {t}: tracking changed a live slot's checkpoint")
+            for s, d, st in zip(slots, idx.tolist(), steps.tolist()):
+                if st < 0:
+                    continue
+                tracked += 1
+                on_flush += int(g["flags"][s])
+                torch.testing.assert_close(g["temporal"][:, d], r["temporal"][:, d], rtol=3e-4, atol=3e-4,
+                                           msg=f"step {t} slot {s} -> track {d} (window step {st})")
+        assert tracked >= 15 and on_flush >= 3, (tracked, on_flush)
+    finally:
+        from sglang_replayssm.patches import lifecycle
+
+        lifecycle.clear_layer_params(ring)
 
 
 def test_tree_verify_call_goes_to_the_tree_seam(sgl, monkeypatch):

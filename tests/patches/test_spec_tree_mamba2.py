@@ -94,7 +94,9 @@ class _Mode:
         return False
 
 
-def _run(sgl, inputs, trees, patched):
+def _run(sgl, inputs, trees, patched, tracks=None):
+    """``tracks``: per step ``(seq_lens, track slots)`` for the extra_buffer strategy (SGLang derives the tracked
+    node from them, ``spec_utils._verify_commit_step_indices``), or None."""
     unapply_all()
     h = Harness(sgl, spec_tokens=T)
     hb = object.__new__(sgl.hlab.HybridLinearAttnBackend)
@@ -113,13 +115,21 @@ def _run(sgl, inputs, trees, patched):
     worker = SimpleNamespace(model_runner=SimpleNamespace(req_to_token_pool=h.pool, attn_backend=hb))
     batch = SimpleNamespace(forward_mode=_Mode(), mamba_track_indices=None)
     trace = []
-    for slots, hs, (parents, paths) in zip(SCHEDULE, inputs, trees):
+    for step, (slots, hs, (parents, paths)) in enumerate(zip(SCHEDULE, inputs, trees)):
         flags = None if ring is None else ring.flush.clone()
         outs = _tree_forward(h, slots, hs, parents)
         accept_lens, accept_index = _accept(paths)
+        if tracks is not None:
+            batch = SimpleNamespace(forward_mode=_Mode(), seq_lens=tracks[step][0], mamba_track_indices=tracks[step][1])
         if ring is None:
             last = torch.tensor([p[-1] if p else -1 for p in paths], dtype=torch.int64)
-            hb.update_mamba_state_after_mtp_verify(last, None, None, None)
+            nodes = None
+            if tracks is not None:
+                from sglang.srt.speculative.spec_utils import _verify_commit_step_indices
+
+                _, nodes = _verify_commit_step_indices(batch=batch, accept_index=accept_index,
+                                                       accept_lens=accept_lens, draft_token_num=T)
+            hb.update_mamba_state_after_mtp_verify(last, batch.mamba_track_indices, nodes, None)
         else:
             spec_tree.commit_tree_around(lambda *a: pytest.fail("SGLang's commit reached"), worker, batch,
                                          accept_lens, accept_index, T)
@@ -176,3 +186,80 @@ def test_tree_verify_and_commit_match_sglangs_tree_path(sgl, monkeypatch, impl):
         torch.testing.assert_close(h.temporal[:, live], ref[-1]["temporal"][:, live], rtol=3e-4, atol=3e-4)
     finally:
         lifecycle.clear_layer_params(ring)
+
+
+TRACK_INTERVAL = 8   # > T: at most one boundary per verify
+TRACK = {2: 1, 4: 3, 5: 6}
+
+
+def _track_plan(trees, seed=17):
+    """Per step, SGLang's ``seq_lens`` before the verify and the rows' track slots: a row whose accepted path
+    crosses a multiple of TRACK_INTERVAL at path position p has ``seq_lens = k*I - p - 1``; the others start on a
+    boundary and stay below the next.  Returns the plan and the expected tracked path positions."""
+    gen = torch.Generator().manual_seed(seed)
+    plan, want = [], []
+    for slots, (_, paths) in zip(SCHEDULE, trees):
+        seq, pos = [], []
+        for s, path in zip(slots, paths):
+            k = 1 + int(torch.randint(0, 5, (1,), generator=gen))
+            if s > 0 and path and int(torch.randint(0, 3, (1,), generator=gen)) > 0:
+                p = int(torch.randint(0, 2 * len(path), (1,), generator=gen))
+                p = min(p, len(path) - 1)      # the last accepted node half of the time: most often off-chain
+                seq.append(k * TRACK_INTERVAL - p - 1)
+                pos.append(p)
+            else:
+                seq.append(k * TRACK_INTERVAL if s > 0 else 0)
+                pos.append(-1)
+        plan.append((torch.tensor(seq, dtype=torch.int64),
+                     torch.tensor([TRACK.get(s, -1) for s in slots], dtype=torch.int64)))
+        want.append(pos)
+    return plan, want
+
+
+def test_tree_extra_buffer_track_states_match_sglang(sgl, monkeypatch):
+    """extra_buffer under tree speculation: SGLang's own step-index function picks the tracked node per row from
+    ``seq_lens`` and the accepted paths; stock scatters that node's snapshot and conv window into the track slot.
+    On the ring (the path gathered by the tree commit) the track slot must hold the same state, for nodes off the
+    first-child chain too, with stale cursors in the recycled track slots."""
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative import spec_utils
+
+    from sglang_replayssm.kernels.mamba2_verify_ref import mamba2_tree_verify_ref
+    from sglang_replayssm.kernels.spec_tree import spec_commit_tree_ref
+
+    monkeypatch.setitem(spec_tree._IMPL, "mamba2_tree_verify", mamba2_tree_verify_ref)
+    monkeypatch.setitem(spec_tree._IMPL, "spec_commit_tree", spec_commit_tree_ref)
+    monkeypatch.setattr(spec_utils, "get_exec",
+                        lambda: SimpleNamespace(mamba=SimpleNamespace(mamba_track_interval=TRACK_INTERVAL)))
+    inputs = make_inputs(SCHEDULE, tokens_per_row=T)
+    trees = _trees(SCHEDULE)
+    plan, want = _track_plan(trees)
+    ref, _, _ = _run(sgl, inputs, trees, patched=False, tracks=plan)
+    got, h, ring = _run(sgl, inputs, trees, patched=True, tracks=plan)
+    tracked = off_chain = 0
+    try:
+        for t, (slots, r, g, (_, paths), pos) in enumerate(zip(SCHEDULE, ref, got, trees, want)):
+            assert torch.equal(g["conv"], r["conv"]), f"step {t}: conv (live and track slots) differs from SGLang's"
+            for s, path, p in zip(slots, paths, pos):
+                if p < 0:
+                    continue
+                tracked += 1
+                off_chain += int(path[p] != p)
+                d = TRACK[s]
+                torch.testing.assert_close(g["temporal"][:, d], r["temporal"][:, d], rtol=3e-4, atol=3e-4,
+                                           msg=f"step {t} slot {s} -> track {d} (path position {p}, node {path[p]})")
+                assert int(ring.write_pos[d]) == 0 and int(ring.origin[d]) == 0
+        assert tracked >= 10 and off_chain >= 2, (tracked, off_chain)
+    finally:
+        from sglang_replayssm.patches import lifecycle
+
+        lifecycle.clear_layer_params(ring)
+
+
+def test_path_position():
+    accepted = torch.tensor([[0, 2, 3, 0], [0, 1, 0, 0], [0, 0, 0, 0]])
+    n = torch.tensor([3, 2, 0])
+    assert spec_tree.path_position(accepted, n, torch.tensor([3, 1, 0])).tolist() == [2, 1, -1]
+    assert spec_tree.path_position(accepted, n, torch.tensor([-1, 3, -1])).tolist() == [-1, -1, -1]
+    assert spec_tree.path_position(accepted, n, torch.tensor([0, 0, 0])).tolist() == [0, 0, -1]

@@ -159,12 +159,10 @@ def test_chains_ringless_pools_and_idle_batches_are_sglangs(monkeypatch):
     assert torch.equal(r.write_pos, wp) and not conv.any()
 
 
-def test_tracking_and_oversized_windows_are_refused(monkeypatch):
+def test_oversized_windows_are_refused(monkeypatch):
+    """(Tracking under a tree, the extra_buffer strategy, is served: test_spec_tree_mamba2.py.)"""
     _, _, _, _, worker = _setup(monkeypatch)
     args = (torch.tensor([2]), torch.tensor([[0, 1, -1, -1]], dtype=torch.int32))
-    tracked = SimpleNamespace(forward_mode=Mode(), mamba_track_indices=torch.tensor([1]))
-    with pytest.raises(_cursor.ReplayDecodeError, match="--mamba-radix-cache-strategy no_buffer"):
-        spec_tree.commit_tree_around(None, worker, tracked, *args, T)
     batch = SimpleNamespace(forward_mode=Mode(), mamba_track_indices=None)
     with pytest.raises(_cursor.ReplayDecodeError, match="--replayssm-buffer-len"):
         spec_tree.commit_tree_around(None, worker, batch, *args, T + 1)
