@@ -12,7 +12,9 @@ reads every ``ab-*.json`` (or ``ab-*.json.gz``) under the given directories and 
 * ``e2e-decode-h200.{json,md,png}``: decode speed of the real geometries (tiny models are
   launch-bound and are not used for speed);
 * ``e2e-spec-h200.{json,md}``: speculative (NEXTN) runs: accept length, parity of the replay
-  server against stock under the same simulated acceptance, and speculative vs non-speculative.
+  server against stock under the same simulated acceptance, and speculative vs non-speculative;
+* ``e2e-prefix-h200.{json,md,png}``: prefix caching (``--workload shared-prefix`` runs): cache hit rate,
+  TTFT, SGLang's decode rate and hit-vs-cold greedy parity of our launcher against stock (and upstream).
 
 Every number is read from the result files; each entry names the file it came from.
 """
@@ -712,6 +714,135 @@ def write_spec(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
     return paths
 
 
+# issue 19's prefix-caching targets (eval.ab --workload shared-prefix); ttft ratios are ours / theirs (lower is better)
+PREFIX_TARGETS = {"defaults_launch_ok": 1, "prefix_hit_rate_vs_stock": 0.98, "ttft_p50_vs_stock": 1.05,
+                  "ttft_p50_vs_upstream": 0.8, "decode_rate_speedup_prefix_bs256": 1.5,
+                  "prefix_parity_max_abs_logprob_diff": 0.1}
+PREFIX_PARITY_MODEL = "tiny-nemotron-h"   # hit-vs-cold parity is read on the tiny Mamba2 model
+
+
+def prefix_runs(results) -> List[Dict[str, Any]]:
+    """One row per (shared-prefix run, arm kind other than stock, batch): each arm against the run's stock arm."""
+    rows = []
+    for f, res in results:
+        bench = res.get("bench") or {}
+        if bench.get("workload") != "shared-prefix":
+            continue
+        setup = _setup(res)
+        arms = res.get("arms") or {}
+        by_kind: Dict[str, Dict[str, Any]] = {}
+        for label, arm in arms.items():
+            by_kind.setdefault((arm.get("phase") or {}).get("kind", "?"), dict(arm, label=label))
+        stock = by_kind.get("stock")
+        pp = (res.get("summary") or {}).get("prefix_parity") or {}
+        for kind, arm in by_kind.items():
+            if kind == "stock":
+                continue
+            for entry in arm.get("bench") or [{"batch": None}]:
+                bs = entry.get("batch")
+                ref = next((e for e in (stock or {}).get("bench") or [] if e.get("batch") == bs), {})
+                ups = next((e for e in (by_kind.get("upstream") or {}).get("bench") or [] if e.get("batch") == bs), {})
+
+                def metric(e, path):
+                    cur = e
+                    for k in path:
+                        cur = (cur or {}).get(k) if isinstance(cur, dict) else None
+                    return cur
+                hit, ttft, rate = ("prefix_cache", "hit_rate"), ("result", "median_ttft_ms"), ("rates", "decode_tok_s")
+                rows.append({
+                    "file": str(f), "model": setup["model"], "family": setup["family"], "started": res.get("started"),
+                    "git_commit": res.get("git_commit"), "radix_cache": bench.get("radix_cache"), "arm": kind,
+                    "status": arm.get("status"), "stock_status": (stock or {}).get("status"),
+                    "command": arm.get("command"), "batch": bs,
+                    "hit_rate": metric(entry, hit), "stock_hit_rate": metric(ref, hit),
+                    "hit_rate_vs_stock": report.ratio(metric(entry, hit), metric(ref, hit)),
+                    "ttft_p50_ms": metric(entry, ttft), "stock_ttft_p50_ms": metric(ref, ttft),
+                    "ttft_p50_vs_stock": report.ratio(metric(entry, ttft), metric(ref, ttft)),
+                    "ttft_p50_vs_upstream": report.ratio(metric(entry, ttft), metric(ups, ttft))
+                    if kind != "upstream" else None,
+                    "decode_rate": metric(entry, rate), "stock_decode_rate": metric(ref, rate),
+                    "decode_rate_vs_stock": report.ratio(metric(entry, rate), metric(ref, rate)),
+                    "parity_max_abs_dlogprob": (pp.get(arm["label"]) or {}).get("max_abs_dlogprob"),
+                    "stock_parity_max_abs_dlogprob": (pp.get((stock or {}).get("label")) or {}).get("max_abs_dlogprob"),
+                    "parity_mismatches": (pp.get(arm["label"]) or {}).get("mismatches"),
+                    "stock_parity_mismatches": (pp.get((stock or {}).get("label")) or {}).get("mismatches"),
+                })
+    return rows
+
+
+def _latest(rows: List[Dict[str, Any]], **match) -> List[Dict[str, Any]]:
+    """The rows of the latest run (by start time) whose fields equal ``match``."""
+    hits = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+    if not hits:
+        return []
+    last = max(_ts(r["started"]) for r in hits)
+    return [r for r in hits if _ts(r["started"]) == last]
+
+
+def prefix_summary(results) -> Dict[str, Any]:
+    """Issue 19's summary keys, each read from the latest run of the model it names (None: not measured)."""
+    rows = prefix_runs(results)
+    ours = [r for r in rows if r["arm"] == "staged"]
+    s: Dict[str, Any] = {}
+    defaults = {}
+    for model in TARGET_MODELS.values():
+        latest = _latest(ours, model=model, radix_cache="default")
+        defaults[model] = None if not latest else int(all(r["status"] == "ok" for r in latest))
+    s["defaults_launch_ok"] = None if any(v is None for v in defaults.values()) else int(all(defaults.values()))
+    s["defaults_launch_by_model"] = defaults
+    hit = [r["hit_rate_vs_stock"] for m in TARGET_MODELS.values() for r in _latest(ours, model=m)
+           if r["hit_rate_vs_stock"] is not None]
+    s["prefix_hit_rate_vs_stock"] = min(hit) if hit else None
+    m8 = _latest(ours, model=TARGET_MODELS["mamba2"])
+    ttft = [r["ttft_p50_vs_stock"] for r in m8 if r["ttft_p50_vs_stock"] is not None]
+    s["ttft_p50_vs_stock"] = max(ttft) if ttft else None
+    ups = [r["ttft_p50_vs_upstream"] for r in _latest(ours, model=TARGET_MODELS["gdn"])
+           if r["ttft_p50_vs_upstream"] is not None]
+    s["ttft_p50_vs_upstream"] = max(ups) if ups else None
+    full = [r for r in m8 if r["batch"] == 256 and r["decode_rate_vs_stock"] is not None]
+    s["decode_rate_speedup_prefix_bs256"] = full[0]["decode_rate_vs_stock"] if full else None
+    tiny = [r for r in _latest(ours, model=PREFIX_PARITY_MODEL) if r["parity_max_abs_dlogprob"] is not None]
+    s["prefix_parity_max_abs_logprob_diff"] = tiny[0]["parity_max_abs_dlogprob"] if tiny else None
+    s["prefix_parity_max_abs_logprob_diff_stock"] = tiny[0]["stock_parity_max_abs_dlogprob"] if tiny else None
+    s["targets"] = dict(PREFIX_TARGETS)
+    used = {r["file"] for r in rows}
+    return {"kind": "e2e-prefix-summary", **provenance(results, used), "summary": s, "runs": rows}
+
+
+def write_prefix(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
+    s = doc["summary"]
+    paths = [report.write_json(out_dir / "e2e-prefix-h200.json", doc)]
+    goal = {"defaults_launch_ok": "= 1", "prefix_hit_rate_vs_stock": ">= 0.98", "ttft_p50_vs_stock": "<= 1.05",
+            "ttft_p50_vs_upstream": "<= 0.8", "decode_rate_speedup_prefix_bs256": ">= 1.5",
+            "prefix_parity_max_abs_logprob_diff": "<= 0.1"}
+    tgt = [[k, report.fmt(s.get(k), 3), goal[k]] for k in PREFIX_TARGETS]
+    rows = [[r["model"], r["arm"], r["radix_cache"], r["batch"], r["status"], report.fmt(r["hit_rate"], 3),
+             report.fmt(r["stock_hit_rate"], 3), report.fmt(r["ttft_p50_ms"], 0), report.fmt(r["stock_ttft_p50_ms"], 0),
+             report.fmt(r["decode_rate_vs_stock"], 3), report.fmt(r["parity_max_abs_dlogprob"], 3),
+             report.fmt(r["stock_parity_max_abs_dlogprob"], 3), f"{Path(r['file']).parent.name} ({r['git_commit']})"]
+            for r in doc["runs"]]
+    paths.append(report.write_markdown(out_dir / "e2e-prefix-h200.md", "Prefix caching on the H200", [
+        _source_section(doc),
+        ("Targets (each read from the latest run of the model it names; — : not measured yet)",
+         report.markdown_table(["metric", "measured", "goal"], tgt)),
+        ("Runs (`--workload shared-prefix`; ratios are ours over stock's)",
+         report.markdown_table(["model", "arm", "radix", "batch", "status", "hit rate", "stock hit rate",
+                                "TTFT p50 ms", "stock TTFT p50 ms", "decode rate vs stock",
+                                "hit-vs-cold max |Δlogprob|", "stock's", "folder (commit)"], rows)
+         if rows else "not run yet"),
+    ]))
+    runs = [r for r in doc["runs"] if r["arm"] == "staged"]
+    if runs and report.plot_panels(out_dir / "e2e-prefix-h200.png", [
+            {"title": "prefix caching, ours / stock (H200)", "kind": "bar", "xrotation": 15,
+             "categories": [f"{r['model']} b{r['batch']}" for r in runs],
+             "series": [{"label": "cache hit rate", "y": [r["hit_rate_vs_stock"] for r in runs]},
+                        {"label": "TTFT p50", "y": [r["ttft_p50_vs_stock"] for r in runs]},
+                        {"label": "decode rate", "y": [r["decode_rate_vs_stock"] for r in runs]}],
+             "ylabel": "ratio", "hline": 1.0}]):
+        paths.append(out_dir / "e2e-prefix-h200.png")
+    return paths
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("inputs", nargs="+", help="result directories or ab-*.json[.gz] files")
@@ -722,7 +853,7 @@ def main(argv=None) -> int:
         p.error(f"no eval.ab result JSON under {args.inputs}")
     out = Path(args.out_dir)
     written = write_parity(parity_summary(results), out) + write_decode(decode_speed(results), out) \
-        + write_spec(spec_summary(results), out)
+        + write_spec(spec_summary(results), out) + write_prefix(prefix_summary(results), out)
     for w in written:
         print(f"wrote {w}")
     return 0

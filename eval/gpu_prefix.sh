@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Prefix caching on a GPU host in one call (issue 19): stock SGLang vs our launcher, both with SGLang's default
-# extra_buffer strategy (overlap scheduler on, CUDA graphs on), on bench_serving's generated-shared-prefix dataset
+# Prefix caching on a GPU host in one call (issue 19): stock SGLang vs our launcher, both on their defaults (no radix
+# flag: SGLang's extra_buffer strategy, overlap scheduler on, CUDA graphs on), on bench_serving's generated-shared-prefix dataset
 # (python -m eval.ab --workload shared-prefix): cache hit rate from each server's Prefill batch lines, TTFT p50/p99,
 # output tok/s, SGLang's decode rate, and greedy parity on prompts that share prefixes (hit vs cold per server).
 # Usage (repo root; SGLang installed, or the offline bundle in .sglang-bundle/):
@@ -32,7 +32,7 @@ export GIT_COMMIT="${GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknow
 rc=0
 for model in ${PREFIX_MODELS:-tiny-nemotron-h tiny-qwen3-next}; do
   d="$(mktemp -d "/tmp/prefix-$model.XXXXXX")"
-  flags=(--model "$model" --workload shared-prefix --radix-cache extra_buffer --cuda-graph on --batch 64
+  flags=(--model "$model" --workload shared-prefix --radix-cache default --cuda-graph on --batch 64
          --parity-tokens 256 --concurrent-start --deadline-s "${PREFIX_DEADLINE_S:-220}" --out-dir "$d" --no-progress)
   echo "== $model: $PY -m eval.ab ${flags[*]} $*"
   if [ "$DRY" = 1 ]; then

@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "strategy and --disable-overlap-schedule (SGLang 0.5.17 runs no_buffer only without the "
                         "overlap scheduler); extra_buffer: --mamba-radix-cache-strategy extra_buffer on every arm, "
                         "overlap scheduler on (SGLang's default), and --replayssm-extra-buffer true (its default) "
-                        "on our launcher's arms (staged, patched)")
+                        "on our launcher's arms (staged, patched); default: no radix flag, every server on its own "
+                        "defaults (what a user who gives none gets)")
     s.add_argument("--cuda-graph-max-bs", type=int, default=0, help="default: the largest --batch")
     s.add_argument("--prefill-graph", choices=("default", "off"), default="off")
     s.add_argument("--stream-interval", type=int, default=0, metavar="N",

@@ -10,7 +10,8 @@ one where it changes the workload: ``e2e_summary`` compares the recorded flags).
 ``shared-prefix`` (issue 19): bench_serving's generated-shared-prefix dataset (``--gsp-groups`` groups of
 ``--gsp-prompts-per-group`` text prompts, each a group's ``--gsp-system-len``-token system prompt + its own
 ``--gsp-question-len``-token question, ``--output-len`` out), prefix cache flushed after each run's warm-up;
-``--radix-cache extra_buffer`` (SGLang's default strategy, overlap scheduler on), arms stock,staged; greedy
+``--radix-cache default`` (no radix flag: each server on its own defaults, i.e. SGLang's extra_buffer strategy with
+the overlap scheduler, what a user who gives no flag gets), arms stock,staged; greedy
 parity on prompts that share prefixes, hit against cold (eval/ab/parity.py).  ``--radix-cache off`` gives the
 run without caching (a second run: every arm of one run has the same SGLang flags).
 """
@@ -25,8 +26,8 @@ from typing import Any, Dict, List, Sequence, Set
 WORKLOADS: Dict[str, Dict[str, Any]] = {
     # min_prompts 1: batch 1 runs two waves too (prompts = max(batch x rounds, --min-prompts))
     "standard-decode": {"input_len": 1024, "output_len": 1024, "rounds": 2, "batch": "1,256", "min_prompts": 1},
-    # upstream (--enable-linear-replayssm) serves no_buffer only, so it is no arm of the extra_buffer default
-    "shared-prefix": {"output_len": 256, "batch": "16,64", "radix_cache": "extra_buffer", "arms": "stock,staged"},
+    # upstream (--enable-linear-replayssm) serves no_buffer only, so it is no arm of the default
+    "shared-prefix": {"output_len": 256, "batch": "16,64", "radix_cache": "default", "arms": "stock,staged"},
 }
 # the in/out/waves that make a run the standard decode workload (eval/e2e_summary.py reads them)
 STANDARD_DECODE = {k: WORKLOADS["standard-decode"][k] for k in ("input_len", "output_len", "rounds")}

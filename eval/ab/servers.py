@@ -136,8 +136,9 @@ def common_server_flags(args, model: ModelSpec, spec: bool) -> List[str]:
 # eval.ab --radix-cache -> SGLang flags, the same on every arm.  on / no_buffer: SGLang's no_buffer mamba
 # strategy, which SGLang 0.5.17 runs only without the overlap scheduler; extra_buffer: SGLang's default strategy
 # for hybrid models, overlap scheduler on (our launcher's arms also get --replayssm-extra-buffer true, arm_launch:
-# its default, given so that the command records it)
-RADIX_MODES = ("off", "on", "no_buffer", "extra_buffer")
+# its default, given so that the command records it); default: no radix flag at all, every server on its own
+# defaults (SGLang's auto strategy: extra_buffer with the overlap scheduler for these models; our launcher's too)
+RADIX_MODES = ("off", "on", "no_buffer", "extra_buffer", "default")
 
 
 def radix_flags(mode: str) -> List[str]:
@@ -147,6 +148,8 @@ def radix_flags(mode: str) -> List[str]:
         return ["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule"]
     if mode == "extra_buffer":
         return ["--mamba-radix-cache-strategy", "extra_buffer"]
+    if mode == "default":
+        return []
     raise ValueError(f"--radix-cache {mode!r}: choose one of {', '.join(RADIX_MODES)}")
 
 

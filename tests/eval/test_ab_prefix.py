@@ -51,7 +51,7 @@ def _model(tmp_path, name="tiny-nemotron-h"):
 def test_radix_modes_give_sglang_flags_every_arm_shares(tmp_path, sglang_parser):
     m = _model(tmp_path)
     seen = {}
-    for mode in ("off", "on", "no_buffer", "extra_buffer"):
+    for mode in ("off", "on", "no_buffer", "extra_buffer", "default"):
         flags = ab.common_server_flags(_args("--radix-cache", mode), m, False)
         ns = sglang_parser.parse_args(ab.launch_cmd("python", ab.STOCK_MODULE, flags, "127.0.0.1", 1)[3:])
         seen[mode] = (ns.disable_radix_cache, ns.mamba_radix_cache_strategy, ns.disable_overlap_schedule)
@@ -59,6 +59,10 @@ def test_radix_modes_give_sglang_flags_every_arm_shares(tmp_path, sglang_parser)
     assert seen["off"][0] is True and seen["off"][2] is False
     assert seen["on"] == seen["no_buffer"] == (False, "no_buffer", True)  # SGLang 0.5.17: no overlap with no_buffer
     assert seen["extra_buffer"] == (False, "extra_buffer", False)  # its default: the overlap scheduler stays on
+    # default: no radix flag at all, SGLang's own defaults (what a user who gives none gets)
+    assert seen["default"] == (False, sglang_parser.get_default("mamba_radix_cache_strategy"), False)
+    assert ab.common_server_flags(_args("--radix-cache", "default"), m, False) == \
+        [f for f in ab.common_server_flags(_args("--radix-cache", "off"), m, False) if f != "--disable-radix-cache"]
     with pytest.raises(SystemExit):
         ab.build_parser().parse_args(["--radix-cache", "lazy"])
 
@@ -99,7 +103,7 @@ def test_extra_buffer_with_speculation_runs(capsys):
 # --------------------------------------------------------------------------------
 def test_shared_prefix_preset_and_its_overrides():
     args = _args("--workload", "shared-prefix")
-    assert (args.arms, args.radix_cache, args.batch, args.output_len) == ("stock,staged", "extra_buffer", "16,64", 256)
+    assert (args.arms, args.radix_cache, args.batch, args.output_len) == ("stock,staged", "default", "16,64", 256)
     assert (args.gsp_groups, args.gsp_prompts_per_group, args.gsp_system_len, args.gsp_question_len) == (16, 16,
                                                                                                         2048, 128)
     given = _args("--workload", "shared-prefix", "--radix-cache", "off", "--arms", "stock,staged,staged",
@@ -226,9 +230,10 @@ def test_end_to_end_shared_prefix_with_stand_in_servers(tmp_path):
     r = subprocess.run(cmd, cwd=REPO, env=_env(home=tmp_path), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = json.loads((out / "ab-tiny-nemotron-h-stock-vs-staged.json").read_text())
-    assert res["bench"]["radix_cache"] == "extra_buffer" and res["bench"]["gsp"]["groups"] == 3
+    assert res["bench"]["radix_cache"] == "default" and res["bench"]["gsp"]["groups"] == 3
     assert res["bench"]["dataset"].startswith("generated-shared-prefix")
-    assert "--replayssm-extra-buffer true" in res["arms"]["staged"]["command"]
+    assert "--replayssm-extra-buffer" not in res["arms"]["staged"]["command"]  # the launcher's defaults
+    assert "radix" not in res["arms"]["staged"]["command"] and "radix" not in res["arms"]["stock"]["command"]
     assert "--replayssm" not in res["arms"]["stock"]["command"]
     for label in ("stock", "staged"):
         arm = res["arms"][label]
@@ -281,7 +286,8 @@ def test_radix_off_baseline_logs_no_hits(tmp_path):
 # --------------------------------------------------------------------------------
 def test_gpu_prefix_script_dry_run(tmp_path):
     """eval/gpu_prefix.sh --dry-run: both runs' eval.ab flags parse and plan (so the GPU call cannot fail on a
-    typo), every arm with extra_buffer and the overlap scheduler on, our launcher opted in."""
+    typo), every arm on its own defaults: no radix flag, no overlap or extra_buffer setting (SGLang's extra_buffer
+    strategy with the overlap scheduler is what they resolve to)."""
     env = _env(home=tmp_path)
     env.update(OUT=str(tmp_path / "out"), PYTHON=sys.executable)
     r = subprocess.run(["bash", str(REPO / "eval" / "gpu_prefix.sh"), "--dry-run"], cwd=REPO, env=env,
@@ -292,10 +298,9 @@ def test_gpu_prefix_script_dry_run(tmp_path):
     servers = [shlex.split(x.strip()) for x in r.stdout.splitlines() if " -m sglang" in x and "bench_serving" not in x]
     assert len(servers) == 4
     for cmd in servers:
-        assert cmd[cmd.index("--mamba-radix-cache-strategy") + 1] == "extra_buffer"
+        assert "--mamba-radix-cache-strategy" not in cmd and "--replayssm-extra-buffer" not in cmd
         assert "--disable-overlap-schedule" not in cmd and "--disable-radix-cache" not in cmd
         assert "--cuda-graph-backend-decode" not in cmd  # CUDA graphs on
-        assert ("--replayssm-extra-buffer" in cmd) == (cmd[2] == "sglang_replayssm.launch_server")
     bench = [x for x in r.stdout.splitlines() if "sglang.bench_serving" in x]
     assert len(bench) == 4 and all("generated-shared-prefix" in x for x in bench)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())  # nothing written

@@ -414,3 +414,70 @@ def test_arm_decode_rate_prefers_the_recorded_rates_and_falls_back_to_the_log():
     assert rate == 15300.0 and bound is True
     assert e2e_summary.arm_decode_rate(None, {"median_tpot_ms": 16.5}, 15300.0, 256) == (15300.0, False)
     assert e2e_summary.arm_decode_rate(None, {"median_tpot_ms": 16.5}, None, 256) == (None, None)
+
+
+PREFIX_RUN = Path(__file__).resolve().parents[2] / "eval" / "results" / "e2e-h200" / "prefix-tiny-nemotron-h" / \
+    "ab-tiny-nemotron-h-stock-vs-staged.json.gz"
+
+
+def _prefix_variant(res, *, model, radix="default", batch=None, ttft_scale=1.0, status="ok", upstream_ttft=None):
+    r = copy.deepcopy(res)
+    r["model"]["name"] = model
+    r["model"].pop("size", None)
+    r["bench"]["radix_cache"] = radix
+    r["started"] = "2026-12-03T00:00:00Z"
+    staged = r["arms"]["staged"]
+    staged["status"] = status
+    for e in staged["bench"] + r["arms"]["stock"]["bench"]:
+        e["batch"] = batch or e["batch"]
+    for e in staged["bench"]:
+        e["result"]["median_ttft_ms"] *= ttft_scale
+    if upstream_ttft is not None:
+        up = copy.deepcopy(r["arms"]["stock"])
+        up["phase"]["kind"] = "upstream"
+        for e in up["bench"]:
+            e["result"]["median_ttft_ms"] = upstream_ttft
+        r["arms"]["upstream"] = up
+    return r
+
+
+def test_prefix_summary_reads_each_target_from_its_models_latest_run(tmp_path):
+    """e2e-prefix-h200: the committed tiny shared-prefix run gives the parity key (ours and stock's |Δlogprob|);
+    variants of it as the two target geometries give the hit-rate, TTFT, decode-rate and defaults-launch keys, each
+    from the latest run of the model it names; a failed default launch makes defaults_launch_ok 0."""
+    res = report.read_json(PREFIX_RUN)
+    st, sg = res["arms"]["stock"]["bench"][0], res["arms"]["staged"]["bench"][0]
+    runs = tmp_path / "runs"
+    report.write_json(runs / "t" / "ab-tiny-nemotron-h-stock-vs-staged.json", res)
+    n8 = _prefix_variant(res, model="nemotron-h-8b", batch=256, ttft_scale=1.5)
+    report.write_json(runs / "n" / "ab-nemotron-h-8b-stock-vs-staged.json", n8)
+    g = "qwen3-next-80b-a3b-e64"
+    report.write_json(runs / "g" / f"ab-{g}-stock-vs-staged.json",
+                      _prefix_variant(res, model=g, upstream_ttft=4 * sg["result"]["median_ttft_ms"]))
+    out = tmp_path / "out"
+    assert e2e_summary.main([str(runs), "--out-dir", str(out)]) == 0
+    doc = json.loads((out / "e2e-prefix-h200.json").read_text())
+    s = doc["summary"]
+    hit = sg["prefix_cache"]["hit_rate"] / st["prefix_cache"]["hit_rate"]
+    assert abs(s["prefix_hit_rate_vs_stock"] - hit) < 1e-9
+    ttft = sg["result"]["median_ttft_ms"] / st["result"]["median_ttft_ms"]
+    assert abs(s["ttft_p50_vs_stock"] - 1.5 * ttft) < 1e-9
+    assert abs(s["ttft_p50_vs_upstream"] - 0.25) < 1e-9
+    assert abs(s["decode_rate_speedup_prefix_bs256"] - sg["rates"]["decode_tok_s"] / st["rates"]["decode_tok_s"]) < 1e-9
+    pp = res["summary"]["prefix_parity"]
+    assert s["prefix_parity_max_abs_logprob_diff"] == pp["staged"]["max_abs_dlogprob"]
+    assert s["prefix_parity_max_abs_logprob_diff_stock"] == pp["stock"]["max_abs_dlogprob"]
+    assert s["defaults_launch_ok"] == 1
+    assert sorted((r["model"], r["arm"]) for r in doc["runs"]) == [
+        ("nemotron-h-8b", "staged"), (g, "staged"), (g, "upstream"), ("tiny-nemotron-h", "staged")]
+    md = (out / "e2e-prefix-h200.md").read_text()
+    assert "| ttft_p50_vs_upstream |" in md and "| t (5029b6f) |" in md
+    assert (out / "e2e-prefix-h200.png").exists() == report.have_matplotlib()
+    # a later run of the 8B whose launch on the defaults failed; an extra_buffer-flag run says nothing about defaults
+    failed = _prefix_variant(res, model="nemotron-h-8b", batch=256, status="failed: exit 1")
+    failed["started"] = "2026-12-04T00:00:00Z"
+    report.write_json(runs / "n2" / "ab-nemotron-h-8b-stock-vs-staged.json", failed)
+    s = e2e_summary.prefix_summary(e2e_summary.load_results([runs]))["summary"]
+    assert s["defaults_launch_ok"] == 0 and s["defaults_launch_by_model"]["nemotron-h-8b"] == 0
+    s = e2e_summary.prefix_summary(e2e_summary.load_results([runs / "t"]))["summary"]
+    assert s["defaults_launch_ok"] is None and s["prefix_hit_rate_vs_stock"] is None
