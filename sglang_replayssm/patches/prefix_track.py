@@ -37,7 +37,7 @@ calls them by these names)
      slot -1 for unmasked rows, which the fold kernels skip).
   The live slot is not touched, so its cursor advance and ring cycle go on as before.  All
   device ops with fixed shapes, no host sync: captured with the rest of the decode graph.
-* AFTER ``MambaAttnBackendBase._track_mamba_state_extend`` (prefill tracking, 0.5.15-0.5.17):
+* AFTER ``MambaAttnBackendBase._track_mamba_state_extend`` (prefill tracking, 0.5.15-0.5.23):
   the track slots that received a chunk-boundary state get cursor 0 (their prefill state is
   exact: an extend starts from a slot whose ring is empty, see ``docs/prefix-caching.md``).
 * BEFORE ``MambaMixer2.forward``: under a Mamba2 ring context, publish
@@ -254,14 +254,14 @@ def track_all_layers_around(original, conv_states_pool, ssm_states_pool, cache_i
 
 
 def track_extend_after(result, self, forward_batch, h, ssm_states, forward_metadata, *args, **kwargs):
-    """AFTER ``MambaAttnBackendBase._track_mamba_state_extend`` (0.5.15-0.5.17): the track slots
+    """AFTER ``MambaAttnBackendBase._track_mamba_state_extend`` (0.5.15-0.5.23): the track slots
     that just received a prefill state hold a checkpoint with no ring entries -> cursor 0
     (they may carry a stale cursor from an earlier owner; a tree slot must read flushed)."""
     mamba_pool = getattr(getattr(self, "req_to_token_pool", None), "mamba_pool", None)
     ring = getattr(mamba_pool, "rssm_ring", None)
     if ring is None or not getattr(forward_metadata, "has_mamba_track_mask", False):
         return None
-    for name in ("track_ssm_h_dst", "track_ssm_final_dst"):
+    for name in ("track_ssm_h_dst", "track_ssm_final_dst", "track_ssm_recompute_dst"):  # the last: 0.5.23
         dst = getattr(forward_metadata, name, None)
         if dst is not None:
             ring.reset_nosync(dst)
@@ -313,7 +313,7 @@ PATCHES: List[Patch] = [
           description="extra_buffer decode track copy: fold the ring into the track slot (per-layer copy)"),
     Patch(TRACK_ALL_TARGET, "around", track_all_layers_around, versions=">=0.5.17,<0.6", params=TRACK_ALL_PARAMS,
           description="extra_buffer decode track copy: fold the ring into the track slot (all-layers copy)"),
-    Patch(TRACK_EXTEND_TARGET, "after", track_extend_after, versions=">=0.5.15,<0.5.23",
+    Patch(TRACK_EXTEND_TARGET, "after", track_extend_after, versions=">=0.5.15,<0.6",
           params=("self", "forward_batch", "h", "ssm_states", "forward_metadata"),
           description="extra_buffer prefill track: the track slots' ring cursors to 0"),
     Patch(MIXER_TARGET, "before", mixer_forward_before, params=("self",),

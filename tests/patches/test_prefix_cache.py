@@ -586,7 +586,8 @@ def test_targets_exist_in_other_releases(version):
     from sglang_replayssm.patches.source_check import check
 
     todo = applicable(prefix_track.PATCHES, version)
-    assert {p.target for p in todo} >= {prefix_track.TRACK_TARGET, prefix_track.MIXER_TARGET}
+    assert {p.target for p in todo} >= {prefix_track.TRACK_TARGET, prefix_track.MIXER_TARGET,
+                                        prefix_track.TRACK_EXTEND_TARGET}
     problems = check(todo, wheel_for(version), version)
     assert problems == [], "\n".join(problems)
 
@@ -604,16 +605,17 @@ def test_prefill_track_slots_read_flushed(kind):
     ring = mp.rssm_ring
     temporal = mp.mamba_cache.temporal
     temporal.copy_(torch.randn(temporal.shape))
-    ring.write_pos[[4, 6, 9]] = torch.tensor([2, 1, 3], dtype=torch.int32)
+    ring.write_pos[[4, 6, 7, 9]] = torch.tensor([2, 1, 2, 3], dtype=torch.int32)
     h = torch.randn((1, 3) + tuple(temporal.shape[2:]))
     md = SimpleNamespace(has_mamba_track_mask=True, track_ssm_h_src=torch.tensor([1]),
                          track_ssm_h_dst=torch.tensor([6]), track_ssm_final_src=torch.tensor([2]),
-                         track_ssm_final_dst=torch.tensor([4]))
+                         track_ssm_final_dst=torch.tensor([4]),
+                         track_ssm_recompute_dst=torch.tensor([7]))   # 0.5.23's recomputed track states
     backend = SimpleNamespace(req_to_token_pool=pool)
     for i in range(len(LAYERS)):
         MambaAttnBackendBase._track_mamba_state_extend(backend, None, h, temporal[i], md)
     assert torch.equal(temporal[:, 4], temporal[:, 2]) and torch.equal(temporal[-1, 6], h[0, 1])
-    assert wp(pool, 4) == 0 and wp(pool, 6) == 0 and wp(pool, 9) == 3
+    assert wp(pool, 4) == 0 and wp(pool, 6) == 0 and wp(pool, 7) == 0 and wp(pool, 9) == 3
 
 
 def test_per_layer_copier_fallback(monkeypatch):
