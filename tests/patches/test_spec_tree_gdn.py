@@ -18,7 +18,7 @@ import torch
 
 from test_gdn_decode import HK, HV, K, LAYER_IDS, MAMBA_SIZE, QKV, V, Harness, _clean, sgl  # noqa: F401
 from test_spec_gdn import _verify_shims  # noqa: F401  (CPU twins of SGLang's post-verify scatters)
-from test_spec_tree_mamba2 import SCHEDULE, T, _accept, _links, _Mode, _trees
+from test_spec_tree_mamba2 import SCHEDULE, T, TRACK, TRACK_INTERVAL, _accept, _links, _Mode, _track_plan, _trees
 
 from sglang_replayssm.kernels.spec_cursor import check_spec_cursors
 from sglang_replayssm.patches import gdn_decode as gdn
@@ -72,7 +72,8 @@ def make_tree_inputs(schedule, seed=13):
               torch.randn(len(s) * T, HV, generator=gen)) for _ in LAYER_IDS] for s in schedule]
 
 
-def _run(sgl, inputs, trees, patched):
+def _run(sgl, inputs, trees, patched, tracks=None):
+    """``tracks``: per step ``(seq_lens, track slots)`` for the extra_buffer strategy, or None."""
     unapply_all()
     h = TreeHarness(sgl)
     ring = None
@@ -87,13 +88,22 @@ def _run(sgl, inputs, trees, patched):
     worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(req_to_token_pool=h.pool, attn_backend=h.hybrid))
     batch = types.SimpleNamespace(forward_mode=_Mode(), mamba_track_indices=None)
     trace = []
-    for slots, inp, (parents, paths) in zip(SCHEDULE, inputs, trees):
+    for step, (slots, inp, (parents, paths)) in enumerate(zip(SCHEDULE, inputs, trees)):
         flags = None if ring is None else ring.flush.clone()
         outs = h.tree_forward(slots, inp, parents)
         accept_lens, accept_index = _accept(paths)
+        if tracks is not None:
+            batch = types.SimpleNamespace(forward_mode=_Mode(), seq_lens=tracks[step][0],
+                                          mamba_track_indices=tracks[step][1])
         if ring is None:
             last = torch.tensor([p[-1] if p else -1 for p in paths], dtype=torch.int64)
-            h.hybrid.update_mamba_state_after_mtp_verify(last, None, None, None)
+            nodes = None
+            if tracks is not None:
+                from sglang.srt.speculative.spec_utils import _verify_commit_step_indices
+
+                _, nodes = _verify_commit_step_indices(batch=batch, accept_index=accept_index,
+                                                       accept_lens=accept_lens, draft_token_num=T)
+            h.hybrid.update_mamba_state_after_mtp_verify(last, batch.mamba_track_indices, nodes, None)
         else:
             spec_tree.commit_tree_around(lambda *a: pytest.fail("SGLang's commit reached"), worker, batch,
                                          accept_lens, accept_index, T)
@@ -154,4 +164,39 @@ def test_gdn_tree_verify_and_commit_match_sglangs_tree_path(sgl, monkeypatch, im
         lifecycle.fold_slots(h.pool.mamba_pool, torch.tensor(live))
         torch.testing.assert_close(h.temporal[:, live], ref[-1]["temporal"][:, live], rtol=2e-3, atol=2e-3)
     finally:
+        lifecycle.clear_layer_params(ring)
+
+
+def test_gdn_tree_extra_buffer_track_states_match_sglang(sgl, monkeypatch):
+    """The GDN twin of ``test_spec_tree_mamba2.test_tree_extra_buffer_track_states_match_sglang``: every track
+    slot SGLang names at a tree commit holds stock's snapshot of the tracked node, its conv window equal too."""
+    from sglang.srt.speculative import spec_utils
+
+    from sglang_replayssm.kernels.gdn_verify_ref import gdn_tree_verify_ref
+    from sglang_replayssm.kernels.spec_tree import spec_commit_tree_ref
+
+    monkeypatch.setitem(spec_tree._IMPL, "gdn_tree_verify", gdn_tree_verify_ref)
+    monkeypatch.setitem(spec_tree._IMPL, "spec_commit_tree", spec_commit_tree_ref)
+    monkeypatch.setattr(spec_utils, "get_exec", lambda: types.SimpleNamespace(
+        mamba=types.SimpleNamespace(mamba_track_interval=TRACK_INTERVAL)))
+    inputs = make_tree_inputs(SCHEDULE)
+    trees = _trees(SCHEDULE)
+    plan, want = _track_plan(trees)
+    ref, _, _ = _run(sgl, inputs, trees, patched=False, tracks=plan)
+    got, h, ring = _run(sgl, inputs, trees, patched=True, tracks=plan)
+    tracked = 0
+    try:
+        for t, (slots, r, g, (_, paths), pos) in enumerate(zip(SCHEDULE, ref, got, trees, want)):
+            assert torch.equal(g["conv"], r["conv"]), f"step {t}: conv (live and track slots) differs from SGLang's"
+            for s, path, p in zip(slots, paths, pos):
+                if p < 0:
+                    continue
+                tracked += 1
+                d = TRACK[s]
+                torch.testing.assert_close(g["temporal"][:, d], r["temporal"][:, d], rtol=2e-3, atol=2e-3,
+                                           msg=f"step {t} slot {s} -> track {d} (path position {p}, node {path[p]})")
+        assert tracked >= 10, tracked
+    finally:
+        from sglang_replayssm.patches import lifecycle
+
         lifecycle.clear_layer_params(ring)
