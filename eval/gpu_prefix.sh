@@ -5,6 +5,7 @@
 # output tok/s, SGLang's decode rate, and greedy parity on prompts that share prefixes (hit vs cold per server).
 # Usage (repo root; SGLang installed, or the offline bundle in .sglang-bundle/):
 #   GIT_COMMIT=<sha> OUT=<dir> bash eval/gpu_prefix.sh [more python -m eval.ab flags for both runs...]
+#   bash eval/gpu_prefix.sh --spec nextn     # the same under NEXTN speculation (extra_buffer tracked at the commit)
 #   bash eval/gpu_prefix.sh --dry-run        # print both runs' plans and command lines, start nothing
 # Writes $OUT/prefix-<model>.tgz per run (result JSON/MD/PNG, server and bench logs, console) and the warm JIT
 # caches ($OUT/jit-triton.txz, $OUT/jit-other.txz; JIT=0: not): at most 4 files.
