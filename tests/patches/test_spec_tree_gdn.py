@@ -18,7 +18,7 @@ import torch
 
 from test_gdn_decode import HK, HV, K, LAYER_IDS, MAMBA_SIZE, QKV, V, Harness, _clean, sgl  # noqa: F401
 from test_spec_gdn import _verify_shims  # noqa: F401  (CPU twins of SGLang's post-verify scatters)
-from test_spec_tree_mamba2 import SCHEDULE, T, TRACK, TRACK_INTERVAL, _accept, _links, _Mode, _track_plan, _trees
+from test_spec_tree_mamba2 import SCHEDULE, T, TRACK, _accept, _links, _Mode, _track_plan, _trees, track_interval
 
 from sglang_replayssm.kernels.spec_cursor import check_spec_cursors
 from sglang_replayssm.patches import gdn_decode as gdn
@@ -94,7 +94,8 @@ def _run(sgl, inputs, trees, patched, tracks=None):
         accept_lens, accept_index = _accept(paths)
         if tracks is not None:
             batch = types.SimpleNamespace(forward_mode=_Mode(), seq_lens=tracks[step][0],
-                                          mamba_track_indices=tracks[step][1])
+                                          mamba_track_indices=tracks[step][1],
+                                          tree_cache=types.SimpleNamespace(page_size=1))
         if ring is None:
             last = torch.tensor([p[-1] if p else -1 for p in paths], dtype=torch.int64)
             nodes = None
@@ -170,15 +171,12 @@ def test_gdn_tree_verify_and_commit_match_sglangs_tree_path(sgl, monkeypatch, im
 def test_gdn_tree_extra_buffer_track_states_match_sglang(sgl, monkeypatch):
     """The GDN twin of ``test_spec_tree_mamba2.test_tree_extra_buffer_track_states_match_sglang``: every track
     slot SGLang names at a tree commit holds stock's snapshot of the tracked node, its conv window equal too."""
-    from sglang.srt.speculative import spec_utils
-
     from sglang_replayssm.kernels.gdn_verify_ref import gdn_tree_verify_ref
     from sglang_replayssm.kernels.spec_tree import spec_commit_tree_ref
 
     monkeypatch.setitem(spec_tree._IMPL, "gdn_tree_verify", gdn_tree_verify_ref)
     monkeypatch.setitem(spec_tree._IMPL, "spec_commit_tree", spec_commit_tree_ref)
-    monkeypatch.setattr(spec_utils, "get_exec", lambda: types.SimpleNamespace(
-        mamba=types.SimpleNamespace(mamba_track_interval=TRACK_INTERVAL)))
+    track_interval(monkeypatch)
     inputs = make_tree_inputs(SCHEDULE)
     trees = _trees(SCHEDULE)
     plan, want = _track_plan(trees)

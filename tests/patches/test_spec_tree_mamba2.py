@@ -13,6 +13,8 @@ state (the ring folded) must equal SGLang's.  Harness and CPU shims: ``test_mamb
 """
 
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -120,7 +122,8 @@ def _run(sgl, inputs, trees, patched, tracks=None):
         outs = _tree_forward(h, slots, hs, parents)
         accept_lens, accept_index = _accept(paths)
         if tracks is not None:
-            batch = SimpleNamespace(forward_mode=_Mode(), seq_lens=tracks[step][0], mamba_track_indices=tracks[step][1])
+            batch = SimpleNamespace(forward_mode=_Mode(), seq_lens=tracks[step][0], mamba_track_indices=tracks[step][1],
+                                    tree_cache=SimpleNamespace(page_size=1))   # 0.5.23 reads the track grid there
         if ring is None:
             last = torch.tensor([p[-1] if p else -1 for p in paths], dtype=torch.int64)
             nodes = None
@@ -192,6 +195,17 @@ TRACK_INTERVAL = 8   # > T: at most one boundary per verify
 TRACK = {2: 1, 4: 3, 5: 6}
 
 
+def track_interval(monkeypatch):
+    """SGLang's track interval as TRACK_INTERVAL where its step-index function reads it: the runtime config
+    (0.5.17) or ``mamba_track_grid(page_size)`` (0.5.23)."""
+    from sglang.srt.speculative import spec_utils
+
+    monkeypatch.setattr(spec_utils, "get_exec", lambda: SimpleNamespace(
+        mamba=SimpleNamespace(mamba_track_interval=TRACK_INTERVAL)), raising=False)
+    if hasattr(spec_utils, "mamba_track_grid"):
+        monkeypatch.setattr(spec_utils, "mamba_track_grid", lambda page_size: TRACK_INTERVAL)
+
+
 def _track_plan(trees, seed=17):
     """Per step, SGLang's ``seq_lens`` before the verify and the rows' track slots: a row whose accepted path
     crosses a multiple of TRACK_INTERVAL at path position p has ``seq_lens = k*I - p - 1``; the others start on a
@@ -221,17 +235,12 @@ def test_tree_extra_buffer_track_states_match_sglang(sgl, monkeypatch):
     ``seq_lens`` and the accepted paths; stock scatters that node's snapshot and conv window into the track slot.
     On the ring (the path gathered by the tree commit) the track slot must hold the same state, for nodes off the
     first-child chain too, with stale cursors in the recycled track slots."""
-    from types import SimpleNamespace
-
-    from sglang.srt.speculative import spec_utils
-
     from sglang_replayssm.kernels.mamba2_verify_ref import mamba2_tree_verify_ref
     from sglang_replayssm.kernels.spec_tree import spec_commit_tree_ref
 
     monkeypatch.setitem(spec_tree._IMPL, "mamba2_tree_verify", mamba2_tree_verify_ref)
     monkeypatch.setitem(spec_tree._IMPL, "spec_commit_tree", spec_commit_tree_ref)
-    monkeypatch.setattr(spec_utils, "get_exec",
-                        lambda: SimpleNamespace(mamba=SimpleNamespace(mamba_track_interval=TRACK_INTERVAL)))
+    track_interval(monkeypatch)
     inputs = make_inputs(SCHEDULE, tokens_per_row=T)
     trees = _trees(SCHEDULE)
     plan, want = _track_plan(trees)
