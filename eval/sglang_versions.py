@@ -43,7 +43,8 @@ NOT_ON: Dict[str, Dict[str, str]] = {
     "0.5.23": {
         "tests/patches/test_prefix_cache.py":
             "drives sglang.srt.mem_cache.mamba_radix_cache.MambaRadixCache, removed in 0.5.23 (its prefix "
-            "cache is UnifiedRadixCache with a mamba component); prefix_track's extend hook is gated <0.5.23",
+            "cache is UnifiedRadixCache with a mamba component, which reaches the same pool seams: track slot "
+            "donation, clear_slots / copy_from)",
         "tests/patches/test_spec_slot_reuse.py":
             "retract/abort through MambaRadixCache, removed in 0.5.23 (UnifiedRadixCache)",
         "tests/patches/test_prefix_cache_backend.py":
