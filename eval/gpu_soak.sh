@@ -10,10 +10,10 @@
 #   SOAK_DEADLINE_S=N  wall cap of the harness in seconds (default 480): a server that no longer fits is skipped
 #                      and recorded as such, the chaos of the last one is cut short
 #   PYTHON=<python>    interpreter for the harness and the servers (default python3)
-# Default plan and wall estimate (warm JIT caches): nemotron-h-8b first (the slowest start, ~90 s; 75 s of chaos),
-# then tiny-nemotron-h, tiny-nemotron-h NEXTN and tiny-qwen3-next NEXTN (~40-60 s to start, 36 s of chaos each,
-# or less when --max-requests is reached first); ~15 s per server of warm-up, baselines, drain and stop:
-# about 4 min of starts + 3 min of chaos + 1 min = ~8 min, under the 480 s cap, ~9 min with the bundle's bootstrap.
+# Default plan: each server's chaos long enough for 2000 requests at the rates measured on the H200 (nemotron-h-8b
+# ~21/s, tiny-nemotron-h ~85/s, its NEXTN ~35/s, tiny-qwen3-next NEXTN ~28/s; --max-requests ends it sooner).
+# Starts at b4657f0 with FlashInfer's autotune off: 77-129 s for the tiny servers, ~250 s for the 8B with a cold
+# Triton cache: the default plan needs two calls (below) unless the caches are warm.
 # With cold Triton caches (the first call after a kernel change: Nemotron-H-8B took 178 s to start) it does not
 # fit one call: split the plan over two calls (SOAK_PLAN), then merge the two records of the same commit:
 #   python -m eval.soak --merge a/soak-h200.json b/soak-h200.json --out eval/results/soak-h200.json
@@ -28,12 +28,13 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export GIT_COMMIT="${GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
 PY="${PYTHON:-python3}"
-PLAN="${SOAK_PLAN:-nemotron-h-8b:none:1.25 tiny-nemotron-h:none:0.6 tiny-nemotron-h:nextn:0.6 tiny-qwen3-next:nextn:0.6}"
+PLAN="${SOAK_PLAN:-nemotron-h-8b:none:1.7 tiny-nemotron-h:none:0.6 tiny-nemotron-h:nextn:1.0 tiny-qwen3-next:nextn:1.3}"
 plans=()
 for p in $PLAN; do plans+=(--plan "$p"); done
 LOGS="$(mktemp -d /tmp/soak-logs.XXXXXX)"
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader || true
-"$PY" -m eval.soak "${plans[@]}" --deadline-s "${SOAK_DEADLINE_S:-480}" --server-timeout "${SOAK_SERVER_TIMEOUT:-420}" \
+# FlashInfer's autotune takes ~50 s of each cold server start and the soak measures no speed
+"$PY" -m eval.soak "${plans[@]}" --server-arg=--disable-flashinfer-autotune --deadline-s "${SOAK_DEADLINE_S:-480}" --server-timeout "${SOAK_SERVER_TIMEOUT:-420}" \
   --out "$OUT/soak-h200.json" --log-dir "$LOGS" --python "$PY" --no-progress "$@" 2>&1 | tee "$LOGS/soak-console.log"
 rc=${PIPESTATUS[0]}
 tar -C "$LOGS" -czf "$OUT/soak-logs.tgz" . && echo "packed $(du -h "$OUT/soak-logs.tgz" | cut -f1) -> $OUT/soak-logs.tgz"
