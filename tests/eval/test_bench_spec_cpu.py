@@ -5,7 +5,8 @@
 * Byte counts are checked against an independent derivation: the tensors each kernel
   touches are built on the meta device from their shapes (ring entries from
   ``sglang_replayssm.ring``'s per-slot spec-ring layouts) and their ``nbytes`` summed.
-* The end-to-end test runs ``python -m eval.bench_spec --device cpu`` in the Triton
+* The end-to-end test runs ``eval.bench_spec.main`` with ``--device cpu`` (what
+  ``python -m eval.bench_spec`` runs) in-process, in the Triton
   interpreter on the tiny geometries (batch 1, correctness check at batch 2) and
   validates the JSON and Markdown it writes, including one case's bytes by hand.
 * The failure path (correctness check violated -> exit status 1, files still written)
@@ -16,8 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -252,15 +251,17 @@ def test_markdown_and_plot(tmp_path):
 # --------------------------------------------------------------------------------
 # end to end in the interpreter
 # --------------------------------------------------------------------------------
-def test_cpu_end_to_end(tmp_path):
+def test_cpu_end_to_end(tmp_path, monkeypatch, capsys):
+    """``main`` in this process (the interpreter: TRITON_INTERPRET=1 from tests/conftest.py), as
+    ``python -m eval.bench_spec --device cpu`` runs it: a subprocess would only add its start-up."""
     out = tmp_path / "spec-cpu.json"
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO), GIT_COMMIT="test-commit")
+    monkeypatch.setenv("GIT_COMMIT", "test-commit")
     t0 = time.time()
-    r = subprocess.run([sys.executable, "-m", "eval.bench_spec", "--device", "cpu", "--quick", "--out", str(out),
-                        "--dtypes", "fp32", "--batches", "1", "--check-batch", "2"],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    rc = bs.main(["--device", "cpu", "--quick", "--out", str(out), "--dtypes", "fp32", "--batches", "1",
+                  "--check-batch", "2"])
     wall = time.time() - t0
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    printed = capsys.readouterr()
+    assert rc == 0, printed.out[-4000:] + printed.err[-4000:]
     res = json.loads(out.read_text())
     for k in ("git_commit", "sglang_version", "gpu", "torch", "triton", "copy_bw_GBps", "spec", "cases", "summary",
               "correctness", "stock", "ours", "valid"):

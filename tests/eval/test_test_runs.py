@@ -172,8 +172,8 @@ def test_gpu_kernels_script_reports_a_run_cut_by_its_time_limit(tmp_path):
     t = tmp_path / "test_slowly.py"
     t.write_text("import time\n\n\ndef test_quick():\n    pass\n\n\ndef test_long():\n    time.sleep(300)\n")
     out = tmp_path / "out"
-    r, log = _gpu_kernels(out, str(t), TEST_JOBS="1", TEST_TIMEOUT="30")
-    assert r.returncode != 0 and "cut by TEST_TIMEOUT=30 s" in log, (r.returncode, log)
+    r, log = _gpu_kernels(out, str(t), TEST_JOBS="1", TEST_TIMEOUT="12")
+    assert r.returncode != 0 and "cut by TEST_TIMEOUT=12 s" in log, (r.returncode, log)
     finished = [(outcome, nodeid.split("::")[1]) for _, outcome, nodeid in _times(out)]
     assert finished in ([], [("passed", "test_quick")]), finished  # test_long never finished
     assert ("# finished tests: 1 passed" in log) == bool(finished), log

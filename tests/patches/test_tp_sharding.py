@@ -447,8 +447,25 @@ def _free_ports(n):
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    """{tp: [facts of rank 0, 1, ...]} from four gloo processes (TP=4, then TP=2)."""
-    d = tmp_path_factory.mktemp("tp")
+    """{tp: [facts of rank 0, 1, ...]} from four gloo processes (TP=4, then TP=2), once per pytest run.
+
+    Under pytest-xdist (``make test``: --dist worksteal) an idle worker steals the tail of a busy one's queue,
+    and this file's tests are the tail of the collection: split between two workers, a module fixture would
+    start the four processes in each.  The first worker to get here runs them and leaves the facts in the
+    run's shared temporary directory (the workers' base directories' parent); the other waits for them."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return _run_ranks(tmp_path_factory.mktemp("tp"))
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent / "tp_sharding_ranks.json"
+    with FileLock(str(shared) + ".lock"):
+        if not shared.is_file():
+            facts = _run_ranks(tmp_path_factory.mktemp("tp"))
+            shared.write_text(json.dumps({str(tp): f for tp, f in facts.items()}))
+        return {int(tp): f for tp, f in json.loads(shared.read_text()).items()}
+
+
+def _run_ranks(d):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_REPLAYSSM_")}
     env.pop("SGLANG_PLUGINS", None)
     env.update(SGLANG_REPLAYSSM_ENABLE="1", SGLANG_REPLAYSSM_BUFFER_LEN=str(L), SGLANG_REPLAYSSM_SPEC="1",
