@@ -13,6 +13,8 @@ reads every ``ab-*.json`` (or ``ab-*.json.gz``) under the given directories and 
   launch-bound and are not used for speed);
 * ``e2e-spec-h200.{json,md}``: speculative (NEXTN) runs: accept length, parity of the replay
   server against stock under the same simulated acceptance, and speculative vs non-speculative;
+* ``e2e-tree-h200.{json,md}``: EAGLE runs (``--spec eagle``: separate draft model, chains and trees), issue 20's
+  keys; those runs are not in ``e2e-spec-h200``;
 * ``e2e-prefix-h200.{json,md,png}``: prefix caching (``--workload shared-prefix`` runs): cache hit rate,
   TTFT, SGLang's decode rate and hit-vs-cold greedy parity of our launcher against stock (and upstream).
 
@@ -127,6 +129,7 @@ def _setup(res: Dict[str, Any]) -> Dict[str, Any]:
     return {"model": name, "size": size, "family": family, "ssm_state": _ssm_state(h), "cuda_graph": h.get("cuda_graph"),
             "workload": {k: h.get(k, v) for k, v in STANDARD_WORKLOAD.items()},
             "radix_cache": h.get("radix_cache", "off"), "spec": h.get("spec"), "sim_acc_len": h.get("sim_acc_len"),
+            "spec_topk": h.get("spec_topk") or 1, "spec_draft_tokens": h.get("spec_draft_tokens"),
             "git_commit": res.get("git_commit"), "sglang_version": res.get("sglang_version"),
             "gpu": (res.get("gpu") or {}).get("name")}
 
@@ -401,7 +404,16 @@ def arms_by_run(results) -> Dict[Tuple[Any, Any], Dict[str, Dict[str, Any]]]:
     return runs
 
 
-def spec_speed(results) -> List[Dict[str, Any]]:
+# the draft algorithms of issue 20's EAGLE summary (separate draft model, chains and trees); the others (NEXTN/MTP)
+# are the speculative summary's
+EAGLE_SPECS = ("eagle", "eagle3")
+
+
+def _eagle(setup: Dict[str, Any]) -> bool:
+    return str(setup.get("spec") or "").lower() in EAGLE_SPECS
+
+
+def spec_speed(results, eagle: bool = False) -> List[Dict[str, Any]]:
     """Per run and batch: replay spec vs stock spec, vs stock non-spec, and the capacity ratio (max
     running requests, same memory settings).  The non-spec baseline is the run's own ``stock:nospec``
     arm; a run without one borrows the nearest-in-time one of another run of the same model and
@@ -426,7 +438,7 @@ def spec_speed(results) -> List[Dict[str, Any]]:
     rows = []
     for (model, started), arms in runs.items():
         ours, stock, nospec = find(arms, "staged", True), find(arms, "stock", True), find(arms, "stock", False)
-        if ours is None or (stock is None and nospec is None):
+        if ours is None or (stock is None and nospec is None) or _eagle(ours["setup"]) != eagle:
             continue
         same_run = nospec is not None
         nospec = nospec or borrowed_nospec(model, started)
@@ -435,6 +447,8 @@ def spec_speed(results) -> List[Dict[str, Any]]:
         for bs in sorted(ours["bench"]):
             thr = lambda arm: (arm["bench"].get(bs) or {}).get("output_throughput") if arm else None
             rows.append({"model": model, "family": setup["family"], "size": setup["size"], "batch": bs,
+                         "spec": setup["spec"], "spec_topk": setup["spec_topk"],
+                         "spec_draft_tokens": setup["spec_draft_tokens"],
                          "sim_acc_len": setup["sim_acc_len"], "staged_tok_s": thr(ours), "stock_spec_tok_s": thr(stock),
                          "stock_nonspec_tok_s": thr(nospec),
                          "spec_vs_stock_spec": report.ratio(thr(ours), thr(stock)),
@@ -447,8 +461,8 @@ def spec_speed(results) -> List[Dict[str, Any]]:
     for r in rows:
         r["latest_for"] = []
     for key in SPEED_KEYS:
-        for model in {r["model"] for r in rows}:
-            cands = [r for r in rows if r["model"] == model and r[key] is not None]
+        for model, topk in {(r["model"], r["spec_topk"]) for r in rows}:
+            cands = [r for r in rows if r["model"] == model and r["spec_topk"] == topk and r[key] is not None]
             if key == "spec_vs_stock_nonspec" and any(r["nonspec_same_run"] for r in cands):
                 cands = [r for r in cands if r["nonspec_same_run"]]
             if cands:
@@ -461,11 +475,12 @@ def spec_speed(results) -> List[Dict[str, Any]]:
     return rows
 
 
-def spec_summary(results) -> Dict[str, Any]:
+def spec_summary(results, eagle: bool = False) -> Dict[str, Any]:
+    """The NEXTN/MTP summary (``eagle`` False) or the runs of the EAGLE summary (True: :func:`eagle_summary`)."""
     runs = []
     for f, res in results:
         setup = _setup(res)
-        if setup["spec"] in (None, "none"):
+        if setup["spec"] in (None, "none") or _eagle(setup) != eagle:
             continue
         s = res["summary"]
         ka, kb = _kinds(res)
@@ -488,16 +503,16 @@ def spec_summary(results) -> Dict[str, Any]:
     # them (earlier runs are history, so a repeated run does not count its mismatches twice)
     latest: Dict[Tuple[Any, Any], Dict[str, Any]] = {}
     for r in runs:
-        key = (r["model"], r["spec"])
+        key = (r["model"], r["spec"], r["spec_topk"])
         seen = latest.get(key)
         if r["spec_vs_nonspec"] and r["arms"].startswith("staged vs") and \
                 (seen is None or str(r["started"] or "") >= str(seen["started"] or "")):
             latest[key] = r
     for r in runs:
-        r["greedy_target_run"] = latest.get((r["model"], r["spec"])) is r
+        r["greedy_target_run"] = latest.get((r["model"], r["spec"], r["spec_topk"])) is r
     ours = [r["spec_vs_nonspec"].get(r["arms"].split(" vs ")[0]) for r in latest.values()]
     stock = [r["spec_vs_nonspec"].get(r["arms"].split(" vs ")[1]) for r in latest.values()]
-    speed = spec_speed(results)
+    speed = spec_speed(results, eagle=eagle)
     real256 = [r for r in speed if r["size"] == "real" and r["batch"] == 256]
 
     def worst(key: str) -> Optional[float]:  # the lowest over the real geometries, each model's latest run for key
@@ -843,6 +858,67 @@ def write_prefix(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
     return paths
 
 
+# issue 20's EAGLE targets: Nemotron-H-8B with the separate dummy-weight EAGLE draft, a tree of topk 4 / 8 draft
+# tokens and a chain (topk 1) at batch 64; greedy excess = ours minus stock's own spec-vs-non-spec mismatches (trees)
+EAGLE_TARGETS = {"tree_vs_stock_tree_bs64": 1.5, "tree_capacity_ratio": 4.0, "eagle_chain_vs_stock_bs64": 1.5,
+                 "tree_greedy_excess_mismatches": 0}
+EAGLE_MODEL = "nemotron-h-8b"
+EAGLE_TREE_TOPK = 4
+
+
+def eagle_summary(results) -> Dict[str, Any]:
+    """Issue 20's keys from the EAGLE runs (``--spec eagle``), each from the model's latest run of that shape."""
+    doc = spec_summary(results, eagle=True)
+    speed = doc["speed"]
+
+    def pick(topk: int, key: str, batch: Optional[int] = None) -> Optional[float]:
+        rows = [r for r in speed if r["model"] == EAGLE_MODEL and r["spec_topk"] == topk and key in r["latest_for"]
+                and r[key] is not None and (batch is None or r["batch"] == batch)]
+        return rows[0][key] if rows else None
+
+    tree_runs = [r for r in doc["runs"] if r.get("greedy_target_run") and (r.get("spec_topk") or 1) > 1]
+    ours = [r["spec_vs_nonspec"].get(r["arms"].split(" vs ")[0]) for r in tree_runs]
+    stock = [r["spec_vs_nonspec"].get(r["arms"].split(" vs ")[1]) for r in tree_runs]
+    excess = None
+    if tree_runs and all(ours) and all(stock):
+        excess = sum(e["token_mismatches"] for e in ours) - sum(e["token_mismatches"] for e in stock)
+    summary = {"tree_vs_stock_tree_bs64": pick(EAGLE_TREE_TOPK, "spec_vs_stock_spec", 64),
+               "tree_capacity_ratio": pick(EAGLE_TREE_TOPK, "capacity_ratio"),
+               "eagle_chain_vs_stock_bs64": pick(1, "spec_vs_stock_spec", 64),
+               "tree_greedy_excess_mismatches": excess,
+               "tree_greedy_mismatches": sum(e["token_mismatches"] for e in ours) if tree_runs and all(ours) else None,
+               "tree_stock_greedy_mismatches": sum(e["token_mismatches"] for e in stock)
+               if tree_runs and all(stock) else None,
+               "targets": dict(EAGLE_TARGETS)}
+    return {**doc, "schema": "replayssm-e2e-tree/1", "summary": summary}
+
+
+def write_eagle(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
+    s = doc["summary"]
+    paths = [report.write_json(out_dir / "e2e-tree-h200.json", doc)]
+    goal = {"tree_vs_stock_tree_bs64": ">= 1.5", "tree_capacity_ratio": ">= 4", "eagle_chain_vs_stock_bs64": ">= 1.5",
+            "tree_greedy_excess_mismatches": "<= 0"}
+    tgt = [[k, report.fmt(s.get(k), 3), goal[k]] for k in EAGLE_TARGETS]
+    speed = [[r["model"], r["spec_topk"], r["spec_draft_tokens"] or "—", r["batch"], report.fmt(r["staged_tok_s"], 0),
+              report.fmt(r["stock_spec_tok_s"], 0), report.fmt(r["spec_vs_stock_spec"], 3),
+              f"{report.fmt(r['capacity_ratio'], 2)} ({r.get('max_running_staged')} / {r.get('max_running_stock')})"
+              if r["capacity_ratio"] is not None else "—", f"{Path(r['file']).parent.name}"] for r in doc["speed"]]
+    runs = [[r["model"], r.get("spec_topk"), r["arms"],
+             "; ".join(f"{k}: {v['token_mismatches']} mismatches" for k, v in r["spec_vs_nonspec"].items()) or "—",
+             "counted" if r.get("greedy_target_run") else ""] for r in doc["runs"]]
+    paths.append(report.write_markdown(out_dir / "e2e-tree-h200.md", "EAGLE speculation (separate draft, chains and "
+                                       "trees) on the H200", [
+        _source_section(doc),
+        ("Targets (— : not measured yet)", report.markdown_table(["metric", "measured", "goal"], tgt)),
+        ("Speed (output tokens/s, simulated acceptance)",
+         report.markdown_table(["model", "topk", "draft tokens", "batch", "replay", "stock", "vs stock",
+                                "capacity ratio (max running)", "folder"], speed) if speed else "not run yet"),
+        ("Greedy spec vs non-spec (tiny models, no simulation)",
+         report.markdown_table(["model", "topk", "arms", "mismatches", "in the key"], runs) if runs else "not run yet"),
+    ]))
+    return paths
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("inputs", nargs="+", help="result directories or ab-*.json[.gz] files")
@@ -853,7 +929,8 @@ def main(argv=None) -> int:
         p.error(f"no eval.ab result JSON under {args.inputs}")
     out = Path(args.out_dir)
     written = write_parity(parity_summary(results), out) + write_decode(decode_speed(results), out) \
-        + write_spec(spec_summary(results), out) + write_prefix(prefix_summary(results), out)
+        + write_spec(spec_summary(results), out) + write_prefix(prefix_summary(results), out) \
+        + write_eagle(eagle_summary(results), out)
     for w in written:
         print(f"wrote {w}")
     return 0

@@ -336,7 +336,7 @@ def test_greedy_mismatches_read_each_models_latest_spec_run():
     assert total(runs, 0) > s["greedy_mismatches"]  # the repeat is not counted twice
 
     # a later run whose second arm ran with the seams off (kind patched) is not the replay server's: it
-    # replaces nothing; a later EAGLE run of one model is counted beside its NEXTN run, not instead of it
+    # replaces nothing; a later EAGLE run of one model is the EAGLE summary's (e2e-tree-h200), not this one's
     f, res = next((f, r) for f, r in results if "tiny-launcher-default" in str(f) and
                   r["flags"]["harness"]["spec"] == "nextn" and r["flags"]["harness"]["model"] == "tiny-nemotron-h")
     off = copy.deepcopy(res)
@@ -348,7 +348,8 @@ def test_greedy_mismatches_read_each_models_latest_spec_run():
     eagle["flags"]["harness"]["spec"] = "eagle"
     again = e2e_summary.spec_summary(results + [(f, eagle)])["summary"]
     b = res["summary"]["b"]
-    assert again["greedy_mismatches"] == s["greedy_mismatches"] + \
+    assert again["greedy_mismatches"] == s["greedy_mismatches"]
+    assert e2e_summary.spec_summary(results + [(f, eagle)], eagle=True)["summary"]["greedy_mismatches"] == \
         e2e_summary.spec_summary([(f, res)])["summary"]["greedy_mismatches"]
     assert b in res["summary"]["spec_vs_nonspec"]
 
@@ -481,3 +482,43 @@ def test_prefix_summary_reads_each_target_from_its_models_latest_run(tmp_path):
     assert s["defaults_launch_ok"] == 0 and s["defaults_launch_by_model"]["nemotron-h-8b"] == 0
     s = e2e_summary.prefix_summary(e2e_summary.load_results([runs / "t"]))["summary"]
     assert s["defaults_launch_ok"] is None and s["prefix_hit_rate_vs_stock"] is None
+
+
+def test_eagle_summary_keys_from_tree_and_chain_runs(tmp_path):
+    """e2e-tree-h200: an EAGLE tree run (topk 4, 8 draft tokens) and an EAGLE chain run of Nemotron-H-8B give the
+    batch-64 speed keys and the tree's capacity ratio; the tiny recorded greedy comparison, relabelled as an EAGLE
+    tree, gives the greedy excess (ours minus stock's); none of them reaches the NEXTN summary."""
+    res = json.loads((DATA / "ab_result_sample.json").read_text())
+    a, b = res["summary"]["a"], res["summary"]["b"]
+    for arm in res["arms"].values():
+        arm["phase"]["spec"] = True
+        for e in arm["bench"]:
+            e["batch"] = 64 if e["batch"] == 32 else e["batch"]
+    res["summary"]["max_running_requests"] = {a: 64, b: 320}
+    tree = copy.deepcopy(res)
+    tree["flags"]["harness"].update(spec="eagle", spec_topk=4, spec_draft_tokens=8, sim_acc_len=3.0)
+    chain = _variant(res, scale=0.8)
+    chain["flags"]["harness"].update(spec="eagle", spec_topk=1, sim_acc_len=3.0)
+    chain["started"] = "2099-01-01T00:00:00Z"    # another run (runs are told apart by model and start)
+    runs = tmp_path / "runs"
+    report.write_json(runs / "t" / "ab-nemotron-h-8b-eagle-tree.json", tree)
+    report.write_json(runs / "c" / "ab-nemotron-h-8b-eagle-chain.json", chain)
+    root = Path(__file__).parents[2] / "eval" / "results" / "e2e-h200"
+    f, tiny = next((f, r) for f, r in e2e_summary.load_results([root / "tiny-launcher-default"])
+                   if r["flags"]["harness"]["spec"] == "nextn" and r["flags"]["harness"]["model"] == "tiny-nemotron-h")
+    tiny = copy.deepcopy(tiny)
+    tiny["flags"]["harness"].update(spec="eagle", spec_topk=4, spec_draft_tokens=8)
+    report.write_json(runs / "g" / "ab-tiny-nemotron-h-eagle-tree.json", tiny)
+    out = tmp_path / "out"
+    assert e2e_summary.main([str(runs), "--out-dir", str(out)]) == 0
+    s = json.loads((out / "e2e-tree-h200.json").read_text())["summary"]
+    want = _tok_s(res, b, 64) / _tok_s(res, a, 64)
+    assert abs(s["tree_vs_stock_tree_bs64"] - want) < 1e-9 and abs(s["eagle_chain_vs_stock_bs64"] - 0.8 * want) < 1e-9
+    assert s["tree_capacity_ratio"] == 5.0
+    svn = tiny["summary"]["spec_vs_nonspec"]
+    tb = tiny["summary"]["b"]
+    ours, stock = svn[tb]["mismatches"], svn[tiny["summary"]["a"]]["mismatches"]
+    assert s["tree_greedy_excess_mismatches"] == ours - stock
+    assert "| tree_vs_stock_tree_bs64 |" in (out / "e2e-tree-h200.md").read_text()
+    nextn = json.loads((out / "e2e-spec-h200.json").read_text())
+    assert nextn["speed"] == [] and nextn["runs"] == []
