@@ -18,7 +18,8 @@ import torch
 
 from test_gdn_decode import HK, HV, K, LAYER_IDS, MAMBA_SIZE, QKV, V, Harness, _clean, sgl  # noqa: F401
 from test_spec_gdn import _verify_shims  # noqa: F401  (CPU twins of SGLang's post-verify scatters)
-from test_spec_tree_mamba2 import SCHEDULE, T, TRACK, _accept, _links, _Mode, _track_plan, _trees, track_interval
+from test_spec_tree_mamba2 import (SCHEDULE, T, _accept, _links, _Mode, _track_plan, _trees,
+                                   check_tree_tracked_states, track_interval)
 
 from sglang_replayssm.kernels.spec_cursor import check_spec_cursors
 from sglang_replayssm.patches import gdn_decode as gdn
@@ -182,17 +183,8 @@ def test_gdn_tree_extra_buffer_track_states_match_sglang(sgl, monkeypatch):
     plan, want = _track_plan(trees)
     ref, _, _ = _run(sgl, inputs, trees, patched=False, tracks=plan)
     got, h, ring = _run(sgl, inputs, trees, patched=True, tracks=plan)
-    tracked = 0
     try:
-        for t, (slots, r, g, (_, paths), pos) in enumerate(zip(SCHEDULE, ref, got, trees, want)):
-            assert torch.equal(g["conv"], r["conv"]), f"step {t}: conv (live and track slots) differs from SGLang's"
-            for s, path, p in zip(slots, paths, pos):
-                if p < 0:
-                    continue
-                tracked += 1
-                d = TRACK[s]
-                torch.testing.assert_close(g["temporal"][:, d], r["temporal"][:, d], rtol=2e-3, atol=2e-3,
-                                           msg=f"step {t} slot {s} -> track {d} (path position {p}, node {path[p]})")
+        tracked, _ = check_tree_tracked_states(ref, got, trees, want, ring, tol=2e-3)
         assert tracked >= 10, tracked
     finally:
         from sglang_replayssm.patches import lifecycle

@@ -230,6 +230,24 @@ def _track_plan(trees, seed=17):
     return plan, want
 
 
+def check_tree_tracked_states(ref, got, trees, want, ring, tol):
+    """Each commit's conv states equal SGLang's; every tracked slot holds stock's snapshot of the tracked node,
+    folded (cursors 0).  Returns (track slots checked, of them for nodes off the first-child chain)."""
+    tracked = off_chain = 0
+    for t, (slots, r, g, (_, paths), pos) in enumerate(zip(SCHEDULE, ref, got, trees, want)):
+        assert torch.equal(g["conv"], r["conv"]), f"step {t}: conv (live and track slots) differs from SGLang's"
+        for s, path, p in zip(slots, paths, pos):
+            if p < 0:
+                continue
+            tracked += 1
+            off_chain += int(path[p] != p)
+            d = TRACK[s]
+            torch.testing.assert_close(g["temporal"][:, d], r["temporal"][:, d], rtol=tol, atol=tol,
+                                       msg=f"step {t} slot {s} -> track {d} (path position {p}, node {path[p]})")
+            assert int(ring.write_pos[d]) == 0 and int(ring.origin[d]) == 0
+    return tracked, off_chain
+
+
 def test_tree_extra_buffer_track_states_match_sglang(sgl, monkeypatch):
     """extra_buffer under tree speculation: SGLang's own step-index function picks the tracked node per row from
     ``seq_lens`` and the accepted paths; stock scatters that node's snapshot and conv window into the track slot.
@@ -246,19 +264,8 @@ def test_tree_extra_buffer_track_states_match_sglang(sgl, monkeypatch):
     plan, want = _track_plan(trees)
     ref, _, _ = _run(sgl, inputs, trees, patched=False, tracks=plan)
     got, h, ring = _run(sgl, inputs, trees, patched=True, tracks=plan)
-    tracked = off_chain = 0
     try:
-        for t, (slots, r, g, (_, paths), pos) in enumerate(zip(SCHEDULE, ref, got, trees, want)):
-            assert torch.equal(g["conv"], r["conv"]), f"step {t}: conv (live and track slots) differs from SGLang's"
-            for s, path, p in zip(slots, paths, pos):
-                if p < 0:
-                    continue
-                tracked += 1
-                off_chain += int(path[p] != p)
-                d = TRACK[s]
-                torch.testing.assert_close(g["temporal"][:, d], r["temporal"][:, d], rtol=3e-4, atol=3e-4,
-                                           msg=f"step {t} slot {s} -> track {d} (path position {p}, node {path[p]})")
-                assert int(ring.write_pos[d]) == 0 and int(ring.origin[d]) == 0
+        tracked, off_chain = check_tree_tracked_states(ref, got, trees, want, ring, tol=3e-4)
         assert tracked >= 10 and off_chain >= 2, (tracked, off_chain)
     finally:
         from sglang_replayssm.patches import lifecycle
