@@ -736,6 +736,21 @@ PREFIX_TARGETS = {"defaults_launch_ok": 1, "prefix_hit_rate_vs_stock": 0.98, "tt
 PREFIX_PARITY_MODEL = "tiny-nemotron-h"   # hit-vs-cold parity is read on the tiny Mamba2 model
 
 
+# a shared-prefix bench entry's figures: (section, field) of eval.ab's per-batch record
+PREFIX_METRICS = {"hit_rate": ("prefix_cache", "hit_rate"), "ttft_p50_ms": ("result", "median_ttft_ms"),
+                  "decode_rate": ("rates", "decode_tok_s")}
+
+
+def _prefix_figures(arm: Optional[Dict[str, Any]], bs) -> Dict[str, Any]:
+    """PREFIX_METRICS of an arm's bench entry at batch ``bs`` (None where the arm or the figure is missing)."""
+    entry = next((e for e in (arm or {}).get("bench") or [] if e.get("batch") == bs), {})
+    out = {}
+    for k, (sec, field) in PREFIX_METRICS.items():
+        part = entry.get(sec)
+        out[k] = part.get(field) if isinstance(part, dict) else None
+    return out
+
+
 def prefix_runs(results) -> List[Dict[str, Any]]:
     """One row per (shared-prefix run, arm kind other than stock, batch): each arm against the run's stock arm."""
     rows = []
@@ -744,43 +759,34 @@ def prefix_runs(results) -> List[Dict[str, Any]]:
         if bench.get("workload") != "shared-prefix":
             continue
         setup = _setup(res)
-        arms = res.get("arms") or {}
         by_kind: Dict[str, Dict[str, Any]] = {}
-        for label, arm in arms.items():
+        for label, arm in (res.get("arms") or {}).items():
             by_kind.setdefault((arm.get("phase") or {}).get("kind", "?"), dict(arm, label=label))
-        stock = by_kind.get("stock")
+        stock = by_kind.get("stock") or {}
         pp = (res.get("summary") or {}).get("prefix_parity") or {}
         for kind, arm in by_kind.items():
             if kind == "stock":
                 continue
-            for entry in arm.get("bench") or [{"batch": None}]:
-                bs = entry.get("batch")
-                ref = next((e for e in (stock or {}).get("bench") or [] if e.get("batch") == bs), {})
-                ups = next((e for e in (by_kind.get("upstream") or {}).get("bench") or [] if e.get("batch") == bs), {})
-
-                def metric(e, path):
-                    cur = e
-                    for k in path:
-                        cur = (cur or {}).get(k) if isinstance(cur, dict) else None
-                    return cur
-                hit, ttft, rate = ("prefix_cache", "hit_rate"), ("result", "median_ttft_ms"), ("rates", "decode_tok_s")
+            for bs in [e.get("batch") for e in arm.get("bench") or []] or [None]:
+                ours, ref = _prefix_figures(arm, bs), _prefix_figures(stock, bs)
+                ups = _prefix_figures(by_kind.get("upstream"), bs)
                 rows.append({
                     "file": str(f), "model": setup["model"], "family": setup["family"], "started": res.get("started"),
                     "git_commit": res.get("git_commit"), "radix_cache": bench.get("radix_cache"), "arm": kind,
-                    "status": arm.get("status"), "stock_status": (stock or {}).get("status"),
+                    "status": arm.get("status"), "stock_status": stock.get("status"),
                     "command": arm.get("command"), "batch": bs,
-                    "hit_rate": metric(entry, hit), "stock_hit_rate": metric(ref, hit),
-                    "hit_rate_vs_stock": report.ratio(metric(entry, hit), metric(ref, hit)),
-                    "ttft_p50_ms": metric(entry, ttft), "stock_ttft_p50_ms": metric(ref, ttft),
-                    "ttft_p50_vs_stock": report.ratio(metric(entry, ttft), metric(ref, ttft)),
-                    "ttft_p50_vs_upstream": report.ratio(metric(entry, ttft), metric(ups, ttft))
+                    "hit_rate": ours["hit_rate"], "stock_hit_rate": ref["hit_rate"],
+                    "hit_rate_vs_stock": report.ratio(ours["hit_rate"], ref["hit_rate"]),
+                    "ttft_p50_ms": ours["ttft_p50_ms"], "stock_ttft_p50_ms": ref["ttft_p50_ms"],
+                    "ttft_p50_vs_stock": report.ratio(ours["ttft_p50_ms"], ref["ttft_p50_ms"]),
+                    "ttft_p50_vs_upstream": report.ratio(ours["ttft_p50_ms"], ups["ttft_p50_ms"])
                     if kind != "upstream" else None,
-                    "decode_rate": metric(entry, rate), "stock_decode_rate": metric(ref, rate),
-                    "decode_rate_vs_stock": report.ratio(metric(entry, rate), metric(ref, rate)),
+                    "decode_rate": ours["decode_rate"], "stock_decode_rate": ref["decode_rate"],
+                    "decode_rate_vs_stock": report.ratio(ours["decode_rate"], ref["decode_rate"]),
                     "parity_max_abs_dlogprob": (pp.get(arm["label"]) or {}).get("max_abs_dlogprob"),
-                    "stock_parity_max_abs_dlogprob": (pp.get((stock or {}).get("label")) or {}).get("max_abs_dlogprob"),
+                    "stock_parity_max_abs_dlogprob": (pp.get(stock.get("label")) or {}).get("max_abs_dlogprob"),
                     "parity_mismatches": (pp.get(arm["label"]) or {}).get("mismatches"),
-                    "stock_parity_mismatches": (pp.get((stock or {}).get("label")) or {}).get("mismatches"),
+                    "stock_parity_mismatches": (pp.get(stock.get("label")) or {}).get("mismatches"),
                 })
     return rows
 

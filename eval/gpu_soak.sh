@@ -10,10 +10,9 @@
 #   SOAK_DEADLINE_S=N  wall cap of the harness in seconds (default 480): a server that no longer fits is skipped
 #                      and recorded as such, the chaos of the last one is cut short
 #   PYTHON=<python>    interpreter for the harness and the servers (default python3)
-# Default plan: each server's chaos long enough for 2000 requests at the rates measured on the H200 (nemotron-h-8b
-# ~21/s, tiny-nemotron-h ~85/s, its NEXTN ~35/s, tiny-qwen3-next NEXTN ~28/s; --max-requests ends it sooner).
-# Starts at b4657f0 with FlashInfer's autotune off: 77-129 s for the tiny servers, ~250 s for the 8B with a cold
-# Triton cache: the default plan needs two calls (below) unless the caches are warm.
+# Default plan: each server's chaos long enough for 2000 requests at the request rates and start times recorded in
+# eval/results/soak-h200-runs/README.md (--max-requests ends it sooner); with cold Triton caches it needs two calls
+# (below).
 # With cold Triton caches (the first call after a kernel change: Nemotron-H-8B took 178 s to start) it does not
 # fit one call: split the plan over two calls (SOAK_PLAN), then merge the two records of the same commit:
 #   python -m eval.soak --merge a/soak-h200.json b/soak-h200.json --out eval/results/soak-h200.json
@@ -33,7 +32,7 @@ plans=()
 for p in $PLAN; do plans+=(--plan "$p"); done
 LOGS="$(mktemp -d /tmp/soak-logs.XXXXXX)"
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader || true
-# FlashInfer's autotune takes ~50 s of each cold server start and the soak measures no speed
+# FlashInfer's autotune: part of every cold server start, and the soak measures no speed
 "$PY" -m eval.soak "${plans[@]}" --server-arg=--disable-flashinfer-autotune --deadline-s "${SOAK_DEADLINE_S:-480}" --server-timeout "${SOAK_SERVER_TIMEOUT:-420}" \
   --out "$OUT/soak-h200.json" --log-dir "$LOGS" --python "$PY" --no-progress "$@" 2>&1 | tee "$LOGS/soak-console.log"
 rc=${PIPESTATUS[0]}

@@ -6,7 +6,7 @@
 #                                             # a cache hit needs each kernel's .json, .cubin and launcher .so)
 #                                             # and <dir>/jit-other.txz (FlashInfer / tvm-ffi builds, xz: ~1/3 of gzip)
 #                                             # and <dir>/jit-home.txz (SGLang's FlashInfer autotune results,
-#                                             # $HOME/.cache/sglang: ~50 s of every server start when missing)
+#                                             # $HOME/.cache/sglang: re-tuned at every start when missing)
 # Copy the saved files into .sglang-bundle/jitcache/ for the next call (restore unpacks every *.txz there; the
 # bundle's bootstrap restores *.tgz).
 set -uo pipefail

@@ -52,8 +52,8 @@ forward with a track mask on a spec ring is refused (:func:`check_tracked_forwar
 Wiring: served with the replay-ring seams. The decode seams (``mamba2_decode._plan``,
 ``gdn_decode._plan``) take a decode forward that carries ``mamba_track_mask`` only on a
 standard-decode ring and only while these hooks are applied (:func:`hooks_applied`); the launcher
-accepts ``extra_buffer`` only with ``--replayssm-extra-buffer true`` (``patches/server_args.py``). Without extra_buffer SGLang never calls the track copies,
-so the hooks cost nothing.
+accepts ``extra_buffer`` unless ``--replayssm-extra-buffer false`` (``patches/server_args.py``).  Without
+extra_buffer SGLang never calls the track copies, so the hooks cost nothing.
 """
 
 from __future__ import annotations
@@ -132,6 +132,16 @@ def default_row_copier():
     return _per_layer(getattr(fn, "__wrapped__", fn))
 
 
+def _track_rows(ring, live: torch.Tensor, track: torch.Tensor, keep: torch.Tensor):
+    """``(rows, src, dst, track)`` of a masked live -> track copy: rows kept by ``keep`` whose live and track
+    slots are real; ``src`` / ``dst`` the slots (0, the dummy, for the other rows, which move no data)."""
+    live = live.reshape(-1).to(ring.device, torch.long)
+    track = track.reshape(-1).to(ring.device, torch.long)
+    rows = keep & (live > NULL_SLOT) & (track > NULL_SLOT)
+    return rows, torch.where(rows, live, torch.zeros_like(live)), torch.where(rows, track, torch.zeros_like(track)), \
+        track
+
+
 def materialize_track(ring, mamba_pool, live: torch.Tensor, mask: torch.Tensor, track: torch.Tensor,
                       copy_rows=None) -> None:
     """Make the track slots of the masked rows the exact state of their live slots after this step.
@@ -146,12 +156,7 @@ def materialize_track(ring, mamba_pool, live: torch.Tensor, mask: torch.Tensor, 
     if ring.spec_window is not None:
         raise ReplayDecodeError("extra_buffer state tracking on a speculative replay ring is not supported; use "
                                 "--mamba-radix-cache-strategy no_buffer or --replayssm-spec false")
-    dev = ring.device
-    live = live.reshape(-1).to(dev, torch.long)
-    track = track.reshape(-1).to(dev, torch.long)
-    rows = (mask.reshape(-1).to(dev) != 0) & (live > NULL_SLOT) & (track > NULL_SLOT)
-    src = torch.where(rows, live, torch.zeros_like(live))
-    dst = torch.where(rows, track, torch.zeros_like(track))
+    rows, src, dst, track = _track_rows(ring, live, track, mask.reshape(-1).to(ring.device) != 0)
     # 1. the live slot's ring rows -> the track slot (all layers, masked rows only)
     copy_rows = copy_rows or default_row_copier()
     names = list(ring.tensors)                      # Mamba2 x, B, dt; GDN d, k, g
@@ -178,30 +183,24 @@ def materialize_spec_track(ring, mamba_pool, live: torch.Tensor, n_accept: torch
     Call after the commit moved the cursors (``spec_commit`` / ``spec_commit_tree``): the live slot then holds
     ``wp'`` committed entries after its checkpoint, the ``n_accept`` accepted ones last, so the state after path
     position ``p`` is the checkpoint plus the first ``wp' - (n_accept - 1 - p)`` logical entries.  The live slot's
-    checkpoint, ring rows (all layers) and origin are copied to the track slot with that count as its ``wp`` and
-    no flush pending, and the track slot is folded (cursors -> 0).  The live slot is not touched.  Only rows with
+    checkpoint, ring rows (all layers) and origin are copied to the track slot with that count as its ``wp``, and
+    the track slot is folded (all its cursors -> 0).  The live slot is not touched.  Only rows with
     ``0 <= p < n_accept`` and live and track slots move data (SGLang's masked row copier; the fold skips slot -1);
     fixed shapes, no host sync.  The conv windows are the caller's: SGLang's own masked scatter, as stock.
     """
-    dev = ring.device
-    live = live.reshape(-1).to(dev, torch.long)
-    track = track.reshape(-1).to(dev, torch.long)
-    a = n_accept.reshape(-1).to(dev, torch.long)
-    p = path_pos.reshape(-1).to(dev, torch.long)
-    rows = (p >= 0) & (p < a) & (live > NULL_SLOT) & (track > NULL_SLOT)
-    src = torch.where(rows, live, torch.zeros_like(live))
-    dst = torch.where(rows, track, torch.zeros_like(track))
+    a = n_accept.reshape(-1).to(ring.device, torch.long)
+    p = path_pos.reshape(-1).to(ring.device, torch.long)
+    rows, src, dst, track = _track_rows(ring, live, track, (p >= 0) & (p < a))
     copy_rows = copy_rows or default_row_copier()
     names = list(ring.tensors)                      # Mamba2 x, B, dt; GDN d, k, g
     bs = int(rows.shape[0])
     copy_rows(ring.tensors[names[0]], mamba_pool.mamba_cache.temporal, src, rows, dst, bs)
     copy_rows(ring.tensors[names[1]], ring.tensors[names[2]], src, rows, dst, bs)
-    wp, origin, flush = ring.verify_cursors
+    wp, origin, _ = ring.verify_cursors               # the fold reads wp and origin, and resets all three
     count = (wp[src].to(torch.long) - (a - 1 - p)).clamp(min=0)
     zero = torch.zeros_like(count)
     wp[dst] = torch.where(rows, count, zero).to(wp.dtype)
     origin[dst] = torch.where(rows, origin[src].to(torch.long), zero).to(origin.dtype)
-    flush[dst] = torch.zeros_like(flush[dst])
     from .lifecycle import fold_slots
 
     fold_slots(mamba_pool, torch.where(rows, track, torch.full_like(track, -1)))

@@ -30,6 +30,14 @@ class UnsupportedConfigError(ValueError):
     """SGLang server arguments that sglang_replayssm does not support."""
 
 
+def extra_buffer_on(args) -> bool:
+    """Whether ``args`` serve SGLang's extra_buffer / extra_buffer_lazy mamba radix strategy (its resolved
+    ServerArgs answer themselves; a plain namespace by its strategy field)."""
+    extra = getattr(args, "enable_mamba_extra_buffer", None)
+    return extra() if callable(extra) else str(getattr(args, "mamba_radix_cache_strategy", None) or "").startswith(
+        "extra_buffer")
+
+
 def unsupported_reasons(args, cfg: ReplaySSMConfig) -> List[str]:
     """Every reason why ``args`` (a ServerArgs) cannot run with ReplaySSM ``cfg``."""
     g = lambda name, default=None: getattr(args, name, default)  # noqa: E731
@@ -42,8 +50,7 @@ def unsupported_reasons(args, cfg: ReplaySSMConfig) -> List[str]:
                    "without the replay ring; not supported")
     if g("enable_hierarchical_cache"):
         out.append("--enable-hierarchical-cache: host round trips of mamba state bypass the replay ring; not supported")
-    extra = getattr(args, "enable_mamba_extra_buffer", None)
-    extra_on = extra() if callable(extra) else str(g("mamba_radix_cache_strategy") or "").startswith("extra_buffer")
+    extra_on = extra_buffer_on(args)
     algo = g("speculative_algorithm")
     speculative = bool(algo) and str(algo).upper() != "NONE"
     if extra_on and speculative and cfg.extra_buffer and not cfg.spec:
@@ -132,9 +139,7 @@ def spec_reasons(args, cfg: ReplaySSMConfig) -> List[str]:
             out.append(f"--speculative-num-draft-tokens {ndraft}: a tree of --speculative-num-steps {steps} x "
                        f"--speculative-eagle-topk {topk} has at most {tree_max_nodes(steps, topk)} nodes; lower "
                        "--speculative-num-draft-tokens or raise --speculative-num-steps / --speculative-eagle-topk")
-        extra = getattr(args, "enable_mamba_extra_buffer", None)
-        extra_on = extra() if callable(extra) else str(g("mamba_radix_cache_strategy") or "").startswith("extra")
-        if cfg.spec and extra_on and not tree_tracking_available():
+        if cfg.spec and extra_buffer_on(args) and not tree_tracking_available():
             out.append(f"--speculative-eagle-topk {topk} with --mamba-radix-cache-strategy "
                        f"{g('mamba_radix_cache_strategy')}: this SGLang has no spec_utils._verify_commit_step_indices, "
                        "which the tree commit needs to track states; use --speculative-eagle-topk 1 or "
