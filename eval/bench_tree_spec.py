@@ -26,6 +26,10 @@ the root's K children, each growing a chain; the accepted path root -> child 1 -
 Correctness (fp32 state, fp32 outputs): ``--check-steps`` steps from one state, ours vs stock
 every node output within 1e-3 abs + 1e-3 rel.  Exit status 1 when it fails.  Writes ``<out>``
 (JSON) with ``summary`` keys ``<family>_tree_verify_speedup_bs<b>_fp32`` (stock time / ours).
+
+``--merge-into eval/results/spec-kernels-h200.json`` copies those keys into the chain verify benchmark's
+summary (with ``tree_source``: where they came from; it refuses a run of another commit or GPU);
+``--from <json>`` merges an earlier result instead of running the benchmark.
 """
 
 from __future__ import annotations
@@ -204,7 +208,18 @@ def main(argv=None) -> int:
     ap.add_argument("--check-steps", type=int, default=None, help="correctness steps (default 24; cpu 6)")
     ap.add_argument("--sets", type=int, default=None, help="slot sets (emulated layers; default: enough to "
                                                             "defeat L2; cpu 1)")
+    ap.add_argument("--merge-into", default=None, help="a bench_spec JSON whose summary gets the tree keys")
+    ap.add_argument("--from", dest="from_json", default=None,
+                    help="with --merge-into: merge this earlier result, run nothing")
     args = ap.parse_args(argv)
+    if args.from_json is not None:
+        if args.merge_into is None:
+            ap.error("--from needs --merge-into")
+        try:
+            merge_into(json.loads(Path(args.from_json).read_text()), args.from_json, args.merge_into)
+        except ValueError as e:
+            ap.error(str(e))
+        return 0
     device = bc.pick_device(args.device)
     cpu = device == "cpu"
     T, R = args.window, args.history + args.window
@@ -219,7 +234,11 @@ def main(argv=None) -> int:
     batches = args.batches or ([2] if cpu else [1, 8, 64, 128])
     timer = bc.Timer(device)
     t0 = time.time()
-    result: Dict[str, Any] = {"device": device, "T": T, "R": R, "topk": args.topk, "accept": args.accept,
+    import torch
+
+    result: Dict[str, Any] = {"git_commit": bc.git_commit(), "sglang_version": bc.sglang_version(),
+                              "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)",
+                              "device": device, "T": T, "R": R, "topk": args.topk, "accept": args.accept,
                               "parents": tree_parents(T, args.topk), "kernels": kern.info(), "checks": [],
                               "cases": [], "summary": {}, "notes": [bc.CPU_NOTE] if cpu else []}
     ok = True
@@ -247,7 +266,32 @@ def main(argv=None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1, default=str))
     print(json.dumps(result["summary"], indent=1))
+    if args.merge_into is not None and ok:
+        merge_into(result, args.out, args.merge_into)
     return 0 if ok else 1
+
+
+def merge_into(tree: Dict[str, Any], tree_path: str, spec_path: str) -> None:
+    """Copy a tree result's summary keys into the bench_spec JSON at ``spec_path`` (rewritten in place), with
+    ``summary.tree_source``.  Refuses (ValueError) a tree run whose checks failed, or one of another commit or GPU
+    than the chain benchmark's (a run without those fields is taken as the same)."""
+    spec = json.loads(Path(spec_path).read_text())
+    if not tree.get("checks_passed"):
+        raise ValueError(f"{tree_path}: the tree run's correctness checks did not pass; nothing merged")
+    for key in ("git_commit", "gpu"):
+        a, b = tree.get(key), spec.get(key)
+        n = min(len(str(a)), len(str(b))) if key == "git_commit" else None  # short and full hashes
+        if a is not None and b is not None and str(a)[:n] != str(b)[:n]:
+            raise ValueError(f"{tree_path} ran at {key} {a}, {spec_path} at {b}: not merged")
+    keys = {k: v for k, v in tree.get("summary", {}).items() if "_tree_verify_" in k}
+    if not keys:
+        raise ValueError(f"{tree_path}: no tree summary keys to merge")
+    spec.setdefault("summary", {}).update(keys)
+    spec["summary"]["tree_source"] = {"file": str(tree_path),
+                                      "git_commit": tree.get("git_commit", spec.get("git_commit")),
+                                      "T": tree.get("T"), "topk": tree.get("topk"), "accept": tree.get("accept")}
+    Path(spec_path).write_text(json.dumps(spec, indent=1, default=str))
+    bc.log(f"merged {len(keys)} tree key(s) into {spec_path}")
 
 
 if __name__ == "__main__":

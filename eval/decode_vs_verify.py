@@ -82,10 +82,14 @@ def markdown(result: Dict[str, Any]) -> str:
     table = [[r["family"], r["geometry"], r["state_dtype"], r["batch"], f"{r['t_decode_us']:.1f}",
               f"{r['t_verify_t1_us']:.1f}", f"{r['verify_over_decode']:.3f}"] for r in result["rows"]]
     head = ["family", "geometry", "state", "batch", "decode µs", "verify T=1 µs", "verify / decode"]
-    lines = [f"# Decode vs verify at T = 1 ({result.get('gpu', '?')}, commit {result.get('git_commit', '?')[:10]})",
+    commit = result.get("git_commit") or "?"
+    runs = "one GPU run" if isinstance(commit, str) else \
+        f"decode at {result.get('decode_commit') or '?'}, verify at {result.get('verify_commit') or '?'}: two runs"
+    commit = commit[:10] if isinstance(commit, str) else ", ".join(c[:10] for c in commit)
+    lines = [f"# Decode vs verify at T = 1 ({result.get('gpu', '?')}, commit {commit})",
              "",
              "Per layer and step, amortised over the flush cycle (decode: `eval.bench_kernels`, ring L; verify: "
-             "`eval.bench_spec --window 1 --accept 1 --history L`, plus its commit), same GPU run.",
+             f"`eval.bench_spec --window 1 --accept 1 --history L`, plus its commit), {runs}.",
              "", tabulate(table, head, tablefmt="github"), "",
              f"Verify / decode ranges {s['min_verify_over_decode']:.3f} to {s['max_verify_over_decode']:.3f} "
              f"(worst: {s['max_at']['family']} {s['max_at']['state_dtype']} batch {s['max_at']['batch']}); "
@@ -109,6 +113,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ap.error(str(e))
     commits = {decode.get("git_commit"), verify.get("git_commit")}
     res = {"git_commit": decode.get("git_commit") if len(commits) == 1 else sorted(c or "?" for c in commits),
+           "decode_commit": decode.get("git_commit"), "verify_commit": verify.get("git_commit"),
            "gpu": decode.get("gpu"), "decode_source": args.decode, "verify_source": args.verify, **res}
     out = Path(args.out)
     out.write_text(json.dumps(res, indent=2) + "\n")

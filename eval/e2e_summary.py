@@ -905,7 +905,9 @@ def write_eagle(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
     goal = {"tree_vs_stock_tree_bs64": ">= 1.5", "tree_capacity_ratio": ">= 4", "eagle_chain_vs_stock_bs64": ">= 1.5",
             "tree_greedy_excess_mismatches": "<= 0"}
     tgt = [[k, report.fmt(s.get(k), 3), goal[k]] for k in EAGLE_TARGETS]
-    speed = [[r["model"], r["spec_topk"], r["spec_draft_tokens"] or "—", r["batch"], report.fmt(r["staged_tok_s"], 0),
+    speed = [[r["model"], r["spec_topk"], r["spec_draft_tokens"] or "—", r["batch"],
+              report.fmt(r["sim_acc_len"], 1) if r.get("sim_acc_len") else "no (real drafts)",
+              report.fmt(r["staged_tok_s"], 0),
               report.fmt(r["stock_spec_tok_s"], 0), report.fmt(r["spec_vs_stock_spec"], 3),
               f"{report.fmt(r['capacity_ratio'], 2)} ({r.get('max_running_staged')} / {r.get('max_running_stock')})"
               if r["capacity_ratio"] is not None else "—", f"{Path(r['file']).parent.name}"] for r in doc["speed"]]
@@ -916,8 +918,9 @@ def write_eagle(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
                                        "trees) on the H200", [
         _source_section(doc),
         ("Targets (— : not measured yet)", report.markdown_table(["metric", "measured", "goal"], tgt)),
-        ("Speed (output tokens/s, simulated acceptance)",
-         report.markdown_table(["model", "topk", "draft tokens", "batch", "replay", "stock", "vs stock",
+        ("Speed (output tokens/s; acceptance simulated where a length is given, else the draft model's own)",
+         report.markdown_table(["model", "topk", "draft tokens", "batch", "simulated accept", "replay", "stock",
+                                "vs stock",
                                 "capacity ratio (max running)", "folder"], speed) if speed else "not run yet"),
         ("Greedy spec vs non-spec (tiny models, no simulation)",
          report.markdown_table(["model", "topk", "arms", "mismatches", "in the key"], runs) if runs else "not run yet"),

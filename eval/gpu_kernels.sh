@@ -8,7 +8,8 @@
 # status (`make gpu-test`); else $OUT/bench.log,
 # $OUT/kernels-h200.{json,md,png}, and (SPEC=0 skips it) $OUT/spec-bench.log, $OUT/spec-kernels-h200.{json,md,png};
 # (DVV=0 skips it) $OUT/spec-t1-h200.json and $OUT/decode-vs-verify-h200.{json,md}; (TREE=0 skips it)
-# $OUT/spec-tree-kernels-h200.json; PACK=1 then packs all but the JSONs into $OUT/gpu-kernels-logs.tgz.
+# $OUT/spec-tree-kernels-h200.json (its summary keys also merged into spec-kernels-h200.json); PACK=1 then packs
+# all but the JSONs into $OUT/gpu-kernels-logs.tgz.
 # Wall on the H200 with warm caches: tests ~3 min, decode benchmark ~1.5 min, verify ~1.5 min, T = 1 verify ~1 min,
 # tree ~2 min: more than one 10-minute device call holds with margin, so split it, e.g. TEST_JOBS=0 SPEC=0 DVV=0
 # TREE=0 for the decode benchmark alone, then TEST_JOBS=0 DECODE_BENCH=0 for the rest (or KERNEL_BENCH=0 for the
@@ -86,8 +87,10 @@ if [ "${DVV:-1}" != "0" ] && [ -f "$decode_json" ]; then
 fi
 # the tree speculative-verify benchmark vs SGLang's tree verify (skip with TREE=0)
 if [ "${TREE:-1}" != "0" ]; then
-  timeout "${TREE_TIMEOUT:-300}" "$PY" -m eval.bench_tree_spec --out "$OUT/spec-tree-kernels-h200.json" 2>&1 \
-    | tee "$OUT/tree-bench.log" | tail -20
+  merge=()  # the tree keys go into the chain verify benchmark's summary when that ran here
+  [ -f "$OUT/spec-kernels-h200.json" ] && merge=(--merge-into "$OUT/spec-kernels-h200.json")
+  timeout "${TREE_TIMEOUT:-300}" "$PY" -m eval.bench_tree_spec --out "$OUT/spec-tree-kernels-h200.json" "${merge[@]}" \
+    2>&1 | tee "$OUT/tree-bench.log" | tail -20
 fi
 # PACK=1: everything but the result JSONs in one tarball (the device tool returns at most 8 files)
 if [ "${PACK:-0}" = "1" ]; then

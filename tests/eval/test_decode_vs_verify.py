@@ -70,3 +70,17 @@ def test_cli_writes_json_and_markdown(tmp_path):
     assert res["git_commit"] == "abc" and res["rows"][0]["verify_over_decode"] == pytest.approx(1.04)
     md = out.with_suffix(".md").read_text()
     assert "| gdn" in md and "1.040" in md and "keep both" in md
+    assert "one GPU run" in md
+
+
+def test_cli_names_both_commits_of_two_runs(tmp_path):
+    dp, vp, out = tmp_path / "d.json", tmp_path / "v.json", tmp_path / "dvv.json"
+    dp.write_text(json.dumps(_result({("gdn", "g", "fp32", 256): 100.0})))
+    v = _result({("gdn", "g", "fp32", 256): 104.0}, T1)
+    v["git_commit"] = "def"
+    vp.write_text(json.dumps(v))
+    assert dvv.main(["--decode", str(dp), "--verify", str(vp), "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["git_commit"] == ["abc", "def"] and (res["decode_commit"], res["verify_commit"]) == ("abc", "def")
+    md = out.with_suffix(".md").read_text()
+    assert "commit abc, def" in md and "decode at abc, verify at def: two runs" in md

@@ -519,6 +519,8 @@ def test_eagle_summary_keys_from_tree_and_chain_runs(tmp_path):
     tb = tiny["summary"]["b"]
     ours, stock = svn[tb]["mismatches"], svn[tiny["summary"]["a"]]["mismatches"]
     assert s["tree_greedy_excess_mismatches"] == ours - stock
-    assert "| tree_vs_stock_tree_bs64 |" in (out / "e2e-tree-h200.md").read_text()
+    md = (out / "e2e-tree-h200.md").read_text()
+    assert "| tree_vs_stock_tree_bs64 |" in md
+    assert "| nemotron-h-8b | 4 | 8 | 64 | 3.0 |" in md  # each speed row says whether its acceptance was simulated
     nextn = json.loads((out / "e2e-spec-h200.json").read_text())
     assert nextn["speed"] == [] and nextn["runs"] == []
