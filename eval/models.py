@@ -102,7 +102,7 @@ _GEOMETRIES: List[Geometry] = [
     Geometry(
         name="tiny-nemotron-h", family="mamba2", size="tiny",
         config=pkg_models.config("tiny-nemotron-h"), attention_backend="flashinfer",
-        source="sglang_replayssm/models/tiny-nemotron-h.json (shared/docs/sglang-seams.md §9.2): "
+        source="sglang_replayssm/models/tiny-nemotron-h.json: "
                "NemotronH schema at toy size, pattern M*M- (2 Mamba2, 1 attention, 1 MLP)",
         spec_keys=_NEMOTRON_TINY_MTP, spec_server_flags=("--moe-runner-backend", "triton"),
         env=_FLASHINFER_ENV, h200="harness: decode + NEXTN parity (stock/staged)",
