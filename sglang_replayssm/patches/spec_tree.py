@@ -20,8 +20,8 @@ What SGLang 0.5.17 does for a tree, and what changes here
   :func:`commit_tree_around` (AROUND; propagated to the by-name imports in ``eagle_worker_common`` /
   ``ngram_worker``) keeps SGLang's conv rollback (the last accepted node's conv window, the masked scatter the
   chain commit keeps too) and then calls ``spec_commit_tree``: the accepted path's ring entries are gathered
-  to consecutive positions after the committed history and the cursors move as for a chain of
-  ``accept_lens`` tokens.  Chains (topk <= 1), pools without a spec ring and idle batches run the original
+  to consecutive positions after the committed history (one launch per ring tensor for all layers) and the
+  cursors move as for a chain of ``accept_lens`` tokens.  Chains (topk <= 1), pools without a spec ring and idle batches run the original
   (whose chain commit is ``spec_commit.commit_around``).
 
 * Tracking (the extra_buffer radix strategy, ``batch.mamba_track_indices`` set): SGLang's own
@@ -175,9 +175,9 @@ def commit_tree_around(original, target_worker, batch, accept_lens, accept_index
     scatter = _conv_scatter()
     for conv, window in zip(caches.conv, caches.intermediate_conv_window):
         scatter(conv, window, slots, last)
-    rings: List[torch.Tensor] = [t for i in range(ring.num_layers) for t in ring.layer(i).values()]
-    kernel("spec_commit_tree")(*ring.verify_cursors, slots, accepted, n_accept, rings, window=ring.spec_window,
-                               ring_len=ring.ring_len, null_slot=NULL_SLOT)
+    # the ring's stacked [layers, slots, ...] tensors: one gather launch per tensor covers every layer
+    kernel("spec_commit_tree")(*ring.verify_cursors, slots, accepted, n_accept, list(ring.tensors.values()),
+                               window=ring.spec_window, ring_len=ring.ring_len, null_slot=NULL_SLOT, layered=True)
     track = getattr(batch, "mamba_track_indices", None)
     if track is not None:
         from .prefix_track import spec_track_commit

@@ -17,9 +17,13 @@ from sglang_replayssm.ring import make_ring
 B_LEN, T, SLOTS, LAYERS = 6, 4, 7, 2
 
 
-def commit_tree_stand_in(wp, origin, flush, slots, accepted, n_accept, rings, *, window, ring_len, null_slot=0):
-    """Pure torch: copy logical wp+accepted[j] -> wp+j for j < n (read all, then write), then the chain rule."""
+def commit_tree_stand_in(wp, origin, flush, slots, accepted, n_accept, rings, *, window, ring_len, null_slot=0,
+                         layered=False):
+    """Pure torch: copy logical wp+accepted[j] -> wp+j for j < n (read all, then write), then the chain rule;
+    ``layered``: each ring carries a leading layer dimension."""
     R = ring_len
+    if layered:
+        rings = [r[i] for r in rings for i in range(r.shape[0])]
     for row, s in enumerate(slots.tolist()):
         if s < 0 or s == null_slot:
             continue
