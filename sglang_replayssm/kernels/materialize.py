@@ -110,7 +110,8 @@ def _reset_cursor_kernel(slot_ptr, wpos_ptr, null_slot, n, BLOCK: tl.constexpr):
 @triton.jit
 def _mamba2_materialize_kernel(
     state_ptr, xr_ptr, Br_ptr, dtr_ptr, A_ptr, slot_ptr, wpos_ptr, org_ptr,
-    null_slot, P, N, L, heads_per_group,
+    null_slot, P, N, L, heads_per_group, m_tiles,
+    s_st_y, s_xr_y, s_Br_y, s_dtr_y, s_A_y,
     s_st_s, s_st_h, s_st_p, s_st_n,
     s_xr_s, s_xr_h, s_xr_l, s_xr_p,
     s_Br_s, s_Br_g, s_Br_l, s_Br_n,
@@ -119,11 +120,17 @@ def _mamba2_materialize_kernel(
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_NC: tl.constexpr, WIN: tl.constexpr,
     HAS_ORIGIN: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
+    pid_m = tl.program_id(0) % m_tiles  # axis 0: (layer, row tile); the s_*_y strides step the layers
+    layer = (tl.program_id(0) // m_tiles).to(tl.int64)
     i = tl.program_id(1).to(tl.int64)
     h = tl.program_id(2).to(tl.int64)
     slot, w, fold = _slot_cursor(slot_ptr, i, wpos_ptr, null_slot, L)
     if fold:
+        state_ptr += layer * s_st_y
+        xr_ptr += layer * s_xr_y
+        Br_ptr += layer * s_Br_y
+        dtr_ptr += layer * s_dtr_y
+        A_ptr += layer * s_A_y
         g = h // heads_per_group
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         mask_m = offs_m < P
@@ -154,7 +161,8 @@ def _mamba2_materialize_kernel(
 @triton.jit
 def _gdn_materialize_kernel(
     state_ptr, d_ring, k_ring, g_ring, slot_ptr, wpos_ptr, org_ptr,
-    null_slot,
+    null_slot, v_tiles,
+    s_st_y, s_d_y, s_k_y, s_g_y,
     s_st_s, s_st_h, s_st_v,
     s_d_s, s_d_h, s_d_l,
     s_k_s, s_k_h, s_k_l,
@@ -163,11 +171,16 @@ def _gdn_materialize_kernel(
     BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr,
     USE_L2NORM: tl.constexpr, EPS: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_ORIGIN: tl.constexpr,
 ):
-    pid_v = tl.program_id(0)
+    pid_v = tl.program_id(0) % v_tiles  # axis 0: (layer, value tile); the s_*_y strides step the layers
+    layer = (tl.program_id(0) // v_tiles).to(tl.int64)
     i = tl.program_id(1).to(tl.int64)
     h = tl.program_id(2).to(tl.int64)
     slot, w, fold = _slot_cursor(slot_ptr, i, wpos_ptr, null_slot, L)
     if fold:
+        state_ptr += layer * s_st_y
+        d_ring += layer * s_d_y
+        k_ring += layer * s_k_y
+        g_ring += layer * s_g_y
         hk = h // (HV // HK)
         o_v = pid_v * BV + tl.arange(0, BV)
         mask_v = o_v < V
@@ -209,6 +222,19 @@ def _as_slots(fn, slots, device) -> torch.Tensor:
     if slots.device != device:
         slots = slots.to(device, non_blocking=True)
     return slots.contiguous()  # no-op for the usual contiguous index tensor
+
+
+def _layers(fn, layered: bool, **tensors) -> Tuple[int, dict, dict]:
+    """``(layers, views, strides)``: with ``layered`` every tensor carries a leading layer dimension (the same
+    size for all), ``views`` are their layer-0 views (what the per-layer checks read) and ``strides`` their
+    layer strides; without it one layer, the tensors themselves and stride 0."""
+    if not layered:
+        return 1, tensors, {k: 0 for k in tensors}
+    sizes = {k: t.shape[0] if isinstance(t, torch.Tensor) and t.dim() > 0 else None for k, t in tensors.items()}
+    if len(set(sizes.values())) != 1 or None in sizes.values() or not next(iter(sizes.values())):
+        _err(fn, f"layered: every tensor needs the same leading layer dimension >= 1, got {sizes}")
+    return next(iter(sizes.values())), {k: t[0] for k, t in tensors.items()}, \
+        {k: t.stride(0) for k, t in tensors.items()}
 
 
 def _check_common(fn, write_pos, dot_precision, S, device):
@@ -269,6 +295,7 @@ def mamba2_materialize(
     block_m: int = 32,
     block_nc: int = 32,
     spec_cursors: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+    layered: bool = False,
 ) -> None:
     """Fold ring[0:w] of each listed slot into its Mamba2 checkpoint, in place (see module docstring).
 
@@ -280,9 +307,13 @@ def mamba2_materialize(
     (multi-layer callers reset it once after the last layer).  ``spec_cursors=(origin,
     flush)``: the ring is a circular spec ring (``spec_cursor``): logical j is read at
     physical ``(origin[slot] + j) % L``, and the reset also zeroes origin and flush.
-    Returns None.
+    ``layered=True``: state, the three rings and A each carry a leading layer dimension
+    (``[layers, S, ...]``: SGLang's ``temporal``, a ReplayRing's ``tensors``, the layers' A
+    stacked), folded in one launch; all layers share ``write_pos``.  Returns None.
     """
     fn = "mamba2_materialize"
+    layers, v, ly = _layers(fn, layered, state=state, x_ring=x_ring, B_ring=B_ring, dt_ring=dt_ring, A=A)
+    state, x_ring, B_ring, dt_ring, A = v["state"], v["x_ring"], v["B_ring"], v["dt_ring"], v["A"]
     for name, t in (("state", state), ("x_ring", x_ring), ("B_ring", B_ring), ("dt_ring", dt_ring), ("A", A)):
         if not isinstance(t, torch.Tensor):
             _err(fn, f"{name} must be a torch.Tensor")
@@ -320,9 +351,11 @@ def mamba2_materialize(
         BLOCK_M = min(block_m, max(16, next_pow2(P)))
         BLOCK_NC = min(block_nc, max(16, next_pow2(N)))
         WIN = max(16, next_pow2(L))
-        _mamba2_materialize_kernel[(triton.cdiv(P, BLOCK_M), n, H)](
+        m_tiles = triton.cdiv(P, BLOCK_M)
+        _mamba2_materialize_kernel[(m_tiles * layers, n, H)](
             state, x_ring, B_ring, dt_ring, A, slots, write_pos, origin,
-            null, P, N, L, H // G,
+            null, P, N, L, H // G, m_tiles,
+            ly["state"], ly["x_ring"], ly["B_ring"], ly["dt_ring"], ly["A"],
             *state.stride(), *x_ring.stride(), *B_ring.stride(), *dt_ring.stride(), s_A_h,
             DOT_PRECISION=dot_precision, BLOCK_M=BLOCK_M, BLOCK_NC=BLOCK_NC, WIN=WIN,
             HAS_ORIGIN=spec_cursors is not None, num_warps=4, num_stages=1,
@@ -345,6 +378,7 @@ def gdn_materialize(
     dot_precision: str = "tf32x3",
     block_v: int = 16,
     spec_cursors: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+    layered: bool = False,
 ) -> None:
     """Fold ring[0:w] of each listed slot into its GDN checkpoint, in place (see module docstring).
 
@@ -352,10 +386,12 @@ def gdn_materialize(
     [S, Hk, L, K] raw keys (activation dtype; L2-normalised here when
     ``use_qk_l2norm``), g_ring [S, HV, L] fp32 (one ring layer; the number of key heads
     Hk is ``k_ring.shape[1]``); last dims contiguous, other strides free; write_pos [S];
-    slots [n].  ``reset_cursor`` and ``spec_cursors`` as in :func:`mamba2_materialize`.
-    Returns None.
+    slots [n].  ``reset_cursor``, ``spec_cursors`` and ``layered`` (state and the rings with a
+    leading layer dimension, one launch) as in :func:`mamba2_materialize`.  Returns None.
     """
     fn = "gdn_materialize"
+    layers, v, ly = _layers(fn, layered, state=state, d_ring=d_ring, k_ring=k_ring, g_ring=g_ring)
+    state, d_ring, k_ring, g_ring = v["state"], v["d_ring"], v["k_ring"], v["g_ring"]
     for name, t in (("state", state), ("d_ring", d_ring), ("k_ring", k_ring), ("g_ring", g_ring)):
         if not isinstance(t, torch.Tensor):
             _err(fn, f"{name} must be a torch.Tensor")
@@ -395,9 +431,11 @@ def gdn_materialize(
         BK = max(16, next_pow2(K))
         BV = min(block_v, max(16, next_pow2(V)))
         LP = max(16, next_pow2(L - 1))
-        _gdn_materialize_kernel[(triton.cdiv(V, BV), n, HV)](
+        v_tiles = triton.cdiv(V, BV)
+        _gdn_materialize_kernel[(v_tiles * layers, n, HV)](
             state, d_ring, k_ring, g_ring, slots, write_pos, origin,
-            null,
+            null, v_tiles,
+            ly["state"], ly["d_ring"], ly["k_ring"], ly["g_ring"],
             state.stride(0), state.stride(1), state.stride(2),
             d_ring.stride(0), d_ring.stride(1), d_ring.stride(2),
             k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
@@ -416,7 +454,8 @@ def materialize_ring(ring, temporal: Sequence[torch.Tensor], slots, *, A: Option
     """Fold every layer of a :class:`~sglang_replayssm.ring.ReplayRing` for ``slots``, then reset the cursors.
 
     ``temporal[i]`` is pool layer i's checkpoint ``[S, ...]`` (SGLang's
-    ``mamba_cache.temporal`` indexes as ``temporal[i]``); ``A[i]`` is that layer's
+    ``mamba_cache.temporal`` indexes as ``temporal[i]``; given as one ``[layers, S, ...]``
+    tensor, as SGLang keeps it, all layers fold in one launch); ``A[i]`` is that layer's
     Mamba2 A (required for ``ring.kind == "mamba2"``, ignored for GDN).  All layers
     read the same cursors, which are reset once after the last layer.  A spec ring
     (``ring.spec_window`` set) is read through its origin cursor and all three of its
@@ -426,6 +465,19 @@ def materialize_ring(ring, temporal: Sequence[torch.Tensor], slots, *, A: Option
     spec = ring.spec_cursors
     if ring.kind == "mamba2" and (A is None or len(A) < ring.num_layers):
         raise ValueError(f"materialize_ring: a Mamba2 ring of {ring.num_layers} layer(s) needs A per layer")
+    if isinstance(temporal, torch.Tensor) and temporal.dim() > 0 and temporal.shape[0] == ring.num_layers:
+        # SGLang's stacked [layers, S, ...] checkpoint: every layer in one launch
+        t = ring.tensors
+        if ring.kind == "mamba2":
+            mamba2_materialize(temporal, t["x"], t["B"], t["dt"], _stacked(A[:ring.num_layers]), ring.write_pos,
+                               slots, null_slot=null_slot, reset_cursor=False, dot_precision=dot_precision,
+                               spec_cursors=spec, layered=True)
+        else:
+            gdn_materialize(temporal, t["d"], t["k"], t["g"], ring.write_pos, slots, use_qk_l2norm=use_qk_l2norm,
+                            null_slot=null_slot, reset_cursor=False, dot_precision=dot_precision,
+                            spec_cursors=spec, layered=True)
+        _reset_all(ring.write_pos, spec, slots, null_slot)
+        return
     for i in range(ring.num_layers):
         t = ring.layer(i)
         if ring.kind == "mamba2":
@@ -437,6 +489,15 @@ def materialize_ring(ring, temporal: Sequence[torch.Tensor], slots, *, A: Option
                             use_qk_l2norm=use_qk_l2norm, null_slot=null_slot, reset_cursor=False,
                             dot_precision=dot_precision, spec_cursors=spec)
     _reset_all(ring.write_pos, spec, slots, null_slot)
+
+
+def _stacked(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The layers' A (each per head: [H], or [H, P] / [H, P, N] tied) as one ``[layers, H]`` tensor.  Built at
+    every call (one copy kernel), so a weight update in place is never missed."""
+    heads = [p[(slice(None),) + (0,) * (p.dim() - 1)] if p.dim() > 1 else p for p in params]
+    if len({(tuple(h.shape), h.dtype, h.device) for h in heads}) != 1:
+        raise ValueError("materialize_ring: the layers' A differ in shape, dtype or device")
+    return torch.stack(heads)
 
 
 # --------------------------------------------------------------------------------------

@@ -265,25 +265,30 @@ def test_strided_views(device, seed, family):
     run_scenario(sim, [2, L - 1, L + 1], extra_steps=3)
 
 
+@pytest.mark.parametrize("form", ["stacked", "list"])
 @pytest.mark.parametrize("family", ["mamba2", "gdn"])
-def test_materialize_ring_all_layers(device, seed, family):
-    """``materialize_ring``: every layer folded with the shared cursor, reset once after the last layer."""
+def test_materialize_ring_all_layers(device, seed, family, form):
+    """``materialize_ring``: every layer folded with the shared cursor, reset once after the last layer; SGLang's
+    stacked ``[layers, S, ...]`` checkpoint in one launch (layer x tile programs: head / value dims of two tiles,
+    Mamba2 A tied over P and N on one layer), a list of per-layer views one layer at a time."""
     gen = torch.Generator().manual_seed(seed)
     L, S, nl = 5, 6, 3
     if family == "mamba2":
-        ring = make_ring("mamba2", nl, S, device, nheads=4, head_dim=16, dstate=16, ngroups=2, buffer_len=L,
+        P = 40  # two row tiles of 32
+        ring = make_ring("mamba2", nl, S, device, nheads=4, head_dim=P, dstate=16, ngroups=2, buffer_len=L,
                          act_dtype=F32)
-        temporal = torch.randn(nl, S, 4, 16, 16, generator=gen).to(device)
+        temporal = torch.randn(nl, S, 4, P, 16, generator=gen).to(device)
         A = [(-torch.rand(4, generator=gen)).to(device) for _ in range(nl)]
+        A[1] = A[1].view(4, 1, 1).expand(4, P, 16)  # SGLang's tied form
     else:
-        ring = make_ring("gdn", nl, S, device, num_k_heads=1, num_v_heads=2, head_k_dim=16, head_v_dim=16,
-                         buffer_len=L, act_dtype=F32, state_dtype=F32)
-        temporal = torch.randn(nl, S, 2, 16, 16, generator=gen).to(device)
+        ring = make_ring("gdn", nl, S, device, num_k_heads=1, num_v_heads=2, head_k_dim=16, head_v_dim=24,
+                         buffer_len=L, act_dtype=F32, state_dtype=F32)  # V 24: two value tiles of 16
+        temporal = torch.randn(nl, S, 2, 24, 16, generator=gen).to(device)
         A = None
     for name, t in ring.tensors.items():
         t.copy_(torch.randn(t.shape, generator=gen).abs().to(t.dtype) * (-1 if name == "g" else 1))
     ring.write_pos.copy_(torch.tensor([3, 2, 0, 4, 1, 3], dtype=torch.int32))
-    slots = torch.tensor([2, 1, 3, 0], device=device)
+    slots = torch.tensor([2, 1, -1, 3, 0], device=device)  # 0 is the null slot
     orig = temporal.clone()
     ref_state = temporal.clone()
     ref_wp = ring.write_pos.clone()
@@ -293,7 +298,7 @@ def test_materialize_ring_all_layers(device, seed, family):
             mamba2_materialize_ref(ref_state[i], lay["x"], lay["B"], lay["dt"], A[i], ref_wp.clone(), slots.cpu())
         else:
             gdn_materialize_ref(ref_state[i], lay["d"], lay["k"], lay["g"], ref_wp.clone(), slots.cpu())
-    materialize_ring(ring, temporal, slots, A=A)
+    materialize_ring(ring, temporal if form == "stacked" else [temporal[i] for i in range(nl)], slots, A=A)
     assert ring.write_pos.tolist() == [3, 0, 0, 0, 1, 3]
     check_close(temporal, ref_state, (2e-5, 2e-5, 0.0), "materialize_ring vs reference", seed)
     # slot 1 (layer 1+) really changed: the cursor was not reset after layer 0
@@ -302,6 +307,47 @@ def test_materialize_ring_all_layers(device, seed, family):
     if family == "mamba2":
         with pytest.raises(ValueError, match="needs A"):
             materialize_ring(ring, temporal, slots)
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_layered_fold_matches_one_layer_at_a_time_on_a_spec_ring(device, seed, family):
+    """``layered=True`` on a spec ring (origin cursors, wrapped windows) writes exactly what per-layer calls
+    write, and refuses tensors whose layer counts differ."""
+    gen = torch.Generator().manual_seed(seed)
+    L, S, nl, T = 5, 5, 2, 3
+    kw = dict(nheads=2, head_dim=16, dstate=16, ngroups=1) if family == "mamba2" else \
+        dict(num_k_heads=1, num_v_heads=2, head_k_dim=16, head_v_dim=16, state_dtype=F32)
+    ring = make_ring(family, nl, S, device, spec_window=T, buffer_len=L, act_dtype=F32, **kw)
+    shape = (nl, S, 2, 16, 16)
+    temporal = torch.randn(shape, generator=gen).to(device)
+    for name, t in ring.tensors.items():
+        t.copy_(torch.randn(t.shape, generator=gen).abs().to(t.dtype) * (-1 if name == "g" else 1))
+    R = ring.ring_len
+    wp = torch.tensor([0, 4, 2, 5, 3], dtype=torch.int32)
+    org = torch.tensor([0, R - 2, 1, R - 1, 3], dtype=torch.int32)  # windows that wrap
+    slots = torch.tensor([1, 3, 4, 2], device=device)
+    A = (-torch.rand(nl, 2, generator=gen)).to(device)
+    got, want = temporal.clone(), temporal.clone()
+    cur_a = (wp.clone().to(device), org.clone().to(device), torch.zeros(S, dtype=torch.int32, device=device))
+    cur_b = tuple(c.clone() for c in cur_a)
+    t = ring.tensors
+    if family == "mamba2":
+        mamba2_materialize(got, t["x"], t["B"], t["dt"], A, cur_a[0], slots, spec_cursors=cur_a[1:], layered=True)
+        for i in range(nl):
+            mamba2_materialize(want[i], t["x"][i], t["B"][i], t["dt"][i], A[i], cur_b[0], slots,
+                               spec_cursors=cur_b[1:], reset_cursor=i == nl - 1)
+        with pytest.raises(ValueError, match="same leading layer dimension"):
+            mamba2_materialize(got, t["x"], t["B"], t["dt"], A[:1], cur_a[0], slots, layered=True)
+    else:
+        gdn_materialize(got, t["d"], t["k"], t["g"], cur_a[0], slots, spec_cursors=cur_a[1:], layered=True)
+        for i in range(nl):
+            gdn_materialize(want[i], t["d"][i], t["k"][i], t["g"][i], cur_b[0], slots, spec_cursors=cur_b[1:],
+                            reset_cursor=i == nl - 1)
+        with pytest.raises(ValueError, match="same leading layer dimension"):
+            gdn_materialize(got[:1], t["d"], t["k"], t["g"], cur_a[0], slots, layered=True)
+    assert torch.equal(got, want), seed
+    assert not torch.equal(got, temporal)
+    assert all(torch.equal(a, b) for a, b in zip(cur_a, cur_b))
 
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn"])
