@@ -15,9 +15,16 @@
 # BENCH=kernels times the standard-decode kernels instead (eval/bench_kernels.py against SGLang's decode kernels;
 # files kernels-<name>.*, packed into $OUT/kernels-variants.tgz; no pick: read the tables; with neither variants nor
 # flags: GDN rows, fp32 state, batch 1/32/256; named variants without flags: both families, fp32, batch 1/32/256).
+# BENCH=tree times the tree verify (eval/bench_tree_spec.py against SGLang's tree verify; files tree-<name>.*,
+# packed into $OUT/tree-variants.tgz; no pick; default flags: 8-node trees, batch 8 and 64), e.g. the 8-node
+# candidates of docs/tree-speculation.md §6:
+#   BENCH=tree bash eval/gpu_spec_variants.sh packaged= \
+#     t8='{mamba2_verify: {H128_P64_N128_G8_R24_T8: {nonflush: chunked, BLOCK_M: 16}},
+#          gdn_verify: {HV32_HK16_K128_V128_R24_T8: {maxnreg: 0}}}'
 set -uo pipefail
 BENCH="${BENCH:-spec}"
-case "$BENCH" in spec|kernels) ;; *) echo "BENCH must be spec or kernels, got '$BENCH'" >&2; exit 2;; esac
+case "$BENCH" in spec|kernels) module="eval.bench_$BENCH" ;; tree) module=eval.bench_tree_spec ;;
+  *) echo "BENCH must be spec, kernels or tree, got '$BENCH'" >&2; exit 2;; esac
 OUT="${OUT:-/tmp/replayssm-spec-variants}"
 W="$(mktemp -d /tmp/spec-variants.XXXXXX)"  # per-variant files; packed into $OUT at the end
 mkdir -p "$OUT"
@@ -38,7 +45,9 @@ if [ ${#variants[@]} -eq 0 ]; then
   variants=("packaged=")
   if [ "$BENCH" = kernels ] && [ ${#flags[@]} -eq 0 ]; then flags=(--quick --family gdn --dtypes fp32 --time-budget-s 60); fi
 fi
-[ ${#flags[@]} -eq 0 ] && flags=(--quick --dtypes fp32 --time-budget-s 60)  # --quick times batch 1/32/256
+if [ ${#flags[@]} -eq 0 ]; then
+  if [ "$BENCH" = tree ]; then flags=(--batches 8 64); else flags=(--quick --dtypes fp32 --time-budget-s 60); fi
+fi  # --quick times batch 1/32/256
 rc=0
 for v in "${variants[@]}"; do
   name="${v%%=*}" body="${v#*=}"
@@ -50,7 +59,7 @@ for v in "${variants[@]}"; do
   fi
   echo "== variant $name ${cfg:+($cfg)}"
   SGLANG_REPLAYSSM_KERNEL_CONFIG="$cfg" timeout "${VARIANT_TIMEOUT:-150}" \
-    python3 -m "eval.bench_$BENCH" --out "$W/$BENCH-$name.json" "${flags[@]}" >"$W/$BENCH-$name.log" 2>&1
+    python3 -m "$module" --out "$W/$BENCH-$name.json" "${flags[@]}" >"$W/$BENCH-$name.log" 2>&1
   r=$?; [ "$r" = 0 ] || rc=$r
   tail -12 "$W/$BENCH-$name.log"
 done

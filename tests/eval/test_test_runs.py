@@ -211,6 +211,7 @@ runpy.run_path(sys.argv[0], run_name="__main__") if sys.argv and sys.argv[0] != 
                                            "eval.decode_vs_verify", "eval.bench_tree_spec"], ran
     assert "--window 1 --accept 1 --history 16" in ran[2]
     assert f"--decode {out}/kernels-h200.json --verify {out}/spec-t1-h200.json" in ran[3]
+    assert f"--merge-into {out}/spec-kernels-h200.json" in ran[4]  # the tree keys join the verify summary
     left = sorted(p.name for p in out.iterdir())
     assert left == ["decode-vs-verify-h200.json", "gpu-kernels-logs.tgz", "kernels-h200.json",
                     "spec-kernels-h200.json", "spec-t1-h200.json", "spec-tree-kernels-h200.json"], left
