@@ -10,7 +10,9 @@
 # Writes $OUT/prefix-<model>.tgz per run (result JSON/MD/PNG, server and bench logs, console) and the warm JIT
 # caches ($OUT/jit-triton.txz, $OUT/jit-other.txz; JIT=0: not): at most 4 files.
 # Knobs (environment): PREFIX_MODELS (default "tiny-nemotron-h tiny-qwen3-next"), PREFIX_DEADLINE_S (wall cap
-# of each run, default 220), PYTHON (default python3).
+# of each run; default 220 with carried JIT caches, 330 without: a cold tiny server took 140-220 s to become
+# healthy at 848245c), PYTHON (default python3). Under --spec no non-speculative reference server is started
+# (--no-spec-parity): the parity here is a prefix hit against a cold cache on each server.
 # Wall estimate with warm caches: per run both servers start together (--concurrent-start, ~60 s), then each is
 # measured alone: 256 shared-prefix prompts x 256 tokens at concurrency 64 and 8 parity prompts x 256 tokens sent
 # three times (~30 s a server); ~2.5 min a run, ~6 min for both plus the bootstrap, under 9 min.
@@ -30,11 +32,20 @@ if [ "$DRY" = 0 ]; then
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export GIT_COMMIT="${GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
+deadline="${PREFIX_DEADLINE_S:-}"
+if [ -z "$deadline" ]; then
+  deadline=220
+  if ! ls .sglang-bundle/jitcache/*.txz >/dev/null 2>&1; then
+    deadline=330
+    echo "gpu_prefix.sh: no JIT caches carried (.sglang-bundle/jitcache/*.txz): cold starts, deadline ${deadline} s a run"
+  fi
+fi
 rc=0
 for model in ${PREFIX_MODELS:-tiny-nemotron-h tiny-qwen3-next}; do
   d="$(mktemp -d "/tmp/prefix-$model.XXXXXX")"
   flags=(--model "$model" --workload shared-prefix --radix-cache default --cuda-graph on --batch 64
-         --parity-tokens 256 --concurrent-start --deadline-s "${PREFIX_DEADLINE_S:-220}" --out-dir "$d" --no-progress)
+         --parity-tokens 256 --no-spec-parity --concurrent-start --deadline-s "$deadline" --out-dir "$d"
+         --no-progress)
   echo "== $model: $PY -m eval.ab ${flags[*]} $*"
   if [ "$DRY" = 1 ]; then
     "$PY" -m eval.ab "${flags[@]}" "$@" --dry-run || rc=$?

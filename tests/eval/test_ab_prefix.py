@@ -307,3 +307,22 @@ def test_gpu_prefix_script_dry_run(tmp_path):
     text = (REPO / "eval" / "gpu_prefix.sh").read_text()
     assert "bash eval/jit_cache.sh restore" in text and "SGLANG_BUNDLE_HTTP=1" in text
     assert 'bash eval/jit_cache.sh save "$OUT"' in text
+
+
+def test_gpu_prefix_script_under_speculation_starts_no_reference_and_sizes_its_deadline(tmp_path):
+    """--spec nextn: each model's two arms only (no non-speculative reference server: --no-spec-parity); the
+    deadline is 220 s with carried JIT caches, 330 s without, PREFIX_DEADLINE_S wins."""
+    env = _env(home=tmp_path)
+    env.update(OUT=str(tmp_path / "out"), PYTHON=sys.executable, PREFIX_MODELS="tiny-nemotron-h")
+    r = subprocess.run(["bash", str(REPO / "eval" / "gpu_prefix.sh"), "--dry-run", "--spec", "nextn"], cwd=REPO,
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    servers = [x for x in r.stdout.splitlines() if " -m sglang" in x and "bench_serving" not in x]
+    assert len(servers) == 2 and all("--speculative-algorithm" in x for x in servers)
+    cached = any((REPO / ".sglang-bundle" / "jitcache").glob("*.txz"))
+    head = next(x for x in r.stdout.splitlines() if x.startswith("== "))
+    assert f"--deadline-s {220 if cached else 330} " in head and "--no-spec-parity" in head
+    env["PREFIX_DEADLINE_S"] = "99"
+    r = subprocess.run(["bash", str(REPO / "eval" / "gpu_prefix.sh"), "--dry-run"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "--deadline-s 99 " in r.stdout
