@@ -99,12 +99,18 @@ def _phys_positions(org_ptr, slot, offs, L, HAS_ORIGIN: tl.constexpr):
 
 
 @triton.jit
-def _reset_cursor_kernel(slot_ptr, wpos_ptr, null_slot, n, BLOCK: tl.constexpr):
+def _reset_cursor_kernel(slot_ptr, wpos_ptr, org_ptr, fl_ptr, null_slot, n, BLOCK: tl.constexpr,
+                         HAS_SPEC: tl.constexpr):
+    """cursor[slot] = 0 for the live listed slots: write_pos, and (HAS_SPEC) a spec ring's origin and flush."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inb = offs < n
     slot = tl.load(slot_ptr + offs, mask=inb, other=-1).to(tl.int64)
     live = inb & (slot >= 0) & (slot != null_slot)
-    tl.store(wpos_ptr + tl.where(live, slot, 0), tl.zeros([BLOCK], dtype=wpos_ptr.dtype.element_ty), mask=live)
+    at = tl.where(live, slot, 0)
+    tl.store(wpos_ptr + at, tl.zeros([BLOCK], dtype=wpos_ptr.dtype.element_ty), mask=live)
+    if HAS_SPEC:
+        tl.store(org_ptr + at, tl.zeros([BLOCK], dtype=org_ptr.dtype.element_ty), mask=live)
+        tl.store(fl_ptr + at, tl.zeros([BLOCK], dtype=fl_ptr.dtype.element_ty), mask=live)
 
 
 @triton.jit
@@ -264,20 +270,25 @@ def _check_spec_cursors(fn, spec_cursors, write_pos) -> torch.Tensor:
 
 
 def _reset_all(write_pos, spec_cursors, slots, null_slot) -> None:
-    reset_cursors(write_pos, slots, null_slot=null_slot)
-    for t in spec_cursors or ():
-        reset_cursors(t, slots, null_slot=null_slot)  # origin 0, flush 0 (2T <= R always)
+    """write_pos and a spec ring's origin and flush to 0 (2T <= R always) in one launch."""
+    _reset(write_pos, spec_cursors, slots, null_slot)
 
 
 def reset_cursors(write_pos: torch.Tensor, slots, *, null_slot: Optional[int] = 0) -> None:
     """``write_pos[slot] = 0`` for every listed slot that is >= 0 and != ``null_slot`` (one launch, no sync)."""
+    _reset(write_pos, None, slots, null_slot)
+
+
+def _reset(write_pos, spec_cursors, slots, null_slot) -> None:
     slots = _as_slots("reset_cursors", slots, write_pos.device)
     n = slots.numel()
     if n == 0:
         return
     null = -1 if null_slot is None else int(null_slot)
     BLOCK = 128
-    _reset_cursor_kernel[(triton.cdiv(n, BLOCK),)](slots, write_pos, null, n, BLOCK=BLOCK)
+    org, fl = spec_cursors if spec_cursors is not None else (write_pos, write_pos)
+    _reset_cursor_kernel[(triton.cdiv(n, BLOCK),)](slots, write_pos, org, fl, null, n, BLOCK=BLOCK,
+                                                   HAS_SPEC=spec_cursors is not None)
 
 
 def mamba2_materialize(
