@@ -26,7 +26,8 @@ from typing import Any, Dict, List, Sequence, Set
 WORKLOADS: Dict[str, Dict[str, Any]] = {
     # min_prompts 1: batch 1 runs two waves too (prompts = max(batch x rounds, --min-prompts))
     "standard-decode": {"input_len": 1024, "output_len": 1024, "rounds": 2, "batch": "1,256", "min_prompts": 1},
-    # upstream (--enable-linear-replayssm) serves no_buffer only, so it is no arm of the default
+    # upstream (--enable-linear-replayssm) serves no_buffer only, so it is no arm of the default; named in --arms it
+    # gets --mamba-radix-cache-strategy no_buffer --disable-overlap-schedule (eval.ab.servers.arm_launch)
     "shared-prefix": {"output_len": 256, "batch": "16,64", "radix_cache": "default", "arms": "stock,staged"},
 }
 # the in/out/waves that make a run the standard decode workload (eval/e2e_summary.py reads them)

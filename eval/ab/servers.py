@@ -161,7 +161,12 @@ def launch_cmd(python: str, module: str, flags: Sequence[str], host: str, port: 
 def arm_launch(args, kind: str) -> Tuple[str, List[str]]:
     """The launcher module and the launcher-only flags of one arm kind."""
     if kind in STOCK_KINDS:
-        return args.stock_module, (["--enable-linear-replayssm"] if kind == "upstream" else [])
+        if kind != "upstream":
+            return args.stock_module, []
+        # upstream's replay ring serves prefix caching only as no_buffer (SGLang refuses it with extra_buffer, the
+        # strategy its default resolves to), and no_buffer only without the overlap scheduler
+        radix = radix_flags("no_buffer") if getattr(args, "radix_cache", "off") == "default" else []
+        return args.stock_module, ["--enable-linear-replayssm", *radix]
     extra = [x for e in (args.patched_arg or []) for x in shlex.split(e)]
     if getattr(args, "radix_cache", "off") == "extra_buffer":  # the launcher's default, recorded in the command
         extra += ["--replayssm-extra-buffer", "true"]

@@ -326,3 +326,23 @@ def test_gpu_prefix_script_under_speculation_starts_no_reference_and_sizes_its_d
     r = subprocess.run(["bash", str(REPO / "eval" / "gpu_prefix.sh"), "--dry-run"], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "--deadline-s 99 " in r.stdout
+
+
+def test_upstream_arm_on_default_radix_gets_no_buffer_without_overlap(tmp_path):
+    """--radix-cache default with an upstream arm: upstream's replay ring serves prefix caching only as no_buffer
+    without the overlap scheduler (SGLang refuses --enable-linear-replayssm with extra_buffer), so that arm alone
+    gets those flags; stock and ours keep their defaults."""
+    env = _env(home=tmp_path)
+    r = subprocess.run([sys.executable, "-m", "eval.ab", "--model", "tiny-qwen3-next", "--workload", "shared-prefix",
+                        "--arms", "stock,staged,upstream", "--dry-run"], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    servers = [shlex.split(x.strip()) for x in r.stdout.splitlines() if " -m sglang" in x and "bench_serving" not in x]
+    assert len(servers) == 3
+    up = [c for c in servers if "--enable-linear-replayssm" in c]
+    assert len(up) == 1
+    assert up[0][up[0].index("--mamba-radix-cache-strategy") + 1] == "no_buffer"
+    assert "--disable-overlap-schedule" in up[0]
+    for cmd in servers:
+        if cmd is not up[0]:
+            assert "--mamba-radix-cache-strategy" not in cmd and "--disable-overlap-schedule" not in cmd
