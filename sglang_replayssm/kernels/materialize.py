@@ -29,11 +29,14 @@ Launches
   ``(cdiv(V, BV), len(slots), HV)`` (GDN: a [BV, K] tile, one ``tl.dot`` [BV, LP] x
   [LP, K]).  Dots are fp32 with ``dot_precision`` "tf32x3" (default) or "ieee";
   plain tf32 is refused.  Ring entries at or past ``w`` are masked loads, never read.
-* cursor: a second launch sets ``write_pos[slot] = 0`` for the live listed slots.  It
-  must be a separate launch (every fold program reads ``w`` of its slot), and with
-  ``reset_cursor=False`` it is skipped, so that a caller folding layer after layer of
-  one pool can reset the shared cursor once, after the last layer
-  (:func:`reset_cursors`, or :func:`materialize_ring` which does the whole loop).
+* ``layered=True``: the tensors carry a leading layer dimension and axis 0 of the grid
+  runs over (layer, tile) pairs, so every layer of a pool folds in one launch
+  (:func:`materialize_ring` does this for SGLang's stacked ``temporal``).
+* cursor: a second launch sets ``write_pos[slot] = 0`` (and a spec ring's origin and
+  flush) for the live listed slots.  It must be a separate launch (every fold program
+  reads ``w`` of its slot), and with ``reset_cursor=False`` it is skipped, so that a
+  caller folding layer after layer of one pool can reset the shared cursor once, after
+  the last layer (:func:`reset_cursors`, or :func:`materialize_ring`).
 
 Slots: ``slots`` is a 1-D int32/int64 device tensor of *physical* slot ids (a Python
 list is accepted too).  Entries ``< 0`` or ``== null_slot`` are skipped (no read, no
@@ -505,6 +508,10 @@ def materialize_ring(ring, temporal: Sequence[torch.Tensor], slots, *, A: Option
 def _stacked(params: Sequence[torch.Tensor]) -> torch.Tensor:
     """The layers' A (each per head: [H], or [H, P] / [H, P, N] tied) as one ``[layers, H]`` tensor.  Built at
     every call (one copy kernel), so a weight update in place is never missed."""
+    for p in params:
+        if any(sz > 1 and st != 0 for sz, st in zip(p.shape[1:], p.stride()[1:])):
+            raise ValueError(f"materialize_ring: a layer's A {tuple(p.shape)} must be per head: [H], or [H, P] / "
+                             f"[H, P, N] tied (stride 0) over P and N; got strides {p.stride()}")
     heads = [p[(slice(None),) + (0,) * (p.dim() - 1)] if p.dim() > 1 else p for p in params]
     if len({(tuple(h.shape), h.dtype, h.device) for h in heads}) != 1:
         raise ValueError("materialize_ring: the layers' A differ in shape, dtype or device")
