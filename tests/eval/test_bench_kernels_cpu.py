@@ -439,3 +439,22 @@ def test_tune_yaml_roundtrip(tmp_path):
     assert common.launch_config("gdn_decode", "HV64_HK16_K128_V128_L16", d, path=str(p)) == \
         common.launch_config("gdn_decode", "HV64_HK16_K128_V128_L16", d, path=str(empty))
     assert common.launch_config("gdn_decode", "HV32_HK16_K128_V128_L16", d, path=str(p))["BV"] == 64
+
+
+def test_resummarize_rebuilds_the_summary_from_the_committed_cases(tmp_path):
+    """--resummarize measures nothing: the committed H200 result's summary, rebuilt from its own cases after it was
+    emptied, comes back key for key, the batch-32 mixed-phase keys equal to their cases' values."""
+    src = json.loads((REPO / "eval" / "results" / "kernels-h200.json").read_text())
+    out = tmp_path / "k.json"
+    old = dict(src["summary"])
+    src["summary"] = {"headline_geometry": old["headline_geometry"]}
+    out.write_text(json.dumps(src))
+    assert bk.main(["--out", str(out), "--resummarize"]) == 0
+    got = json.loads(out.read_text())
+    s = got["summary"]
+    assert {k: s.get(k) for k in old} == old and "gdn_decode_speedup_mixed_bs32_fp32" in s
+    case = next(c for c in got["cases"] if (c["family"], c["geometry"], c["state_dtype"], c["batch"])
+                == ("gdn", old["headline_geometry"]["gdn"], "fp32", 32))
+    assert s["gdn_decode_speedup_mixed_bs32_fp32"] == case["speedup_mixed"] is not None
+    assert {k: v for k, v in got.items() if k != "summary"} == {k: v for k, v in src.items() if k != "summary"}
+    assert bk.main(["--out", str(tmp_path / "missing.json"), "--resummarize"]) == 2
