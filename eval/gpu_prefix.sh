@@ -10,8 +10,8 @@
 # Writes $OUT/prefix-<model>.tgz per run (result JSON/MD/PNG, server and bench logs, console) and the warm JIT
 # caches ($OUT/jit-triton.txz, $OUT/jit-other.txz; JIT=0: not): at most 4 files.
 # Knobs (environment): PREFIX_MODELS (default "tiny-nemotron-h tiny-qwen3-next"), PREFIX_DEADLINE_S (wall cap
-# of each run; default 220 with carried JIT caches, 330 without: a cold tiny server took 140-220 s to become
-# healthy at 848245c), PYTHON (default python3). Under --spec no non-speculative reference server is started
+# of each run; default 220 with carried JIT caches, 330 without them, for the servers' cold starts), PYTHON
+# (default python3). Under --spec no non-speculative reference server is started
 # (--no-spec-parity): the parity here is a prefix hit against a cold cache on each server.
 # Wall estimate with warm caches: per run both servers start together (--concurrent-start, ~60 s), then each is
 # measured alone: 256 shared-prefix prompts x 256 tokens at concurrency 64 and 8 parity prompts x 256 tokens sent

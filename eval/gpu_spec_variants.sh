@@ -45,9 +45,9 @@ if [ ${#variants[@]} -eq 0 ]; then
   variants=("packaged=")
   if [ "$BENCH" = kernels ] && [ ${#flags[@]} -eq 0 ]; then flags=(--quick --family gdn --dtypes fp32 --time-budget-s 60); fi
 fi
-if [ ${#flags[@]} -eq 0 ]; then
+if [ ${#flags[@]} -eq 0 ]; then  # --quick times batch 1/32/256
   if [ "$BENCH" = tree ]; then flags=(--batches 8 64); else flags=(--quick --dtypes fp32 --time-budget-s 60); fi
-fi  # --quick times batch 1/32/256
+fi
 rc=0
 for v in "${variants[@]}"; do
   name="${v%%=*}" body="${v#*=}"

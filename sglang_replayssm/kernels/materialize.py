@@ -272,17 +272,13 @@ def _check_spec_cursors(fn, spec_cursors, write_pos) -> torch.Tensor:
     return spec_cursors[0]
 
 
-def _reset_all(write_pos, spec_cursors, slots, null_slot) -> None:
-    """write_pos and a spec ring's origin and flush to 0 (2T <= R always) in one launch."""
-    _reset(write_pos, spec_cursors, slots, null_slot)
-
-
 def reset_cursors(write_pos: torch.Tensor, slots, *, null_slot: Optional[int] = 0) -> None:
     """``write_pos[slot] = 0`` for every listed slot that is >= 0 and != ``null_slot`` (one launch, no sync)."""
-    _reset(write_pos, None, slots, null_slot)
+    _reset_all(write_pos, None, slots, null_slot)
 
 
-def _reset(write_pos, spec_cursors, slots, null_slot) -> None:
+def _reset_all(write_pos, spec_cursors, slots, null_slot) -> None:
+    """write_pos and, given ``spec_cursors``, a spec ring's origin and flush to 0 (2T <= R always), one launch."""
     slots = _as_slots("reset_cursors", slots, write_pos.device)
     n = slots.numel()
     if n == 0:
@@ -483,7 +479,8 @@ def materialize_ring(ring, temporal: Sequence[torch.Tensor], slots, *, A: Option
         # SGLang's stacked [layers, S, ...] checkpoint: every layer in one launch
         t = ring.tensors
         if ring.kind == "mamba2":
-            mamba2_materialize(temporal, t["x"], t["B"], t["dt"], _stacked(A[:ring.num_layers]), ring.write_pos,
+            mamba2_materialize(temporal, t["x"], t["B"], t["dt"], _stacked(A[:ring.num_layers], *temporal.shape[2:]),
+                               ring.write_pos,
                                slots, null_slot=null_slot, reset_cursor=False, dot_precision=dot_precision,
                                spec_cursors=spec, layered=True)
         else:
@@ -505,13 +502,11 @@ def materialize_ring(ring, temporal: Sequence[torch.Tensor], slots, *, A: Option
     _reset_all(ring.write_pos, spec, slots, null_slot)
 
 
-def _stacked(params: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The layers' A (each per head: [H], or [H, P] / [H, P, N] tied) as one ``[layers, H]`` tensor.  Built at
-    every call (one copy kernel), so a weight update in place is never missed."""
+def _stacked(params: Sequence[torch.Tensor], H: int, P: int, N: int) -> torch.Tensor:
+    """The layers' A (each per head: [H], or [H, P] / [H, P, N] tied, as the per-layer fold accepts) as one
+    ``[layers, H]`` tensor.  Built at every call (one copy kernel), so a weight update in place is never missed."""
     for p in params:
-        if any(sz > 1 and st != 0 for sz, st in zip(p.shape[1:], p.stride()[1:])):
-            raise ValueError(f"materialize_ring: a layer's A {tuple(p.shape)} must be per head: [H], or [H, P] / "
-                             f"[H, P, N] tied (stride 0) over P and N; got strides {p.stride()}")
+        _head_param("A", p, H, P, N)  # the per-layer fold's own check
     heads = [p[(slice(None),) + (0,) * (p.dim() - 1)] if p.dim() > 1 else p for p in params]
     if len({(tuple(h.shape), h.dtype, h.device) for h in heads}) != 1:
         raise ValueError("materialize_ring: the layers' A differ in shape, dtype or device")
