@@ -242,17 +242,39 @@ def arm_decode_rate(recorded: Optional[Dict[str, Any]], bench: Optional[Dict[str
 
 
 def _server_log(result_file: Path, label: str) -> Optional[Path]:
-    for name in (f"server-{label}.log.gz", f"server-{label}.log"):
-        if (result_file.parent / name).exists():
-            return result_file.parent / name
+    """The arm's server log beside the result, or in the run's ``logs-ab-*`` folder (as eval.ab writes it)."""
+    for d in [result_file.parent, *sorted(result_file.parent.glob("logs-ab-*"))]:
+        for name in (f"server-{label}.log.gz", f"server-{label}.log"):
+            if (d / name).exists():
+                return d / name
     return None
+
+
+def capped_decode_rate(result_file: Path, arm: Dict[str, Any], bs: Any) -> Optional[float]:
+    """SGLang's decode rate at a full batch for a run whose concurrency ``bs`` exceeded the server's max running
+    requests, recorded before eval.ab took that cap as the full batch (it then recorded none): the median of the
+    arm's whole server log's lines with at least 90% of the cap running (only a run at or above the cap fills
+    them)."""
+    cap = (arm.get("facts") or {}).get("max_running_requests")
+    if not isinstance(bs, int) or not isinstance(cap, int) or bs <= cap:
+        return None
+    lg = _server_log(Path(result_file), arm.get("label", ""))
+    if lg is None:
+        return None
+    return decode_rate.full_batch_rate(decode_rate.decode_lines(decode_rate.read_log(lg)), cap)[0]
+
+
+def _shared_prefix(res: Dict[str, Any]) -> bool:
+    """A prefix-caching run (eval.ab --workload shared-prefix): summarised in e2e-prefix-h200 only; its speeds mix
+    prefill into every step and are no decode or speculative figure."""
+    return (res.get("bench") or {}).get("workload") == "shared-prefix"
 
 
 def decode_speed(results) -> Dict[str, Any]:
     rows, noise = [], []
     for f, res in results:
         setup = _setup(res)
-        if setup["size"] != "real" or setup["spec"] not in (None, "none"):
+        if setup["size"] != "real" or setup["spec"] not in (None, "none") or _shared_prefix(res):
             continue
         ka, kb = _kinds(res)
         s = res["summary"]
@@ -392,6 +414,8 @@ def arms_by_run(results) -> Dict[Tuple[Any, Any], Dict[str, Dict[str, Any]]]:
     spread over two result files (each later arm against the first)."""
     runs: Dict[Tuple[Any, Any], Dict[str, Dict[str, Any]]] = {}
     for f, res in results:
+        if _shared_prefix(res):
+            continue
         setup, s = _setup(res), res["summary"]
         for label in (s.get("a"), s.get("b")):
             arm = (res.get("arms") or {}).get(label)
@@ -480,7 +504,7 @@ def spec_summary(results, eagle: bool = False) -> Dict[str, Any]:
     runs = []
     for f, res in results:
         setup = _setup(res)
-        if setup["spec"] in (None, "none") or _eagle(setup) != eagle:
+        if setup["spec"] in (None, "none") or _eagle(setup) != eagle or _shared_prefix(res):
             continue
         s = res["summary"]
         ka, kb = _kinds(res)
@@ -751,9 +775,23 @@ def _prefix_figures(arm: Optional[Dict[str, Any]], bs) -> Dict[str, Any]:
     return out
 
 
+def _prefix_arm_figures(f: Path, arm: Optional[Dict[str, Any]], bs) -> Dict[str, Any]:
+    out = _prefix_figures(arm, bs)
+    if out["decode_rate"] is None and arm:
+        out["decode_rate"] = capped_decode_rate(f, arm, bs)
+    return out
+
+
 def prefix_runs(results) -> List[Dict[str, Any]]:
-    """One row per (shared-prefix run, arm kind other than stock, batch): each arm against the run's stock arm."""
+    """One row per (shared-prefix run, arm kind other than stock, batch): each arm against the run's stock arm
+    (and, for our arms, against the same run's upstream arm, which eval.ab writes to another result file)."""
     rows = []
+    upstream_of: Dict[Tuple[Any, Any], Tuple[Path, Dict[str, Any]]] = {}  # (model, started) -> upstream arm
+    for f, res in results:
+        if (res.get("bench") or {}).get("workload") == "shared-prefix":
+            for label, arm in (res.get("arms") or {}).items():
+                if (arm.get("phase") or {}).get("kind") == "upstream":
+                    upstream_of[(_setup(res)["model"], res.get("started"))] = (f, dict(arm, label=label))
     for f, res in results:
         bench = res.get("bench") or {}
         if bench.get("workload") != "shared-prefix":
@@ -763,18 +801,21 @@ def prefix_runs(results) -> List[Dict[str, Any]]:
         for label, arm in (res.get("arms") or {}).items():
             by_kind.setdefault((arm.get("phase") or {}).get("kind", "?"), dict(arm, label=label))
         stock = by_kind.get("stock") or {}
+        uf, up = upstream_of.get((setup["model"], res.get("started")), (f, by_kind.get("upstream")))
         pp = (res.get("summary") or {}).get("prefix_parity") or {}
         for kind, arm in by_kind.items():
             if kind == "stock":
                 continue
             for bs in [e.get("batch") for e in arm.get("bench") or []] or [None]:
-                ours, ref = _prefix_figures(arm, bs), _prefix_figures(stock, bs)
-                ups = _prefix_figures(by_kind.get("upstream"), bs)
+                ours, ref = _prefix_arm_figures(f, arm, bs), _prefix_arm_figures(f, stock, bs)
+                ups = _prefix_figures(up, bs)
                 rows.append({
                     "file": str(f), "model": setup["model"], "family": setup["family"], "started": res.get("started"),
                     "git_commit": res.get("git_commit"), "radix_cache": bench.get("radix_cache"), "arm": kind,
                     "status": arm.get("status"), "stock_status": stock.get("status"),
-                    "command": arm.get("command"), "batch": bs,
+                    "command": arm.get("command"), "batch": bs, "spec": setup["spec"] or "none",
+                    "max_running": (arm.get("facts") or {}).get("max_running_requests"),
+                    "stock_max_running": (stock.get("facts") or {}).get("max_running_requests"),
                     "hit_rate": ours["hit_rate"], "stock_hit_rate": ref["hit_rate"],
                     "hit_rate_vs_stock": report.ratio(ours["hit_rate"], ref["hit_rate"]),
                     "ttft_p50_ms": ours["ttft_p50_ms"], "stock_ttft_p50_ms": ref["ttft_p50_ms"],
@@ -822,7 +863,7 @@ def prefix_summary(results) -> Dict[str, Any]:
     s["ttft_p50_vs_upstream"] = max(ups) if ups else None
     full = [r for r in m8 if r["batch"] == 256 and r["decode_rate_vs_stock"] is not None]
     s["decode_rate_speedup_prefix_bs256"] = full[0]["decode_rate_vs_stock"] if full else None
-    tiny = [r for r in _latest(ours, model=PREFIX_PARITY_MODEL) if r["parity_max_abs_dlogprob"] is not None]
+    tiny = _latest([r for r in ours if r["parity_max_abs_dlogprob"] is not None], model=PREFIX_PARITY_MODEL)
     s["prefix_parity_max_abs_logprob_diff"] = tiny[0]["parity_max_abs_dlogprob"] if tiny else None
     s["prefix_parity_max_abs_logprob_diff_stock"] = tiny[0]["stock_parity_max_abs_dlogprob"] if tiny else None
     s["targets"] = dict(PREFIX_TARGETS)
@@ -837,7 +878,15 @@ def write_prefix(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
             "ttft_p50_vs_upstream": "<= 0.8", "decode_rate_speedup_prefix_bs256": ">= 1.5",
             "prefix_parity_max_abs_logprob_diff": "<= 0.1"}
     tgt = [[k, report.fmt(s.get(k), 3), goal[k]] for k in PREFIX_TARGETS]
-    rows = [[r["model"], r["arm"], r["radix_cache"], r["batch"], r["status"], report.fmt(r["hit_rate"], 3),
+    def status(r: Dict[str, Any]) -> str:
+        measured = any(r.get(k) is not None for k in ("hit_rate", "ttft_p50_ms", "decode_rate"))
+        return r["status"] if measured or r["status"] != "ok" else "ok, nothing measured"
+
+    def running(r: Dict[str, Any]) -> str:
+        return f"{r.get('max_running') or '—'} / {r.get('stock_max_running') or '—'}"
+
+    rows = [[r["model"], r["arm"], r["radix_cache"], r.get("spec", "none"), r["batch"], running(r), status(r),
+             report.fmt(r["hit_rate"], 3),
              report.fmt(r["stock_hit_rate"], 3), report.fmt(r["ttft_p50_ms"], 0), report.fmt(r["stock_ttft_p50_ms"], 0),
              report.fmt(r["decode_rate_vs_stock"], 3), report.fmt(r["parity_max_abs_dlogprob"], 3),
              report.fmt(r["stock_parity_max_abs_dlogprob"], 3), f"{Path(r['file']).parent.name} ({r['git_commit']})"]
@@ -847,9 +896,12 @@ def write_prefix(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
         ("Targets (each read from the latest run of the model it names; — : not measured yet)",
          report.markdown_table(["metric", "measured", "goal"], tgt)),
         ("Runs (`--workload shared-prefix`; ratios are ours over stock's)",
-         report.markdown_table(["model", "arm", "radix", "batch", "status", "hit rate", "stock hit rate",
-                                "TTFT p50 ms", "stock TTFT p50 ms", "decode rate vs stock",
-                                "hit-vs-cold max |Δlogprob|", "stock's", "folder (commit)"], rows)
+         report.markdown_table(["model", "arm", "radix", "spec", "batch", "max running (arm / stock)", "status",
+                                "hit rate", "stock hit rate", "TTFT p50 ms", "stock TTFT p50 ms",
+                                "decode rate vs stock", "hit-vs-cold max |Δlogprob|", "stock's", "folder (commit)"],
+                               rows)
+         + "\n\nThe decode rate is SGLang's own (its scheduler's `Decode batch` lines) at a full batch: the batch, or "
+         "each server's max running requests where that is lower (eval/ab/decode_rate.py)."
          if rows else "not run yet"),
     ]))
     runs = [r for r in doc["runs"] if r["arm"] == "staged"]

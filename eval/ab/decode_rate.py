@@ -2,9 +2,11 @@
 
 The scheduler logs a ``Decode batch, #running-req: N, ... gen throughput (token/s): X`` line every 40 decode
 steps.  The decode rate of a bench run is the median X of the lines its server wrote during the run (the log
-between two byte offsets) whose N is at least 90% of the run's batch: the engine decoding a full batch.
+between two byte offsets) whose N is at least 90% of the run's full batch: the engine decoding a full batch.
+The full batch is the run's concurrency, or the server's max running requests where that is lower (a run at
+concurrency 256 on a server that admits 102 decodes 102 at a time).
 
-What the client saw at a full batch is ``batch x 1000 / median TPOT (ms)``: every request of a wave streams
+What the client saw at a full batch is ``full batch x 1000 / median TPOT (ms)``: every request of a wave streams
 its tokens over (end - first token), so B concurrent requests deliver B / TPOT tokens per second while the
 batch is full.  Prefill, the ramp and the gaps between waves are outside TPOT, exactly as they are outside the
 scheduler's full-batch lines, so the two numbers measure the same thing from the two ends of the path.  A run
@@ -73,8 +75,14 @@ def full_batch_rate(lines: List[Tuple[int, float]], batch: int,
     return (statistics.median(vals) if vals else None), len(vals)
 
 
+def full_batch(batch: int, cap: Optional[int] = None) -> int:
+    """The requests a run decodes at once when full: its concurrency, or the server's max running requests
+    (``cap``) where that is lower."""
+    return min(batch, cap) if isinstance(cap, int) and cap > 0 else batch
+
+
 def client_full_batch_rate(bench: Optional[Dict[str, Any]], batch: int) -> Optional[float]:
-    """Tokens per second the client received while the batch was full: concurrency x 1000 / median TPOT (ms)."""
+    """Tokens per second the client received while the batch was full: full batch x 1000 / median TPOT (ms)."""
     tpot = (bench or {}).get("median_tpot_ms")
     if not isinstance(tpot, (int, float)) or tpot <= 0:
         return None
@@ -90,12 +98,14 @@ def check(client_rate: Optional[float], decode_rate: Optional[float],
     return r, abs(r - 1.0) > tolerance
 
 
-def rates(log_text: str, bench: Optional[Dict[str, Any]], batch: int) -> Dict[str, Any]:
-    """A bench run's two rates side by side (its server log window and bench_serving's result) and the flag."""
+def rates(log_text: str, bench: Optional[Dict[str, Any]], batch: int, cap: Optional[int] = None) -> Dict[str, Any]:
+    """A bench run's two rates side by side (its server log window and bench_serving's result) and the flag;
+    ``cap``: the server's max running requests (the full batch where it is below ``batch``)."""
+    full = full_batch(batch, cap)
     lines = decode_lines(log_text)
-    decode, n = full_batch_rate(lines, batch)
-    client_fb = client_full_batch_rate(bench, batch)
+    decode, n = full_batch_rate(lines, full)
+    client_fb = client_full_batch_rate(bench, full)
     ratio, bound = check(client_fb, decode)
     return {"client_tok_s": (bench or {}).get("output_throughput"), "client_full_batch_tok_s": client_fb,
-            "decode_tok_s": decode, "decode_lines": n, "decode_lines_all": len(lines),
-            "min_running": min_full_batch(batch), "client_to_decode": ratio, "client_path_bound": bound}
+            "decode_tok_s": decode, "decode_lines": n, "decode_lines_all": len(lines), "full_batch": full,
+            "min_running": min_full_batch(full), "client_to_decode": ratio, "client_path_bound": bound}

@@ -328,6 +328,19 @@ def test_gpu_prefix_script_under_speculation_starts_no_reference_and_sizes_its_d
     assert r.returncode == 0 and "--deadline-s 99 " in r.stdout
 
 
+def test_gpu_prefix_script_starts_real_size_servers_one_after_another(tmp_path):
+    """--concurrent-start only for tiny models: a real-size model's first server takes its default
+    --mem-fraction-static of the GPU, and the next one, started beside it, ran out of memory loading its weights
+    (the Qwen3-Next geometry on the H200, eval/results/e2e-h200/prefix-qwen3-next-80b-a3b-e64-concurrent-oom)."""
+    env = _env(home=tmp_path)
+    env.update(OUT=str(tmp_path / "out"), PYTHON=sys.executable, PREFIX_MODELS="tiny-qwen3-next nemotron-h-8b")
+    r = subprocess.run(["bash", str(REPO / "eval" / "gpu_prefix.sh"), "--dry-run"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    heads = {x.split()[1].rstrip(":"): x for x in r.stdout.splitlines() if x.startswith("== ")}
+    assert "--concurrent-start" in heads["tiny-qwen3-next"] and "--concurrent-start" not in heads["nemotron-h-8b"]
+
+
 def test_upstream_arm_on_default_radix_gets_no_buffer_without_overlap(tmp_path):
     """--radix-cache default with an upstream arm: upstream's replay ring serves prefix caching only as no_buffer
     without the overlap scheduler (SGLang refuses --enable-linear-replayssm with extra_buffer), so that arm alone

@@ -63,6 +63,19 @@ def test_client_path_flag():
     assert decode_rate.rates("", bench, 256)["client_path_bound"] is None
 
 
+def test_a_server_capped_below_the_concurrency_decodes_its_cap_as_the_full_batch():
+    # concurrency 512 on a server that admits 240: the lines from 216 running up, and the client's 240 / TPOT
+    bench = {"output_throughput": 9000.0, "median_tpot_ms": 16.0}
+    assert decode_rate.rates(EXCERPT, bench, 512)["decode_tok_s"] is None  # no cap known: never filled
+    r = decode_rate.rates(EXCERPT, bench, 512, cap=240)
+    assert r["full_batch"] == 240 and r["min_running"] == 216
+    assert r["decode_tok_s"] == pytest.approx((15810.60 + 15913.24) / 2) and r["decode_lines"] == 6
+    assert r["client_full_batch_tok_s"] == pytest.approx(240e3 / 16.0)
+    # a cap above the concurrency (or none, or nonsense) leaves the concurrency the full batch
+    for cap in (1000, None, 0, "x"):
+        assert decode_rate.rates(EXCERPT, bench, 256, cap=cap)["full_batch"] == 256
+
+
 def test_log_window_reads_what_a_run_appended(tmp_path):
     log = tmp_path / "server.log"
     log.write_text("startup\n" + EXCERPT.splitlines()[2] + "\n")

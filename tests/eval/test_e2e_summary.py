@@ -4,6 +4,8 @@ import gzip
 import json
 from pathlib import Path
 
+import pytest
+
 from eval import e2e_summary, report
 
 DATA = Path(__file__).parent / "data"
@@ -482,6 +484,57 @@ def test_prefix_summary_reads_each_target_from_its_models_latest_run(tmp_path):
     assert s["defaults_launch_ok"] == 0 and s["defaults_launch_by_model"]["nemotron-h-8b"] == 0
     s = e2e_summary.prefix_summary(e2e_summary.load_results([runs / "t"]))["summary"]
     assert s["defaults_launch_ok"] is None and s["prefix_hit_rate_vs_stock"] is None
+
+
+def test_prefix_rows_join_the_upstream_arm_from_its_own_file_and_read_capped_rates_from_the_logs(tmp_path):
+    """eval.ab writes stock-vs-staged and stock-vs-upstream of one run to two files: our TTFT is compared with the
+    upstream arm of the same run (model, start time). A run at a concurrency above the servers' max running
+    requests, recorded with no decode rate, gets it from each arm's server log (lines from 90% of its cap up). The
+    parity key reads the latest tiny run that measured parity (a later spec run cut short measured none)."""
+    res = report.read_json(PREFIX_RUN)
+    g = "qwen3-next-80b-a3b-e64"
+    runs = tmp_path / "runs"
+    base = _prefix_variant(res, model=g, batch=256)
+    for arm, cap in (("stock", 102), ("staged", 95)):
+        base["arms"][arm]["facts"]["max_running_requests"] = cap
+        for e in base["arms"][arm]["bench"]:
+            e["rates"]["decode_tok_s"] = None
+    report.write_json(runs / "g" / f"ab-{g}-stock-vs-staged.json", base)
+    ups = copy.deepcopy(base)
+    up = ups["arms"].pop("staged")
+    up["phase"]["kind"] = "upstream"
+    for e in up["bench"]:
+        e["result"]["median_ttft_ms"] = 4 * base["arms"]["staged"]["bench"][0]["result"]["median_ttft_ms"]
+    ups["arms"]["upstream"] = up
+    report.write_json(runs / "g" / f"ab-{g}-stock-vs-upstream.json", ups)
+    line = ("[2026-12-02 16:48:40] Decode batch, #running-req: {n}, #full token: 1, full token usage: 0.01, mamba "
+            "num: 1, mamba usage: 0.5, cuda graph: True, gen throughput (token/s): {x}, #queue-req: 3\n")
+    logs = runs / "g" / f"logs-ab-{g}"
+    logs.mkdir()
+    (logs / "server-stock.log").write_text(line.format(n=64, x=9999) + line.format(n=101, x=7000)
+                                           + line.format(n=102, x=7600) + line.format(n=102, x=7400))
+    with gzip.open(logs / "server-staged.log.gz", "wt") as f:
+        f.write(line.format(n=95, x=10400) + line.format(n=80, x=5000))
+    tiny_cut = copy.deepcopy(res)
+    tiny_cut["started"] = "2026-12-05T00:00:00Z"
+    tiny_cut["summary"]["prefix_parity"] = {}
+    for e in tiny_cut["arms"]["staged"]["bench"]:
+        e["rates"]["decode_tok_s"] = None
+    report.write_json(runs / "t" / "ab-tiny-nemotron-h-stock-vs-staged.json", res)
+    report.write_json(runs / "t2" / "ab-tiny-nemotron-h-nextn-stock-vs-staged.json", tiny_cut)
+    doc = e2e_summary.prefix_summary(e2e_summary.load_results([runs]))
+    ours = [r for r in doc["runs"] if r["model"] == g and r["arm"] == "staged"]
+    assert len(ours) == 1 and ours[0]["ttft_p50_vs_upstream"] == pytest.approx(0.25)
+    assert ours[0]["decode_rate"] == 10400 and ours[0]["stock_decode_rate"] == 7400  # median of 7000/7600/7400
+    assert doc["summary"]["ttft_p50_vs_upstream"] == pytest.approx(0.25)
+    pp = res["summary"]["prefix_parity"]
+    assert doc["summary"]["prefix_parity_max_abs_logprob_diff"] == pp["staged"]["max_abs_dlogprob"]
+    # a shared-prefix run is no decode or speculative speed figure (prefill in every step)
+    results = e2e_summary.load_results([runs])
+    assert e2e_summary.decode_speed(results)["by_batch"] == [] and e2e_summary.spec_speed(results) == []
+    # below its cap a run that recorded no rate stays without one (the log could hold other runs' lines)
+    assert e2e_summary.capped_decode_rate(runs / "g" / f"ab-{g}-stock-vs-staged.json",
+                                          dict(base["arms"]["stock"], label="stock"), 64) is None
 
 
 def test_eagle_summary_keys_from_tree_and_chain_runs(tmp_path):
