@@ -7,8 +7,8 @@
 #   PACK=1          write results + logs to a temp dir, then pack them as $OUT/ab-results.tgz
 #                   (for hosts that return few files)
 #   PYTHON=<python> interpreter for the harness, the servers and bench_serving (default python3)
-#   JITCACHE=1      after the first server, tar the JIT caches into $OUT (jit-triton.txz,
-#                   jit-other.txz: copy them to .sglang-bundle/jitcache/ for warm starts)
+#   JIT=0           no JIT cache tarballs; by default the run ends with eval/jit_cache.sh save $OUT (jit-*.txz:
+#                   every server's caches, copy them to .sglang-bundle/jitcache/ for warm starts next time)
 # The plugin entry points are written by the harness itself (no pip install needed).
 set -uo pipefail
 OUT="${OUT:-eval/results}"
@@ -21,14 +21,14 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export GIT_COMMIT="${GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
 RESULTS="$OUT"
 [ "${PACK:-0}" = 1 ] && RESULTS="$(mktemp -d /tmp/ab-results.XXXXXX)"
-extra=()
-[ "${JITCACHE:-0}" = 1 ] && extra+=(--save-jitcache "$OUT")
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader || true
 PY="${PYTHON:-python3}"
-"$PY" -m eval.ab --out-dir "$RESULTS" --python "$PY" "${extra[@]}" "$@" 2>&1 | tee "$RESULTS/ab-console.log"
+"$PY" -m eval.ab --out-dir "$RESULTS" --python "$PY" "$@" 2>&1 | tee "$RESULTS/ab-console.log"
 rc=${PIPESTATUS[0]}
 if [ "${PACK:-0}" = 1 ]; then
   tar -C "$RESULTS" -czf "$OUT/ab-results.tgz" . && echo "packed $(du -h "$OUT/ab-results.tgz" | cut -f1) -> $OUT/ab-results.tgz"
   cp "$RESULTS"/ab-*.md "$OUT"/ 2>/dev/null || true
 fi
+case " $* " in *" --dry-run "*) JIT=0 ;; esac  # a dry run starts no server: no caches to return
+[ "${JIT:-1}" = 1 ] && bash eval/jit_cache.sh save "$OUT"  # the warm JIT caches (JIT=0: not)
 exit "$rc"

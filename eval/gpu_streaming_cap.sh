@@ -6,7 +6,8 @@
 #   GIT_COMMIT=<sha> OUT=<dir> bash eval/gpu_streaming_cap.sh [more python -m eval.streaming_cap flags...]
 # Knobs (environment):
 #   OUT=<dir>            streaming-cap-<model>.json / .md and streaming-cap-logs.tgz (server and bench logs,
-#                        console) go here (default eval/results); 3 files
+#                        console) go here (default eval/results), and the warm JIT caches (eval/jit_cache.sh
+#                        save: jit-*.txz, for .sglang-bundle/jitcache/; JIT=0: not); at most 6 files
 #   CAP_MODEL=<name>     geometry (default tiny-nemotron-h: it decodes far above the cap, so it shows it best)
 #   CAP_OUTPUT_LEN=N     output tokens per request (default 512; SGLang's non-incremental stream resends the whole
 #                        output so far in every event, so the per-token cost grows with it: 1024 is the issue's
@@ -25,6 +26,7 @@ OUT="${OUT:-eval/results}"
 mkdir -p "$OUT"
 # the HTTP server needs the bundle's HTTP extras (jsonschema, fastapi, ...), not only sglang
 if [ -f .sglang-bundle/bootstrap.sh ] && ! "${PYTHON:-python3}" -c "import sglang, jsonschema, fastapi, aiohttp, psutil" 2>/dev/null; then
+  bash eval/jit_cache.sh restore  # carried warm caches (.sglang-bundle/jitcache/*.txz)
   SGLANG_BUNDLE_HTTP=1 source .sglang-bundle/bootstrap.sh
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -43,5 +45,7 @@ echo "host: $(nproc) CPUs, $(uptime)"
   --out-dir "$OUT" --log-dir "$LOGS" --python "$PY" "$@" 2>&1 | tee "$LOGS/streaming-cap-console.log"
 rc=${PIPESTATUS[0]}
 tar -C "$LOGS" -czf "$OUT/streaming-cap-logs.tgz" . && echo "packed $(du -h "$OUT/streaming-cap-logs.tgz" | cut -f1) -> $OUT/streaming-cap-logs.tgz"
+case " $* " in *" --dry-run "*) JIT=0 ;; esac  # a dry run starts no server: no caches to return
+[ "${JIT:-1}" = 1 ] && bash eval/jit_cache.sh save "$OUT"  # the warm JIT caches (JIT=0: not)
 ls -la "$OUT"
 exit "$rc"

@@ -48,3 +48,29 @@ def test_save_then_restore_round_trip(tmp_path):
 def test_usage_error():
     r = subprocess.run(["bash", str(REPO / "eval" / "jit_cache.sh"), "frob"], capture_output=True, text=True)
     assert r.returncode == 2 and "usage" in r.stderr
+
+
+SERVER_SCRIPTS = ("gpu_ab.sh", "gpu_e2e.sh", "gpu_prefix.sh", "gpu_soak.sh", "gpu_streaming_cap.sh")
+
+
+def test_every_server_script_restores_carried_caches_and_returns_them():
+    """A GPU call that starts servers unpacks the carried caches before the bundle's bootstrap and ends by packing
+    the (cumulative) caches into $OUT, so the next call of any kind starts warm."""
+    for name in SERVER_SCRIPTS:
+        text = (REPO / "eval" / name).read_text()
+        restore, boot = text.find("bash eval/jit_cache.sh restore"), text.find("source .sglang-bundle/bootstrap.sh")
+        assert 0 <= restore < boot, name
+        assert 'bash eval/jit_cache.sh save "$OUT"' in text, name
+
+
+def test_a_dry_run_returns_no_caches(tmp_path):
+    root = tmp_path / "cache"
+    (root / "triton" / "k1").mkdir(parents=True)
+    (root / "triton" / "k1" / "k.cubin").write_text("cubin")
+    out = tmp_path / "out"
+    env = dict(os.environ, SGLANG_CACHE_ROOT=str(root), HOME=str(tmp_path / "home"), OUT=str(out),
+               PYTHON=str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv").exists() else "python3")
+    r = subprocess.run(["bash", "eval/gpu_ab.sh", "--model", "tiny-nemotron-h", "--dry-run"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert not list(out.glob("jit-*.txz"))
