@@ -98,14 +98,25 @@ def check(client_rate: Optional[float], decode_rate: Optional[float],
     return r, abs(r - 1.0) > tolerance
 
 
-def rates(log_text: str, bench: Optional[Dict[str, Any]], batch: int, cap: Optional[int] = None) -> Dict[str, Any]:
+# why a run's rates are recorded but not judged (``rates(..., judge=False)``)
+NOT_JUDGED = ("prefill runs throughout this workload: a request's TPOT includes the prefill steps of the requests "
+              "admitted while it decodes, which the scheduler's decode lines leave out, so the two rates differ "
+              "whatever the client path does")
+
+
+def rates(log_text: str, bench: Optional[Dict[str, Any]], batch: int, cap: Optional[int] = None,
+          judge: bool = True) -> Dict[str, Any]:
     """A bench run's two rates side by side (its server log window and bench_serving's result) and the flag;
-    ``cap``: the server's max running requests (the full batch where it is below ``batch``)."""
+    ``cap``: the server's max running requests (the full batch where it is below ``batch``); ``judge`` False (a
+    workload that prefills while it decodes, e.g. shared-prefix): no flag, the reason recorded instead."""
     full = full_batch(batch, cap)
     lines = decode_lines(log_text)
     decode, n = full_batch_rate(lines, full)
     client_fb = client_full_batch_rate(bench, full)
     ratio, bound = check(client_fb, decode)
-    return {"client_tok_s": (bench or {}).get("output_throughput"), "client_full_batch_tok_s": client_fb,
-            "decode_tok_s": decode, "decode_lines": n, "decode_lines_all": len(lines), "full_batch": full,
-            "min_running": min_full_batch(full), "client_to_decode": ratio, "client_path_bound": bound}
+    out = {"client_tok_s": (bench or {}).get("output_throughput"), "client_full_batch_tok_s": client_fb,
+           "decode_tok_s": decode, "decode_lines": n, "decode_lines_all": len(lines), "full_batch": full,
+           "min_running": min_full_batch(full), "client_to_decode": ratio, "client_path_bound": bound}
+    if not judge:
+        out.update(client_path_bound=None, client_path_not_judged=NOT_JUDGED)
+    return out

@@ -307,7 +307,8 @@ class PhaseRun:
                 entry["error"] = entry.get("error") or f"no bench_serving output: {e}"
             # SGLang's own decode rate at a full batch beside the client's, and the client-path flag
             entry["rates"] = rt = decode_rate.rates(window, entry.get("result"), b,
-                                                    cap=(rec.get("facts") or {}).get("max_running_requests"))
+                                                    cap=(rec.get("facts") or {}).get("max_running_requests"),
+                                                    judge=getattr(args, "workload", "none") != "shared-prefix")
             # the server's own prefix-cache accounting over the run (its Prefill batch lines; flushed after warm-up)
             entry["prefix_cache"] = pc = prefix_cache.hit_rate(window)
             r = entry.get("result") or {}

@@ -244,6 +244,8 @@ def test_end_to_end_shared_prefix_with_stand_in_servers(tmp_path):
         assert pc["new_seqs"] == 13 and pc["prefill_lines"] == 13
         assert 0.5 < pc["hit_rate"] < 1.0
         assert pc["cached_tokens"] >= 9 * 90
+        # prefill runs throughout this workload: the client-path flag is not judged, the reason recorded
+        assert entry["rates"]["client_path_bound"] is None and entry["rates"]["client_path_not_judged"]
         par = arm["parity"]
         assert par["flushes_ok"] and par["hit_prompts"] == [1, 3, 5] and len(par["cold_outputs"]) == 3
         assert len(par["outputs"]) == 6 and all(len(o["tokens"]) == 16 for o in par["outputs"])

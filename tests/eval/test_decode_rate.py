@@ -76,6 +76,14 @@ def test_a_server_capped_below_the_concurrency_decodes_its_cap_as_the_full_batch
         assert decode_rate.rates(EXCERPT, bench, 256, cap=cap)["full_batch"] == 256
 
 
+def test_a_workload_that_prefills_while_it_decodes_is_not_judged():
+    bench = {"output_throughput": 6897.0, "median_tpot_ms": 35.4}
+    r = decode_rate.rates(EXCERPT, bench, 256, judge=False)
+    assert r["client_path_bound"] is None and "prefill" in r["client_path_not_judged"]
+    assert r["decode_tok_s"] == decode_rate.rates(EXCERPT, bench, 256)["decode_tok_s"]  # both rates still recorded
+    assert r["client_to_decode"] == pytest.approx(256e3 / 35.4 / r["decode_tok_s"])
+
+
 def test_log_window_reads_what_a_run_appended(tmp_path):
     log = tmp_path / "server.log"
     log.write_text("startup\n" + EXCERPT.splitlines()[2] + "\n")
