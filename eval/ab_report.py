@@ -26,7 +26,15 @@ def rates_rows(arm: Dict[str, Any]) -> Dict[int, Dict[str, Any]]:
 
 def _bound(rates: Dict[str, Any]) -> str:
     f = rates.get("client_path_bound")
-    return "—" if f is None else (f"**yes** ({report.fmt(rates.get('client_to_decode'), 2)})" if f else "no")
+    if f is None:
+        return "not judged" if rates.get("client_path_not_judged") else "—"
+    return f"**yes** ({report.fmt(rates.get('client_to_decode'), 2)})" if f else "no"
+
+
+def _decode(rates: Dict[str, Any], bs: int) -> Any:
+    """SGLang's decode rate, with the batch it was read at where the server's running cap made that smaller."""
+    x, fb = rates.get("decode_tok_s"), rates.get("full_batch", bs)
+    return f"{report.fmt(x, 0)} (at {fb})" if report.is_number(x) and fb != bs else x
 
 
 def _labels(res: Dict[str, Any]) -> List[str]:
@@ -58,7 +66,7 @@ def speed_table(res: Dict[str, Any]) -> str:
         u, v = qa.get(bs, {}), qb.get(bs, {})
         s = by.get(bs) or by.get(str(bs)) or {}
         rows.append([bs, x.get("output_throughput"), y.get("output_throughput"), _r(s.get("throughput_ratio")),
-                     u.get("decode_tok_s"), v.get("decode_tok_s"), _r(s.get("decode_rate_ratio")),
+                     _decode(u, bs), _decode(v, bs), _r(s.get("decode_rate_ratio")),
                      f"{a}: {_bound(u)}, {b}: {_bound(v)}" if u or v else "—",
                      x.get("median_tpot_ms"), y.get("median_tpot_ms"), _r(s.get("tpot_speedup")),
                      x.get("median_itl_ms"), y.get("median_itl_ms"),

@@ -241,22 +241,41 @@ def arm_decode_rate(recorded: Optional[Dict[str, Any]], bench: Optional[Dict[str
     return steady, decode_rate.check(decode_rate.client_full_batch_rate(bench, bs), steady)[1]
 
 
+def _run_log_dir(result_file: Path) -> Optional[Path]:
+    """The run's log folder as eval.ab names it, ``logs-<result name up to the arms>`` (``logs-ab-<model>[-<spec>]
+    [-<tag>]``): the longest such folder name that the result file's name starts with."""
+    name = result_file.name
+    dirs = [d for d in result_file.parent.glob("logs-*") if d.is_dir() and name.startswith(d.name[len("logs-"):] + "-")]
+    return max(dirs, key=lambda d: len(d.name)) if dirs else None
+
+
 def _server_log(result_file: Path, label: str) -> Optional[Path]:
-    """The arm's server log beside the result, or in the run's ``logs-ab-*`` folder (as eval.ab writes it)."""
-    for d in [result_file.parent, *sorted(result_file.parent.glob("logs-ab-*"))]:
+    """The arm's server log beside the result, or in the run's own ``logs-ab-*`` folder (as eval.ab writes it)."""
+    for d in [result_file.parent, _run_log_dir(result_file)]:
         for name in (f"server-{label}.log.gz", f"server-{label}.log"):
-            if (d / name).exists():
+            if d is not None and (d / name).exists():
                 return d / name
     return None
 
 
+def _positive_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
 def capped_decode_rate(result_file: Path, arm: Dict[str, Any], bs: Any) -> Optional[float]:
     """SGLang's decode rate at a full batch for a run whose concurrency ``bs`` exceeded the server's max running
-    requests, recorded before eval.ab took that cap as the full batch (it then recorded none): the median of the
-    arm's whole server log's lines with at least 90% of the cap running (only a run at or above the cap fills
-    them)."""
+    requests, recorded before eval.ab took that cap as the full batch (it then recorded none, and no
+    ``full_batch``): the median of the arm's whole server log's lines with at least 90% of the cap running. Only
+    the arm's one measured batch above the cap fills them; with two such batches the lines cannot be told apart,
+    and none is given."""
     cap = (arm.get("facts") or {}).get("max_running_requests")
-    if not isinstance(bs, int) or not isinstance(cap, int) or bs <= cap:
+    if not _positive_int(bs) or not _positive_int(cap) or bs <= cap:
+        return None
+    entries = [e for e in arm.get("bench") or [] if e.get("result")]
+    entry = next((e for e in entries if e.get("batch") == bs), None)
+    if entry is None or "full_batch" in (entry.get("rates") or {}):  # not measured, or recorded with the cap
+        return None
+    if sum(1 for e in entries if _positive_int(e.get("batch")) and e["batch"] > cap) != 1:
         return None
     lg = _server_log(Path(result_file), arm.get("label", ""))
     if lg is None:
@@ -294,6 +313,7 @@ def decode_speed(results) -> Dict[str, Any]:
             steady = {lab: r.get(bs) for lab, r in rates.items()}
             da, fa = arm_decode_rate(recorded[s["a"]].get(bs), a[bs], steady[s["a"]], bs)
             db, fb = arm_decode_rate(recorded[s["b"]].get(bs), b[bs], steady[s["b"]], bs)
+            fba, fbb = ((recorded[lab].get(bs) or {}).get("full_batch", bs) for lab in (s["a"], s["b"]))
             rows.append({"model": setup["model"], "family": setup["family"], "arm": arm, "batch": bs,
                          "ssm_state": setup["ssm_state"], "run_started": res.get("started"),
                          "workload": setup["workload"],
@@ -306,7 +326,10 @@ def decode_speed(results) -> Dict[str, Any]:
                          "stock_steady_tok_s": steady[s["a"]], "arm_steady_tok_s": steady[s["b"]],
                          "steady_decode_speedup": report.ratio(steady[s["b"]], steady[s["a"]]),
                          # SGLang's decode rate at a full batch and the client-path flag (either arm's run)
-                         "stock_decode_tok_s": da, "arm_decode_tok_s": db, "decode_rate_speedup": report.ratio(db, da),
+                         "stock_decode_tok_s": da, "arm_decode_tok_s": db,
+                         # two servers capped at different running requests decode different batches: no ratio
+                         "full_batch": {"stock": fba, "arm": fbb},
+                         "decode_rate_speedup": report.ratio(db, da) if fba == fbb else None,
                          "client_path_bound": True if (fa or fb) else (False if fa is False and fb is False else None),
                          "file": str(f)})
         if kb == "stock":
@@ -801,7 +824,7 @@ def prefix_runs(results) -> List[Dict[str, Any]]:
         for label, arm in (res.get("arms") or {}).items():
             by_kind.setdefault((arm.get("phase") or {}).get("kind", "?"), dict(arm, label=label))
         stock = by_kind.get("stock") or {}
-        uf, up = upstream_of.get((setup["model"], res.get("started")), (f, by_kind.get("upstream")))
+        up = upstream_of.get((setup["model"], res.get("started")), (f, by_kind.get("upstream")))[1]
         pp = (res.get("summary") or {}).get("prefix_parity") or {}
         for kind, arm in by_kind.items():
             if kind == "stock":

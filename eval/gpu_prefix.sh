@@ -13,8 +13,8 @@
 # of each run; default 220 with carried JIT caches, 330 without them, for the servers' cold starts), PYTHON
 # (default python3). Under --spec no non-speculative reference server is started
 # (--no-spec-parity): the parity here is a prefix hit against a cold cache on each server.
-# Wall estimate with warm caches: per run both servers start together (--concurrent-start, ~60 s), then each is
-# measured alone: 256 shared-prefix prompts x 256 tokens at concurrency 64 and 8 parity prompts x 256 tokens sent
+# Wall estimate with warm caches: per tiny-model run both servers start together (--concurrent-start, ~60 s;
+# a real-size model's servers start one after another, ~75 s each warm, ~230 s cold), then each is measured alone: 256 shared-prefix prompts x 256 tokens at concurrency 64 and 8 parity prompts x 256 tokens sent
 # three times (~30 s a server); ~2.5 min a run, ~6 min for both plus the bootstrap, under 9 min.
 set -uo pipefail
 OUT="${OUT:-/tmp/replayssm-prefix}"

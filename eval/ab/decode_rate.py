@@ -78,7 +78,7 @@ def full_batch_rate(lines: List[Tuple[int, float]], batch: int,
 def full_batch(batch: int, cap: Optional[int] = None) -> int:
     """The requests a run decodes at once when full: its concurrency, or the server's max running requests
     (``cap``) where that is lower."""
-    return min(batch, cap) if isinstance(cap, int) and cap > 0 else batch
+    return min(batch, cap) if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else batch
 
 
 def client_full_batch_rate(bench: Optional[Dict[str, Any]], batch: int) -> Optional[float]:

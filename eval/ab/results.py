@@ -135,6 +135,8 @@ def compare(a: Dict[str, Any], b: Dict[str, Any], phases: List[Dict[str, Any]], 
             # SGLang's own decode rate at a full batch (its scheduler log), arm over baseline, beside the
             # client's ratio; a run whose client rate disagrees with it is client-path bound (eval/ab/decode_rate.py)
             "decode_rate_ratio": rat(qb.get("decode_tok_s"), qa.get("decode_tok_s")),
+            # the batch each decode rate was read at: the concurrency, or the server's running cap below it
+            "decode_full_batch": {a["label"]: qa.get("full_batch", bs), b["label"]: qb.get("full_batch", bs)},
             "client_path_bound": {a["label"]: qa.get("client_path_bound"), b["label"]: qb.get("client_path_bound")},
             "ttft_p50_ratio": rat(rb.get("median_ttft_ms"), ra.get("median_ttft_ms")),
             "ttft_p99_ratio": rat(rb.get("p99_ttft_ms"), ra.get("p99_ttft_ms")),

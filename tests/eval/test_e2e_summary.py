@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from eval import e2e_summary, report
+from eval import ab_report, e2e_summary, report
 
 DATA = Path(__file__).parent / "data"
 
@@ -577,3 +577,96 @@ def test_eagle_summary_keys_from_tree_and_chain_runs(tmp_path):
     assert "| nemotron-h-8b | 4 | 8 | 64 | 3.0 |" in md  # each speed row says whether its acceptance was simulated
     nextn = json.loads((out / "e2e-spec-h200.json").read_text())
     assert nextn["speed"] == [] and nextn["runs"] == []
+
+
+def test_shared_prefix_runs_are_no_speculative_run_or_non_speculative_baseline():
+    """The committed tree EAGLE run borrows its non-speculative baseline from the nearest plain run of the tiny
+    model (tiny-decode), never from a shared-prefix run, though prefix-tiny-nemotron-h is nearer in time; the NEXTN
+    shared-prefix run is summarised in e2e-prefix only, not among the speculative runs."""
+    root = Path(__file__).resolve().parents[2] / "eval" / "results" / "e2e-h200"
+    dirs = [root / d for d in ("tiny-decode", "prefix-tiny-nemotron-h", "prefix-tiny-qwen3-next-nextn",
+                               "tree-tiny-nemotron-h-eagle")]
+    results = e2e_summary.load_results(dirs)
+    runs = e2e_summary.arms_by_run(results)
+    assert runs and not any("/prefix-" in a["file"] for arms in runs.values() for a in arms.values())
+    (tree,) = [r for r in e2e_summary.spec_speed(results, eagle=True) if r["batch"] == 1]
+    assert "/tiny-decode/" in tree["stock_nonspec_file"] and tree["stock_nonspec_tok_s"]
+    assert not any("/prefix-" in r["file"] for r in e2e_summary.spec_summary(results)["runs"])
+    assert any("/prefix-tiny-qwen3-next-nextn/" in r["file"] for r in e2e_summary.prefix_runs(results))
+
+
+def test_capped_rates_are_read_only_where_the_log_can_tell_the_run(tmp_path):
+    """capped_decode_rate: a result recorded with the cap (``full_batch`` in its rates) keeps what it recorded; an
+    arm with two batches above its cap gets none (their lines cannot be told apart); the log is the run's own
+    (``logs-<result name up to the arms>``), not another model's beside it. A plain-decode row of two servers
+    read at different full batches has no decode-rate ratio."""
+    res = report.read_json(PREFIX_RUN)
+    arm = dict(copy.deepcopy(res["arms"]["stock"]), label="stock")
+    arm["facts"]["max_running_requests"] = 100
+    (entry,) = arm["bench"]
+    entry["batch"] = 256
+    entry["rates"].pop("full_batch", None)
+    run = tmp_path / "run"
+    line = ("[2026-12-02 16:48:40] Decode batch, #running-req: {n}, #full token: 1, full token usage: 0.01, mamba "
+            "num: 1, mamba usage: 0.5, cuda graph: True, gen throughput (token/s): {x}, #queue-req: 3\n")
+    for d, x in (("logs-ab-tiny-nemotron-h", 5000), ("logs-ab-tiny-nemotron-h-nextn", 9000)):
+        (run / d).mkdir(parents=True)
+        (run / d / "server-stock.log").write_text(line.format(n=100, x=x))
+    f = run / "ab-tiny-nemotron-h-stock-vs-staged.json"
+    assert e2e_summary.capped_decode_rate(f, arm, 256) == 5000
+    assert e2e_summary.capped_decode_rate(run / "ab-tiny-nemotron-h-nextn-stock-vs-staged.json", arm, 256) == 9000
+    assert e2e_summary.capped_decode_rate(run / "ab-other-model-stock-vs-staged.json", arm, 256) is None
+    recorded = copy.deepcopy(arm)
+    recorded["bench"][0]["rates"]["full_batch"] = 100
+    assert e2e_summary.capped_decode_rate(f, recorded, 256) is None
+    two = copy.deepcopy(arm)
+    two["bench"].append(dict(copy.deepcopy(entry), batch=128))
+    assert e2e_summary.capped_decode_rate(f, two, 256) is None
+    for cap in (0, True, None):
+        arm["facts"]["max_running_requests"] = cap
+        assert e2e_summary.capped_decode_rate(f, arm, 256) is None
+
+
+def test_decode_rows_compare_decode_rates_only_at_one_full_batch(tmp_path):
+    res = report.read_json(PREFIX_RUN)
+    r = copy.deepcopy(res)
+    r["bench"]["workload"] = "none"
+    r["model"]["name"] = "nemotron-h-8b"
+    r["model"].pop("size", None)
+    for lab, fb in (("stock", 64), ("staged", 60)):
+        for e in r["arms"][lab]["bench"]:
+            e["rates"]["full_batch"] = fb
+    report.write_json(tmp_path / "ab-nemotron-h-8b-stock-vs-staged.json", r)
+    (row,) = e2e_summary.decode_speed(e2e_summary.load_results([tmp_path]))["by_batch"]
+    assert row["full_batch"] == {"stock": 64, "arm": 60} and row["decode_rate_speedup"] is None
+    assert row["stock_decode_tok_s"] and row["arm_decode_tok_s"]
+    for e in r["arms"]["staged"]["bench"]:
+        e["rates"]["full_batch"] = 64
+    report.write_json(tmp_path / "ab-nemotron-h-8b-stock-vs-staged.json", r)
+    (row,) = e2e_summary.decode_speed(e2e_summary.load_results([tmp_path]))["by_batch"]
+    assert row["decode_rate_speedup"] == report.ratio(row["arm_decode_tok_s"], row["stock_decode_tok_s"])
+
+
+def test_prefix_markdown_names_spec_caps_and_runs_that_measured_nothing(tmp_path):
+    root = Path(__file__).resolve().parents[2] / "eval" / "results" / "e2e-h200"
+    doc = e2e_summary.prefix_summary(e2e_summary.load_results(
+        [root / d for d in ("prefix-nemotron-h-8b", "prefix-tiny-nemotron-h-nextn-cut")]))
+    e2e_summary.write_prefix(doc, tmp_path)
+    md = (tmp_path / "e2e-prefix-h200.md").read_text()
+    assert "| spec | batch | max running (arm / stock) |" in md
+    assert "| nemotron-h-8b | staged | default | none | 256 | 95 / 102 | ok |" in md
+    assert "| tiny-nemotron-h | staged | default | nextn | 64 | 64 / — | ok, nothing measured |" in md
+
+
+def test_speed_table_names_the_batch_a_capped_decode_rate_was_read_at():
+    """eval.ab's speed table: a decode rate read at a server's running cap says so; a run whose client-path flag
+    is not judged (shared-prefix) says that instead of a blank."""
+    res = report.read_json(PREFIX_RUN)
+    r = copy.deepcopy(res)
+    for lab, fb in (("stock", 64), ("staged", 60)):
+        for e in r["arms"][lab]["bench"]:
+            e["rates"].update(full_batch=fb, client_path_bound=None, client_path_not_judged="prefill")
+    table = ab_report.speed_table(r)
+    rate = r["arms"]["staged"]["bench"][0]["rates"]["decode_tok_s"]
+    assert f"{report.fmt(rate, 0)} (at 60)" in table and "(at 64)" not in table
+    assert "stock: not judged, staged: not judged" in table
