@@ -351,16 +351,27 @@ def build_ring(mamba_pool, cache_params, mamba_layer_ids, cfg: ReplaySSMConfig,
         region = adapter.region(GPU_MEMORY_TYPE_KV_CACHE)
     with region:
         ring = ReplayRing(plan.geom, num_layers, num_slots, device=temporal.device, spec_window=window)
+    ring_slot, state_slot = ring_slot_share(ring, temporal)
     logger.info("sglang_replayssm: %s %s ring on the mamba pool (type from %s; activation dtype from %s): %s, "
-                "ring length %d, %d layer(s) x %d slots, %.2f MiB", plan.kind,
+                "ring length %d, %d layer(s) x %d slots, %.2f MiB: %.2f MiB a slot beside its %.2f MiB SSM state, so "
+                "the same memory holds %.1f%% fewer slots (and running requests) than without the ring", plan.kind,
                 "standard-decode" if window is None else f"spec (verify window {window})", plan.kind_source,
-                plan.dtype_source, plan.geom, ring.ring_len, num_layers, num_slots, ring.nbytes() / (1 << 20))
+                plan.dtype_source, plan.geom, ring.ring_len, num_layers, num_slots, ring.nbytes() / (1 << 20),
+                ring_slot / (1 << 20), state_slot / (1 << 20), 100.0 * ring_slot / max(ring_slot + state_slot, 1))
     if plan.kind == "gdn" and temporal.dtype != torch.float32 and window is None:  # the decode kernel's cost
         logger.warning("sglang_replayssm: GDN layers with a %s SSM state: the replay decode kernel gains little "
                        "or nothing over SGLang's there (H200, Qwen3-Next geometry: 1.04x at batch 256, 0.97x at 32, "
                        "0.81x at 1, eval/results/kernels-h200.md; it gains with an fp32 state, "
                        "--mamba-ssm-dtype float32)", str(temporal.dtype).split(".")[-1])
     return ring
+
+
+def ring_slot_share(ring, temporal: torch.Tensor) -> Tuple[int, int]:
+    """(ring bytes, SSM state bytes) per pool slot, all layers: a slot of ``state + ring`` bytes means a pool of
+    the same memory holds ``ring / (state + ring)`` fewer slots than stock's (honest slot accounting in the log)."""
+    slots = max(int(temporal.shape[1]), 1)
+    state = temporal.numel() // slots * temporal.element_size()
+    return ring.nbytes() // slots, state
 
 
 # --------------------------------------------------------------------------------------

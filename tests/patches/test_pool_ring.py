@@ -123,6 +123,23 @@ def test_mamba2_ring_matches_the_pool(patched):
     assert views["x"].data_ptr() == ring.tensors["x"][2].data_ptr() and views["x"].shape == (S, H, L, P)
 
 
+def test_the_log_states_what_the_ring_costs_in_slots(patched, caplog):
+    """Honest slot accounting: the allocation line gives the ring's bytes a slot beside the slot's SSM state and the
+    share of slots (and so of running requests) the same memory loses to it."""
+    H, P, N, G = 8, 16, 32, 2
+    with caplog.at_level("INFO", logger="sglang_replayssm"):
+        pool = make_pool(mamba2_params(H, P, N, G))
+    ring, temporal = ring_of(pool), pool.mamba_pool.mamba_cache.temporal
+    from sglang_replayssm.patches.pool import ring_slot_share
+
+    ring_b, state_b = ring_slot_share(ring, temporal)
+    assert state_b == temporal.shape[0] * H * P * N * temporal.element_size()
+    assert ring_b >= temporal.shape[0] * slot_bytes_from_tensors(ring)  # + the cursors
+    share = 100.0 * ring_b / (ring_b + state_b)
+    assert f"the same memory holds {share:.1f}% fewer slots (and running requests)" in caplog.text
+    assert f"{ring_b / (1 << 20):.2f} MiB a slot beside its {state_b / (1 << 20):.2f} MiB SSM state" in caplog.text
+
+
 @pytest.mark.parametrize("ssm", [torch.float32, torch.bfloat16])
 def test_gdn_ring_matches_the_pool(patched, ssm, caplog):
     Hk, HV, K, V = 2, 4, 32, 16
