@@ -258,10 +258,6 @@ def _server_log(result_file: Path, label: str) -> Optional[Path]:
     return None
 
 
-def _positive_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x > 0
-
-
 def capped_decode_rate(result_file: Path, arm: Dict[str, Any], bs: Any) -> Optional[float]:
     """SGLang's decode rate at a full batch for a run whose concurrency ``bs`` exceeded the server's max running
     requests, recorded before eval.ab took that cap as the full batch (it then recorded none, and no
@@ -269,13 +265,13 @@ def capped_decode_rate(result_file: Path, arm: Dict[str, Any], bs: Any) -> Optio
     the arm's one measured batch above the cap fills them; with two such batches the lines cannot be told apart,
     and none is given."""
     cap = (arm.get("facts") or {}).get("max_running_requests")
-    if not _positive_int(bs) or not _positive_int(cap) or bs <= cap:
+    if not decode_rate.positive_int(bs) or not decode_rate.positive_int(cap) or bs <= cap:
         return None
     entries = [e for e in arm.get("bench") or [] if e.get("result")]
     entry = next((e for e in entries if e.get("batch") == bs), None)
     if entry is None or "full_batch" in (entry.get("rates") or {}):  # not measured, or recorded with the cap
         return None
-    if sum(1 for e in entries if _positive_int(e.get("batch")) and e["batch"] > cap) != 1:
+    if sum(1 for e in entries if decode_rate.positive_int(e.get("batch")) and e["batch"] > cap) != 1:
         return None
     lg = _server_log(Path(result_file), arm.get("label", ""))
     if lg is None:
@@ -285,7 +281,7 @@ def capped_decode_rate(result_file: Path, arm: Dict[str, Any], bs: Any) -> Optio
 
 def _shared_prefix(res: Dict[str, Any]) -> bool:
     """A prefix-caching run (eval.ab --workload shared-prefix): summarised in e2e-prefix-h200 only; its speeds mix
-    prefill into every step and are no decode or speculative figure."""
+    in the prefill of newly admitted prompts and are no decode or speculative figure."""
     return (res.get("bench") or {}).get("workload") == "shared-prefix"
 
 
@@ -809,22 +805,22 @@ def prefix_runs(results) -> List[Dict[str, Any]]:
     """One row per (shared-prefix run, arm kind other than stock, batch): each arm against the run's stock arm
     (and, for our arms, against the same run's upstream arm, which eval.ab writes to another result file)."""
     rows = []
-    upstream_of: Dict[Tuple[Any, Any], Tuple[Path, Dict[str, Any]]] = {}  # (model, started) -> upstream arm
+    upstream_of: Dict[Tuple[Any, Any], Dict[str, Any]] = {}  # (model, started) -> upstream arm
     for f, res in results:
-        if (res.get("bench") or {}).get("workload") == "shared-prefix":
+        if _shared_prefix(res):
             for label, arm in (res.get("arms") or {}).items():
                 if (arm.get("phase") or {}).get("kind") == "upstream":
-                    upstream_of[(_setup(res)["model"], res.get("started"))] = (f, dict(arm, label=label))
+                    upstream_of[(_setup(res)["model"], res.get("started"))] = dict(arm, label=label)
     for f, res in results:
-        bench = res.get("bench") or {}
-        if bench.get("workload") != "shared-prefix":
+        if not _shared_prefix(res):
             continue
+        bench = res["bench"]
         setup = _setup(res)
         by_kind: Dict[str, Dict[str, Any]] = {}
         for label, arm in (res.get("arms") or {}).items():
             by_kind.setdefault((arm.get("phase") or {}).get("kind", "?"), dict(arm, label=label))
         stock = by_kind.get("stock") or {}
-        up = upstream_of.get((setup["model"], res.get("started")), (f, by_kind.get("upstream")))[1]
+        up = upstream_of.get((setup["model"], res.get("started")), by_kind.get("upstream"))
         pp = (res.get("summary") or {}).get("prefix_parity") or {}
         for kind, arm in by_kind.items():
             if kind == "stock":
@@ -901,6 +897,7 @@ def write_prefix(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
             "ttft_p50_vs_upstream": "<= 0.8", "decode_rate_speedup_prefix_bs256": ">= 1.5",
             "prefix_parity_max_abs_logprob_diff": "<= 0.1"}
     tgt = [[k, report.fmt(s.get(k), 3), goal[k]] for k in PREFIX_TARGETS]
+
     def status(r: Dict[str, Any]) -> str:
         measured = any(r.get(k) is not None for k in ("hit_rate", "ttft_p50_ms", "decode_rate"))
         return r["status"] if measured or r["status"] != "ok" else "ok, nothing measured"

@@ -75,10 +75,15 @@ def full_batch_rate(lines: List[Tuple[int, float]], batch: int,
     return (statistics.median(vals) if vals else None), len(vals)
 
 
+def positive_int(x: Any) -> bool:
+    """A usable batch or running-request count (an int above 0, not a bool)."""
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
 def full_batch(batch: int, cap: Optional[int] = None) -> int:
     """The requests a run decodes at once when full: its concurrency, or the server's max running requests
     (``cap``) where that is lower."""
-    return min(batch, cap) if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else batch
+    return min(batch, cap) if positive_int(cap) else batch
 
 
 def client_full_batch_rate(bench: Optional[Dict[str, Any]], batch: int) -> Optional[float]:
@@ -99,9 +104,9 @@ def check(client_rate: Optional[float], decode_rate: Optional[float],
 
 
 # why a run's rates are recorded but not judged (``rates(..., judge=False)``)
-NOT_JUDGED = ("prefill runs throughout this workload: a request's TPOT includes the prefill steps of the requests "
-              "admitted while it decodes, which the scheduler's decode lines leave out, so the two rates differ "
-              "whatever the client path does")
+NOT_JUDGED = ("this workload prefills new prompts while others decode: a request's TPOT includes the prefill steps "
+              "of the requests admitted while it decodes, which the scheduler's decode lines mostly leave out, so "
+              "the two rates differ whatever the client path does")
 
 
 def rates(log_text: str, bench: Optional[Dict[str, Any]], batch: int, cap: Optional[int] = None,

@@ -21,8 +21,8 @@ What SGLang 0.5.17 does for a tree, and what changes here
   ``ngram_worker``) keeps SGLang's conv rollback (the last accepted node's conv window, the masked scatter the
   chain commit keeps too) and then calls ``spec_commit_tree``: the accepted path's ring entries are gathered
   to consecutive positions after the committed history (one launch per ring tensor for all layers) and the
-  cursors move as for a chain of ``accept_lens`` tokens.  Chains (topk <= 1), pools without a spec ring and idle batches run the original
-  (whose chain commit is ``spec_commit.commit_around``).
+  cursors move as for a chain of ``accept_lens`` tokens.  Chains (topk <= 1), pools without a spec ring and idle
+  batches run the original (whose chain commit is ``spec_commit.commit_around``).
 
 * Tracking (the extra_buffer radix strategy, ``batch.mamba_track_indices`` set): SGLang's own
   ``spec_utils._verify_commit_step_indices`` gives the tracked node per row (-1: none); its position on the
