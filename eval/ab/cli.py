@@ -125,7 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "(LlamaForCausalLMEagle sized to the target, --list-models), --spec nextn the target's MTP")
     sp.add_argument("--sim-acc-len", type=float, default=None, help="SGLANG_SIMULATE_ACC_LEN for the speed runs")
     sp.add_argument("--sim-acc-method", default="match-expected")
-    sp.add_argument("--sim-acc-token-mode", default="real-draft-token")
+    sp.add_argument("--sim-acc-token-mode", choices=("auto", "real-draft-token", "fixed"), default="auto",
+                    help="SGLANG_SIMULATE_ACC_TOKEN_MODE: auto = real-draft-token for a chain (--spec-topk 1: the "
+                         "draft's own tokens are accepted), fixed for a tree (SGLang 0.5.17 refuses real draft tokens "
+                         "with --speculative-eagle-topk > 1; every output token is then one fixed id)")
     sp.add_argument("--no-spec-parity", dest="spec_parity", action="store_false", default=True,
                     help="skip the extra parity servers of a spec run")
     pr = p.add_argument_group("profile (eval/profile_trace.py)")

@@ -198,13 +198,22 @@ def server_env(base: Dict[str, str], args, phase: Phase, model: ModelSpec, pytho
     if phase.spec and phase.sim_acc_len is not None:
         env["SGLANG_SIMULATE_ACC_LEN"] = str(phase.sim_acc_len)
         env["SGLANG_SIMULATE_ACC_METHOD"] = args.sim_acc_method
-        env["SGLANG_SIMULATE_ACC_TOKEN_MODE"] = args.sim_acc_token_mode
+        env["SGLANG_SIMULATE_ACC_TOKEN_MODE"] = sim_acc_token_mode(args)
     if args.test_retract:
         # SGLang's own retraction test hook: one running request is retracted (and later re-prefilled)
         # every N forward passes, on every server alike
         env["SGLANG_TEST_RETRACT"] = "1"
         env["SGLANG_TEST_RETRACT_INTERVAL"] = str(args.test_retract)
     return env
+
+
+def sim_acc_token_mode(args) -> str:
+    """SGLANG_SIMULATE_ACC_TOKEN_MODE for ``--sim-acc-token-mode``: ``auto`` is ``real-draft-token`` for a chain and
+    ``fixed`` for a tree (SGLang's ``eagle_sample`` raises on real draft tokens with ``--speculative-eagle-topk`` > 1)."""
+    mode = getattr(args, "sim_acc_token_mode", "auto") or "auto"
+    if mode != "auto":
+        return mode
+    return "fixed" if int(getattr(args, "spec_topk", 1) or 1) > 1 else "real-draft-token"
 
 
 # settings inherited from the caller's environment that change what a server does (recorded per run)

@@ -183,6 +183,20 @@ def test_eagle_tree_flags(tmp_path, sglang_parser, topk, ndraft):
     assert ns.speculative_draft_model_path == m.draft
 
 
+@pytest.mark.parametrize("argv,mode", [
+    (("--spec", "eagle", "--spec-topk", "4", "--spec-draft-tokens", "8"), "fixed"),  # SGLang refuses real tokens
+    (("--spec", "eagle"), "real-draft-token"),
+    (("--spec", "nextn"), "real-draft-token"),
+    (("--spec", "eagle", "--spec-topk", "4", "--spec-draft-tokens", "8", "--sim-acc-token-mode",
+      "real-draft-token"), "real-draft-token"),  # a mode given wins
+])
+def test_simulated_acceptance_token_mode(capsys, argv, mode):
+    assert ab.main(["--model", "tiny-nemotron-h", *argv, "--sim-acc-len", "3", "--batch", "4", "--no-parity",
+                    "--dry-run"]) == 0
+    envs = [ln for ln in capsys.readouterr().out.splitlines() if "SGLANG_SIMULATE_ACC_LEN=3.0" in ln]
+    assert envs and all(f"SGLANG_SIMULATE_ACC_TOKEN_MODE={mode} " in ln + " " for ln in envs), envs
+
+
 def test_nextn_keeps_the_targets_mtp_and_an_explicit_draft_wins(tmp_path):
     m, flags = _flags(tmp_path, "--model", "tiny-nemotron-h", "--spec", "nextn")
     assert m.draft is None and "--speculative-draft-model-path" not in flags and "--moe-runner-backend" in flags
