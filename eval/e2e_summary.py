@@ -443,7 +443,8 @@ def arms_by_run(results) -> Dict[Tuple[Any, Any], Dict[str, Dict[str, Any]]]:
             runs.setdefault((setup["model"], res.get("started")), {})[label] = {
                 "kind": arm["phase"].get("kind"), "spec": bool(arm["phase"].get("spec")),
                 "bench": _bs_row(res, label), "max_running_requests": (s.get("max_running_requests") or {}).get(label),
-                "accept_length": (s.get("accept_length") or {}).get(label), "setup": setup, "file": str(f)}
+                "accept_length": (s.get("accept_length") or {}).get(label), "setup": setup, "file": str(f),
+                "rates": {e["batch"]: e["rates"] for e in arm.get("bench") or [] if e.get("rates")}}
     return runs
 
 
@@ -454,6 +455,19 @@ EAGLE_SPECS = ("eagle", "eagle3")
 
 def _eagle(setup: Dict[str, Any]) -> bool:
     return str(setup.get("spec") or "").lower() in EAGLE_SPECS
+
+
+def _spec_decode_rates(ours: Dict[str, Any], stock: Optional[Dict[str, Any]], bs) -> Dict[str, Any]:
+    """SGLang's own decode rate at a full batch (its scheduler log) of the replay and the stock spec arm at batch
+    ``bs``, the batch each was read at (a server's running cap where that is below ``bs``) and whether the client
+    path bounded the run (eval/ab/decode_rate.py)."""
+    out = {}
+    for name, arm in (("staged", ours), ("stock", stock)):
+        r = ((arm or {}).get("rates") or {}).get(bs) or {}
+        out[f"{name}_decode_tok_s"] = r.get("decode_tok_s")
+        out[f"{name}_decode_full_batch"] = r.get("full_batch")
+        out[f"{name}_client_path_bound"] = r.get("client_path_bound")
+    return out
 
 
 def spec_speed(results, eagle: bool = False) -> List[Dict[str, Any]]:
@@ -500,6 +514,7 @@ def spec_speed(results, eagle: bool = False) -> List[Dict[str, Any]]:
                          "max_running_staged": ours["max_running_requests"],
                          "max_running_stock": stock["max_running_requests"] if stock else None,
                          "capacity_ratio": cap, "file": ours["file"], "started": started,
+                         **_spec_decode_rates(ours, stock, bs),
                          "stock_nonspec_file": nospec["file"] if nospec else None, "nonspec_same_run": same_run})
     for r in rows:
         r["latest_for"] = []
@@ -977,26 +992,48 @@ def write_eagle(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
     goal = {"tree_vs_stock_tree_bs64": ">= 1.5", "tree_capacity_ratio": ">= 4", "eagle_chain_vs_stock_bs64": ">= 1.5",
             "tree_greedy_excess_mismatches": "<= 0"}
     tgt = [[k, report.fmt(s.get(k), 3), goal[k]] for k in EAGLE_TARGETS]
+    def decode(r, arm):  # SGLang's decode rate, with the batch it was read at when that is not the run's
+        rate, at = r.get(f"{arm}_decode_tok_s"), r.get(f"{arm}_decode_full_batch")
+        if rate is None:
+            return "—"
+        return report.fmt(rate, 0) + (f" (at {at})" if at not in (None, r["batch"]) else "") + \
+            (" *" if r.get(f"{arm}_client_path_bound") else "")
+
     speed = [[r["model"], r["spec_topk"], r["spec_draft_tokens"] or "—", r["batch"],
               report.fmt(r["sim_acc_len"], 1) if r.get("sim_acc_len") else "no (real drafts)",
               report.fmt(r["staged_tok_s"], 0),
               report.fmt(r["stock_spec_tok_s"], 0), report.fmt(r["spec_vs_stock_spec"], 3),
+              decode(r, "staged"), decode(r, "stock"),
               f"{report.fmt(r['capacity_ratio'], 2)} ({r.get('max_running_staged')} / {r.get('max_running_stock')})"
               if r["capacity_ratio"] is not None else "—", f"{Path(r['file']).parent.name}"] for r in doc["speed"]]
     runs = [[r["model"], r.get("spec_topk"), r["arms"],
-             "; ".join(f"{k}: {v['token_mismatches']} mismatches" for k, v in r["spec_vs_nonspec"].items()) or "—",
-             "counted" if r.get("greedy_target_run") else ""] for r in doc["runs"]]
+             "; ".join(f"{k}: {v['token_mismatches']} mismatches" for k, v in r["spec_vs_nonspec"].items()),
+             "counted" if r.get("greedy_target_run") else ""] for r in doc["runs"] if r["spec_vs_nonspec"]]
     paths.append(report.write_markdown(out_dir / "e2e-tree-h200.md", "EAGLE speculation (separate draft, chains and "
                                        "trees) on the H200", [
         _source_section(doc),
         ("Targets (— : not measured yet)", report.markdown_table(["metric", "measured", "goal"], tgt)),
         ("Speed (output tokens/s; acceptance simulated where a length is given, else the draft model's own)",
+         "Both servers of a run get the same flags. The client's output tok/s (replay, stock, vs stock) sits beside "
+         "SGLang's own decode rate at a full batch (its scheduler log; *at N*: read at the server's running cap N, "
+         "below the concurrency; \\*: the client's rate at a full batch is more than 10% off it, "
+         "eval/ab/decode_rate.py). Max running requests are each server's own: stock keeps SGLang's speculative "
+         "default of 48 (its memory solve reserves a full SSM state per draft node), ours is solved from memory and "
+         "capped at the decode CUDA-graph batch.\n\n" +
          report.markdown_table(["model", "topk", "draft tokens", "batch", "simulated accept", "replay", "stock",
-                                "vs stock",
+                                "vs stock", "replay decode", "stock decode",
                                 "capacity ratio (max running)", "folder"], speed) if speed else "not run yet"),
         ("Greedy spec vs non-spec (tiny models, no simulation)",
          report.markdown_table(["model", "topk", "arms", "mismatches", "in the key"], runs) if runs else "not run yet"),
     ]))
+    pts = [r for r in doc["speed"] if r["spec_vs_stock_spec"] is not None]
+    if pts and report.plot_panels(out_dir / "e2e-tree-h200.png", [
+            {"title": "EAGLE, separate draft: ours / stock SGLang (H200)",
+             "kind": "bar", "ylabel": "ratio", "hline": 1.0,
+             "categories": [f"{r['model']}\ntopk {r['spec_topk']}, batch {r['batch']}" for r in pts],
+             "series": [{"label": "client output tok/s", "y": [r["spec_vs_stock_spec"] for r in pts]},
+                        {"label": "max running requests", "y": [r["capacity_ratio"] for r in pts]}]}]):
+        paths.append(out_dir / "e2e-tree-h200.png")
     return paths
 
 

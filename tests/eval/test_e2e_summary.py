@@ -577,6 +577,22 @@ def test_eagle_summary_keys_from_tree_and_chain_runs(tmp_path):
     assert "| nemotron-h-8b | 4 | 8 | 64 | 3.0 |" in md  # each speed row says whether its acceptance was simulated
     nextn = json.loads((out / "e2e-spec-h200.json").read_text())
     assert nextn["speed"] == [] and nextn["runs"] == []
+    assert (out / "e2e-tree-h200.png").stat().st_size > 0
+
+
+def test_eagle_rows_carry_each_arms_decode_rate_and_its_batch():
+    """The committed 8B tree run: each speed row has SGLang's decode rate of both arms as recorded, with the batch it
+    was read at (stock at its running cap of 48 under a concurrency of 64), and the md names that batch."""
+    root = Path(__file__).resolve().parents[2] / "eval" / "results" / "e2e-h200"
+    results = e2e_summary.load_results([root / "eagle-nemotron-h-8b-tree"])
+    (row,) = e2e_summary.spec_speed(results, eagle=True)
+    (res,) = [r for _, r in results]
+    rec = {lab: next(e["rates"] for e in arm["bench"] if e["batch"] == 64) for lab, arm in res["arms"].items()}
+    assert row["staged_decode_tok_s"] == rec["staged"]["decode_tok_s"] and row["stock_decode_full_batch"] == 48
+    assert row["stock_decode_tok_s"] == rec["stock"]["decode_tok_s"]
+    assert row["staged_client_path_bound"] is rec["staged"]["client_path_bound"]
+    md = (Path(__file__).resolve().parents[2] / "eval" / "results" / "e2e-tree-h200.md").read_text()
+    assert f"{report.fmt(rec['stock']['decode_tok_s'], 0)} (at 48)" in md
 
 
 def test_shared_prefix_runs_are_no_speculative_run_or_non_speculative_baseline():
