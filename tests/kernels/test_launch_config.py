@@ -47,6 +47,9 @@ def _h200_expected():
             exp[("gdn_decode", f"{g}_L16", tag)] = (GDN_KCHUNK if qwen and tag == "fp32" else
                                                     GDN_BF16 if qwen and tag == "bf16" else GDN_WHOLE_TILE)
             exp[("gdn_verify", f"{g}_R20_T4", tag)] = GDN_VERIFY
+            # 8-node trees on the Qwen3-Next geometry run uncapped (spec-variants-h200/tree-t8); elsewhere the cap
+            exp[("gdn_verify", f"{g}_R24_T8", tag)] = dict(GDN_VERIFY, maxnreg=0) if g == "HV32_HK16_K128_V128" \
+                else GDN_VERIFY
         for g in MAMBA2_GEOMS:  # Nemotron-H-8B, the large Nemotron-H, a tiny one
             exp[("mamba2_output_only", f"{g}_L16", tag)] = MAMBA2
             exp[("mamba2_verify", f"{g}_R20_T4", tag)] = MAMBA2_VERIFY
@@ -69,6 +72,7 @@ def test_the_wrappers_resolve_the_pinned_h200_configs(monkeypatch):
     assert gdn_replay.gdn_launch_params(64, 16, 128, 128, 16, torch.bfloat16) == GDN_BF16
     assert gdn_replay.gdn_launch_params(32, 16, 128, 128, 16, torch.float16) == GDN_WHOLE_TILE
     assert gdn_verify.gdn_verify_launch_params(32, 16, 128, 128, 20, 4, torch.float32) == GDN_VERIFY
+    assert gdn_verify.gdn_verify_launch_params(32, 16, 128, 128, 24, 8, torch.float32) == dict(GDN_VERIFY, maxnreg=0)
 
 
 def test_the_built_in_defaults_are_the_h200_winners():
@@ -82,15 +86,16 @@ def test_the_built_in_defaults_are_the_h200_winners():
         got = common.launch_config(family, common.config_keys(key, DTYPES[tag]), path=str(DEFAULT))
         assert got == common.family_defaults(family)
         if want != got:  # only the H200's own geometry entries differ
-            assert family == "gdn_decode" and key.startswith(("HV32_HK16", "HV64_HK16")) and tag in ("fp32", "bf16")
+            assert (family == "gdn_decode" and key.startswith(("HV32_HK16", "HV64_HK16")) and tag in ("fp32", "bf16")) \
+                or (family == "gdn_verify" and key == "HV32_HK16_K128_V128_R24_T8")
 
 
 def test_h200_file_holds_only_geometry_entries():
     import yaml
 
     doc = yaml.safe_load(H200.read_text())
-    assert set(doc) == {"gdn_decode"}
-    assert "default" not in doc["gdn_decode"]
+    assert set(doc) == {"gdn_decode", "gdn_verify"}
+    assert all("default" not in entries for entries in doc.values())
     assert yaml.safe_load(DEFAULT.read_text()) == {}
 
 
