@@ -52,14 +52,17 @@ def full_help() -> str:
     p = argparse.ArgumentParser(
         prog=PROG, allow_abbrev=False,
         description="Launch an SGLang server with ReplaySSM decoding for hybrid Mamba2 / GDN models. "
-                    "Takes every SGLang server flag plus the --replayssm-* flags below.")
+                    "Takes every SGLang server flag plus the --replayssm-* flags below.",
+        epilog="Streaming: with SGLang's default --stream-interval 1, SGLang's tokenizer-manager process caps the "
+               "tokens/s that many concurrent streaming clients receive (stock SGLang too); --stream-interval 8 "
+               "lifts it (docs/streaming.md).")
     add_flags(p)
     try:
         from sglang.srt.server_args import ServerArgs
 
         ServerArgs.add_cli_args(p)
     except Exception as e:  # SGLang missing or broken: still document our own flags
-        p.epilog = f"(SGLang server flags unavailable: {type(e).__name__}: {e})"
+        p.epilog += f" (SGLang server flags unavailable: {type(e).__name__}: {e})"
     return p.format_help()
 
 
@@ -184,6 +187,22 @@ def resolve_spec_max_running(cfg: ReplaySSMConfig, sglang_argv: List[str]) -> Re
     return cfg.replace(spec_max_running="sglang" if explicit else "auto")
 
 
+def streaming_note(cfg: ReplaySSMConfig, sglang_argv: List[str]) -> Optional[str]:
+    """One log line when SGLang will stream every token (``--stream-interval`` 1, its default) to a server that
+    decodes on the replay ring: above some thousands of streamed tokens/s SGLang's tokenizer-manager process caps what
+    streaming clients receive, for stock SGLang too (docs/streaming.md). Advice only: the flag stays the user's."""
+    if not (cfg.enable and cfg.replay_ring):
+        return None
+    if (_flag_value(sglang_argv, "--stream-interval") or "1").strip() != "1":
+        return None
+    return ("sglang_replayssm: --stream-interval 1 (SGLang's default): with many concurrent streaming requests, "
+            "SGLang's tokenizer-manager process (one CPU core) caps the tokens/s that streaming clients receive, for "
+            "stock SGLang and this launcher alike, so faster decoding does not reach them there (measured on an H200 "
+            "host: 12-16k tokens/s with 512-token outputs, about 7k with 1024); --stream-interval 8 lifts the cap "
+            "(the first token still goes out at once, later ones in groups of 8), as does a request's own "
+            "\"stream_interval\" sampling parameter; see docs/streaming.md")
+
+
 def _error(msg: str) -> int:
     print(f"{PROG}: error: {msg}", file=sys.stderr)
     return 2
@@ -235,6 +254,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if ns.replayssm_config:
         os.environ[CONFIG_FILE_ENV] = os.path.abspath(ns.replayssm_config)
     activate(cfg)  # this process's config (SGLang's plugin hook here finds it instead of parsing the env again)
+    note = streaming_note(cfg, rest)
+    if note:
+        from .plugin import logger, setup_logging
+
+        setup_logging(cfg)
+        logger.info(note)
     sys.argv = [PROG] + rest
     runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=True)
     return 0

@@ -3,7 +3,10 @@ run of it is alike and ``eval.e2e_summary`` can tell its runs from the others.
 
 ``standard-decode`` (issue 24): bench_serving random token ids, 1024 in / 1024 out, two waves (prompts = 2 x
 concurrency) at concurrency 256 and at 1; arms stock, staged (ours), upstream (SGLang's own GDN replay kernel,
-GDN models only) and a second stock server for the stock-vs-stock noise floor.  Flags not given on the command
+GDN models only) and a second stock server for the stock-vs-stock noise floor; ``--stream-interval 8`` on every
+server, because at SGLang's default of 1 its tokenizer-manager process caps what a streaming client receives
+(stock and ours alike) far below these servers' decode rates (docs/streaming.md,
+eval/results/e2e-h200/streaming-cap/README.md), and the run would measure that process instead of decoding.  Flags not given on the command
 line take the preset's values; a flag given keeps the given value (and the run is then no longer the standard
 one where it changes the workload: ``e2e_summary`` compares the recorded flags).
 
@@ -25,7 +28,8 @@ from typing import Any, Dict, List, Sequence, Set
 
 WORKLOADS: Dict[str, Dict[str, Any]] = {
     # min_prompts 1: batch 1 runs two waves too (prompts = max(batch x rounds, --min-prompts))
-    "standard-decode": {"input_len": 1024, "output_len": 1024, "rounds": 2, "batch": "1,256", "min_prompts": 1},
+    "standard-decode": {"input_len": 1024, "output_len": 1024, "rounds": 2, "batch": "1,256", "min_prompts": 1,
+                        "stream_interval": 8},
     # upstream (--enable-linear-replayssm) serves no_buffer only, so it is no arm of the default; named in --arms it
     # gets --mamba-radix-cache-strategy no_buffer --disable-overlap-schedule (eval.ab.servers.arm_launch)
     "shared-prefix": {"output_len": 256, "batch": "16,64", "radix_cache": "default", "arms": "stock,staged"},

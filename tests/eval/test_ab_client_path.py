@@ -61,6 +61,8 @@ def test_standard_decode_preset_command_lines():
     assert sorted({(_val(a, "--max-concurrency"), _val(a, "--num-prompts")) for a in bench}) == [("1", "2"),
                                                                                                ("256", "512")]
     assert "--workload standard-decode: --input-len=1024 --output-len=1024 --rounds=2 --batch=1,256" in r.stdout
+    servers = [x for x in r.stdout.splitlines() if "launch_server" in x]
+    assert len(servers) == 3 and all(" --stream-interval 8 " in x + " " for x in servers)  # past the main-process cap
     g = _dry("--model", "tiny-qwen3-next", "--workload", "standard-decode")
     assert [x.split()[1] for x in g.stdout.splitlines() if x.startswith("# ")] == ["stock", "staged", "upstream",
                                                                                   "stock-2"]
@@ -73,7 +75,7 @@ def test_flags_given_on_the_command_line_win_over_the_preset():
     done = presets.apply_workload(args, ab.build_parser(), argv)
     assert (args.arms, args.batch, args.output_len, args.input_len, args.rounds) == ("stock,staged", "256", 512,
                                                                                      1024, 2)
-    assert done == ["--input-len=1024", "--rounds=2", "--min-prompts=1"]
+    assert done == ["--input-len=1024", "--rounds=2", "--min-prompts=1", "--stream-interval=8"]
     plain = ab.build_parser().parse_args([])
     assert presets.apply_workload(plain, ab.build_parser(), []) == [] and plain.input_len == 128
     assert presets.given_flags(ab.build_parser(), ["--rounds", "2", "--tag=x"]) == {"rounds", "tag"}

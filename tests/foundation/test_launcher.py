@@ -19,6 +19,7 @@ def test_help_shows_sglang_and_replayssm_flags():
                  "--replayssm-ssm-types", "--replayssm-spec", "--replayssm-config", "--replayssm-disable",
                  "SGLANG_REPLAYSSM_BUFFER_LEN"):
         assert flag in r.stdout, flag
+    assert "--stream-interval 8 lifts it (docs/streaming.md)" in " ".join(r.stdout.split())  # the epilog
 
 
 def test_bad_flag_value_fails_before_sglang_starts():
@@ -33,6 +34,24 @@ def test_launcher_runs_sglangs_entry_and_rejects_unsupported_combo(tmp_path):
     assert r.returncode != 0
     assert "UnsupportedConfigError" in r.stderr and "--pp-size 2" in r.stderr
     assert "sglang_replayssm patched sglang.srt.server_args.ServerArgs.check_server_args" in r.stderr
+    assert "--stream-interval 1 (SGLang's default)" in r.stderr  # the launcher's streaming note, logged once
+    assert r.stderr.count("tokenizer-manager process (one CPU core)") == 1
+
+
+def test_streaming_note_only_for_per_token_streaming_on_the_ring():
+    """The note is advice for a replay-ring server that streams every token: any other interval, the
+    launch-checks-only mode and a disabled launcher get none; the flag is never changed."""
+    from sglang_replayssm.config import from_env
+    from sglang_replayssm.launch_server import streaming_note
+
+    on = from_env({"SGLANG_REPLAYSSM_ENABLE": "true"})
+    note = streaming_note(on, ["--model-path", "m"])
+    assert note and "--stream-interval 8" in note and "docs/streaming.md" in note
+    assert streaming_note(on, ["--stream-interval", "1"]) == note == streaming_note(on, ["--stream-interval=1"])
+    for argv in (["--stream-interval", "8"], ["--stream-interval=2"]):
+        assert streaming_note(on, argv) is None
+    assert streaming_note(on.replace(replay_ring=False), []) is None
+    assert streaming_note(from_env({}), []) is None  # not enabled: stock SGLang
 
 
 def test_doctor_lists_targets_resolved():
