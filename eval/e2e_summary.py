@@ -130,6 +130,7 @@ def _setup(res: Dict[str, Any]) -> Dict[str, Any]:
             "workload": {k: h.get(k, v) for k, v in STANDARD_WORKLOAD.items()},
             "radix_cache": h.get("radix_cache", "off"), "spec": h.get("spec"), "sim_acc_len": h.get("sim_acc_len"),
             "spec_topk": h.get("spec_topk") or 1, "spec_draft_tokens": h.get("spec_draft_tokens"),
+            "pinned_token": h.get("pinned_token"),
             "git_commit": res.get("git_commit"), "sglang_version": res.get("sglang_version"),
             "gpu": (res.get("gpu") or {}).get("name")}
 
@@ -563,7 +564,8 @@ def spec_summary(results, eagle: bool = False) -> Dict[str, Any]:
     for r in runs:
         key = (r["model"], r["spec"], r["spec_topk"])
         seen = latest.get(key)
-        if r["spec_vs_nonspec"] and r["arms"].startswith("staged vs") and \
+        # a pinned-token run's greedy tokens are one token by construction: its logprobs count (pinned_path_runs)
+        if r["spec_vs_nonspec"] and r["arms"].startswith("staged vs") and r.get("pinned_token") is None and \
                 (seen is None or str(r["started"] or "") >= str(seen["started"] or "")):
             latest[key] = r
     for r in runs:
@@ -975,6 +977,7 @@ def eagle_summary(results) -> Dict[str, Any]:
     excess = None
     if tree_runs and all(ours) and all(stock):
         excess = sum(e["token_mismatches"] for e in ours) - sum(e["token_mismatches"] for e in stock)
+    paths = pinned_path_runs(doc["runs"])
     summary = {"tree_vs_stock_tree_bs64": pick(EAGLE_TREE_TOPK, "spec_vs_stock_spec", 64),
                "tree_capacity_ratio": pick(EAGLE_TREE_TOPK, "capacity_ratio"),
                "eagle_chain_vs_stock_bs64": pick(1, "spec_vs_stock_spec", 64),
@@ -982,8 +985,36 @@ def eagle_summary(results) -> Dict[str, Any]:
                "tree_greedy_mismatches": sum(e["token_mismatches"] for e in ours) if tree_runs and all(ours) else None,
                "tree_stock_greedy_mismatches": sum(e["token_mismatches"] for e in stock)
                if tree_runs and all(stock) else None,
+               # not a target: the latest pinned-token tree run's top-k |dlogprob| spec vs non-spec, ours - stock's
+               "tree_path_topk_dlogprob_excess": paths[-1]["topk_dlogprob_excess"] if paths else None,
                "targets": dict(EAGLE_TARGETS)}
-    return {**doc, "schema": "replayssm-e2e-tree/1", "summary": summary}
+    return {**doc, "schema": "replayssm-e2e-tree/1", "summary": summary, "pinned_paths": paths}
+
+
+def pinned_path_runs(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Tree runs with a pinned greedy token (eval.ab --pinned-token, no simulated acceptance): the drafts are
+    accepted along real tree paths, so each arm's speculative top-k logprobs against stock's non-speculative ones
+    show whether its verify computed the accepted path's outputs as sequential decoding does.  Per run, oldest
+    first: each arm's accept length, token mismatches (0 by construction) and max |dlogprob| (chosen token,
+    top-k), and ours minus stock's top-k figure."""
+    out = []
+    for r in sorted(runs, key=lambda r: str(r.get("started") or "")):
+        if r.get("pinned_token") is None or (r.get("spec_topk") or 1) <= 1 or not r["spec_vs_nonspec"]:
+            continue
+        ours_label, stock_label = r["arms"].split(" vs ")
+        ours, stock = r["spec_vs_nonspec"].get(ours_label), r["spec_vs_nonspec"].get(stock_label)
+        acc = r.get("accept_length") or {}
+        row = {"model": r["model"], "spec_topk": r["spec_topk"], "spec_draft_tokens": r["spec_draft_tokens"],
+               "pinned_token": r["pinned_token"], "file": r["file"], "started": r["started"],
+               "accept_length": {k: acc.get(k) for k in (ours_label, stock_label)}}
+        for name, e in (("ours", ours), ("stock", stock)):
+            row[f"{name}_token_mismatches"] = (e or {}).get("token_mismatches")
+            row[f"{name}_max_dlogprob"] = (e or {}).get("max_abs_logprob_diff")
+            row[f"{name}_max_dlogprob_topk"] = (e or {}).get("max_abs_logprob_diff_topk")
+        a, b = row["ours_max_dlogprob_topk"], row["stock_max_dlogprob_topk"]
+        row["topk_dlogprob_excess"] = a - b if a is not None and b is not None else None
+        out.append(row)
+    return out
 
 
 def write_eagle(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
@@ -1025,6 +1056,18 @@ def write_eagle(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
                                 "capacity ratio (max running)", "folder"], speed) if speed else "not run yet"),
         ("Greedy spec vs non-spec (tiny models, no simulation)",
          report.markdown_table(["model", "topk", "arms", "mismatches", "in the key"], runs) if runs else "not run yet"),
+        ("Tree paths (pinned greedy token: `eval.ab --pinned-token`, drafts accepted along real tree paths)",
+         "Every greedy pick is one token by construction (eval/weights.py `pin_argmax_`), so the tokens cannot "
+         "differ; the top-k logprobs depend on every layer's output along the accepted path. Each arm's speculative "
+         "run against stock's non-speculative one.\n\n" +
+         report.markdown_table(["model", "topk", "draft tokens", "accept length (ours / stock)",
+                                "max |Δlogprob| top-k, ours", "stock", "ours - stock", "folder"],
+                               [[p["model"], p["spec_topk"], p["spec_draft_tokens"],
+                                 " / ".join(report.fmt(v, 2) for v in p["accept_length"].values()),
+                                 report.fmt(p["ours_max_dlogprob_topk"], 4), report.fmt(p["stock_max_dlogprob_topk"], 4),
+                                 report.fmt(p["topk_dlogprob_excess"], 4), Path(p["file"]).parent.name]
+                                for p in doc.get("pinned_paths") or []])
+         if doc.get("pinned_paths") else "not run yet"),
     ]))
     pts = [r for r in doc["speed"] if r["spec_vs_stock_spec"] is not None]
     if pts and report.plot_panels(out_dir / "e2e-tree-h200.png", [

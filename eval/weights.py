@@ -17,6 +17,19 @@ Each tensor gets its own generator seeded from (``REPLAYSSM_EVAL_WEIGHT_SEED``, 
 name), on the parameter's device: the stock and the patched server of an A/B run, and two
 runs of the same server, get bit-identical weights.
 
+Pinned greedy token (``REPLAYSSM_EVAL_PINNED_TOKEN=X``, ``eval.ab --pinned-token X``): after the draw,
+:func:`pin_argmax_` makes every greedy pick of the target *and* of a separate EAGLE draft token X, whatever the
+context, so the draft is accepted at every step, along a real tree path for ``--speculative-eagle-topk`` > 1
+(simulated acceptance takes consecutive node ids instead).  The residual stream's dimension ``d = 0`` is held at
+1: every embedding row has 1 there, and every weight that writes the residual stream (each 2-D weight with
+``hidden_size`` output rows: attention / SSM / MLP output projections, some harmless extras; MoE expert down
+projections; the EAGLE draft's ``fc``, whose row ``d`` copies the token embedding's dimension ``d``) has 0 in row
+``d``.  The final norms keep only dimension ``d``, so the normalised state is ``e_d / rms(x)``; ``lm_head`` keeps
+only column ``d``, negative but for ``X``, so the logits are ``lm_head[:, d] / rms(x)`` (an EAGLE draft has no
+final norm and the target's LM head: its logits are ``lm_head[:, d] * 1``).  Token X wins every step;
+the other tokens' logprobs are linear in ``1 / rms(x)``, which depends on every layer's output, SSM layers
+included, so spec-vs-non-spec top-k logprobs compare what the verify computed along the accepted path.
+
 Activation (in every SGLang process, spawned schedulers included): the harness exports
 ``REPLAYSSM_EVAL_RANDOM_WEIGHTS=1`` and registers :func:`register` as an entry point in
 group ``sglang.srt.plugins`` (``eval/entry_points.py`` writes the dist-info).  Unset, the
@@ -36,6 +49,8 @@ ENABLE_ENV = "REPLAYSSM_EVAL_RANDOM_WEIGHTS"
 SEED_ENV = "REPLAYSSM_EVAL_WEIGHT_SEED"
 GAIN_ENV = "REPLAYSSM_EVAL_WEIGHT_GAIN"
 LM_HEAD_GAIN_ENV = "REPLAYSSM_EVAL_LM_HEAD_GAIN"
+PINNED_TOKEN_ENV = "REPLAYSSM_EVAL_PINNED_TOKEN"
+PIN_DIM = 0  # the residual-stream dimension held at 1 under a pinned token
 
 TARGET_MODULE = "sglang.srt.model_loader.weight_utils"
 TARGET_NAME = "initialize_dummy_weights"
@@ -45,6 +60,7 @@ IMPORTERS = ("sglang.srt.model_loader.loader",)
 
 # printed once per model by every scheduler; the harness greps server logs for it
 LOG_MARKER = "replayssm-eval: scaled random weights"
+PIN_MARKER = "replayssm-eval: greedy pick pinned to token"
 
 A_RANGE = (1.0, 16.0)
 DT_RANGE = (1e-3, 1e-1)
@@ -68,6 +84,106 @@ def settings() -> Dict[str, float]:
         "gain": _float_env(GAIN_ENV, 1.0),
         "lm_head_gain": _float_env(LM_HEAD_GAIN_ENV, 3.0),
     }
+
+
+def pinned_token(env: Optional[Dict[str, str]] = None) -> Optional[int]:
+    """``REPLAYSSM_EVAL_PINNED_TOKEN`` as a token id, None when unset; a bad value stops the process."""
+    v = (os.environ if env is None else env).get(PINNED_TOKEN_ENV, "").strip()
+    if not v:
+        return None
+    try:
+        tok = int(v)
+    except ValueError:
+        tok = -1
+    if tok < 0:
+        raise SystemExit(f"replayssm-eval: {PINNED_TOKEN_ENV}={v!r} is not a token id (an integer >= 0)")
+    return tok
+
+
+def _hidden_size(model: Any) -> int:
+    """The residual stream's width: the token embedding's columns (``embed_tokens`` / ``embeddings``)."""
+    for name, p in model.named_parameters():
+        leaf = name.rsplit(".", 2)
+        if p.dim() == 2 and len(leaf) >= 2 and leaf[-2] in ("embed_tokens", "embeddings") and leaf[-1] == "weight":
+            return int(p.shape[1])
+    cfg = getattr(model, "config", None)
+    H = getattr(cfg, "hidden_size", None)
+    if not H:
+        raise ValueError("pin_argmax_: the model has no token embedding and no config.hidden_size")
+    return int(H)
+
+
+def _final_norm(name: str) -> bool:
+    """A final norm's weight: a norm module directly under the model body (``model.norm``, ``model.norm_f``,
+    ``model.final_layernorm``), not one inside a layer."""
+    parts = name.split(".")
+    return len(parts) == 3 and parts[0] == "model" and parts[2] == "weight" and "norm" in parts[1]
+
+
+def pin_argmax_(model: Any, token: int, dim: int = PIN_DIM) -> Dict[str, int]:
+    """Make greedy decoding of ``model`` pick ``token`` at every step (see the module docstring); in place, after
+    :func:`randomize_`.  Returns counts of what was set, by kind; raises when the model has no final norm or
+    ``token`` is outside the vocabulary."""
+    import torch
+
+    H = _hidden_size(model)
+    head, embed = getattr(model, "lm_head", None), getattr(getattr(model, "model", None), "embed_tokens", None)
+    if head is not None and head is embed or getattr(head, "weight", None) is getattr(embed, "weight", 0):
+        raise ValueError("pin_argmax_: the LM head is the token embedding (tie_word_embeddings): cannot pin")
+    counts: Dict[str, int] = {}
+    seen = set()
+
+    def count(kind: str) -> None:
+        counts[kind] = counts.get(kind, 0) + 1
+
+    with torch.no_grad():
+        for mod_name, module in model.named_modules():
+            for leaf, p in module.named_parameters(recurse=False):
+                if id(p) in seen or not torch.is_floating_point(p):
+                    continue
+                seen.add(id(p))
+                name = f"{mod_name}.{leaf}" if mod_name else leaf
+                gemma = "Gemma" in type(module).__name__
+                if p.dim() == 2 and mod_name.rsplit(".", 1)[-1] in ("embed_tokens", "embeddings"):
+                    p[:, dim] = 1.0
+                    count("embedding")
+                elif p.dim() == 2 and "lm_head" in name:
+                    if token >= p.shape[0]:
+                        raise ValueError(f"pin_argmax_: token {token} is outside the vocabulary ({p.shape[0]})")
+                    gen = torch.Generator(device=p.device)
+                    gen.manual_seed(_param_seed(token, name))
+                    col = torch.empty(p.shape[0], dtype=torch.float32, device=p.device).uniform_(0.5, 1.5,
+                                                                                                 generator=gen)
+                    col.neg_()[token] = 1.0
+                    p.zero_()  # only dimension d reaches the logits: also for an EAGLE draft, which has no final norm
+                    p[:, dim] = col.to(p.dtype)
+                    count("lm_head")
+                elif p.dim() == 1 and _final_norm(name) and p.shape[0] == H:
+                    keep = torch.zeros_like(p)
+                    keep[dim] = 1.0
+                    p.copy_(keep - 1.0 if gemma else keep)  # Gemma norms scale by (1 + w)
+                    gw = getattr(module, "gemma_weight", None)
+                    if gemma and gw is not None and hasattr(gw, "copy_") and gw.shape == p.shape:
+                        gw.copy_(keep.to(gw.dtype))
+                    count("final_norm")
+                elif p.dim() == 2 and leaf == "weight" and mod_name.rsplit(".", 1)[-1] == "fc" \
+                        and p.shape[0] == H and p.shape[1] >= H:
+                    p[dim, :] = 0.0  # EAGLE's fc(cat(embedding, target hidden)): dimension d copies the embedding's
+                    p[dim, dim] = 1.0
+                    count("eagle_fc")
+                elif p.dim() == 2 and p.shape[0] == H:
+                    p[dim, :] = 0.0  # writes the residual stream (or a harmless extra): nothing into dimension d
+                    count("residual_writer")
+                elif p.dim() == 3 and p.shape[1] == H and p.shape[2] != H:
+                    p[:, dim, :] = 0.0  # MoE experts' down projections [experts, hidden, intermediate]
+                    count("expert_writer")
+                elif p.dim() == 1 and p.shape[0] == H and leaf == "bias":
+                    p[dim] = 0.0
+                    count("residual_bias")
+    # an EAGLE draft (its fc) ends without a norm: lm_head's one nonzero column reads dimension d, which is 1
+    if not counts.get("lm_head") or not (counts.get("final_norm") or counts.get("eagle_fc")):
+        raise ValueError(f"pin_argmax_: no lm_head, or neither a final norm nor an EAGLE fc (set: {counts})")
+    return counts
 
 
 def _param_seed(seed: int, name: str) -> int:
@@ -160,6 +276,11 @@ def around_initialize_dummy_weights(original: Callable, model: Any, *args: Any, 
         msg = (f"{LOG_MARKER} (seed={cfg['seed']}, gain={cfg['gain']}, lm_head_gain={cfg['lm_head_gain']}): "
                + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
         print(msg, flush=True)  # scheduler stdout -> the server log the harness greps
+        token = pinned_token()
+        if token is not None:
+            pins = pin_argmax_(model, token)
+            print(f"{PIN_MARKER} {token} (residual dimension {PIN_DIM}): "
+                  + ", ".join(f"{k}={v}" for k, v in sorted(pins.items())), flush=True)
     return result
 
 
@@ -223,6 +344,7 @@ def register() -> None:
     if not enabled():
         return
     settings()  # fail early on bad numbers
+    pinned_token()
     import multiprocessing
 
     if multiprocessing.parent_process() is None and not os.environ.get("REPLAYSSM_EVAL_WEIGHTS_IN_MAIN"):

@@ -110,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="scaled random weights via eval/weights.py (default with dummy load format)")
     w.add_argument("--no-random-weights", dest="random_weights", action="store_false")
     w.add_argument("--weight-seed", type=int, default=0)
+    w.add_argument("--pinned-token", type=int, default=None, metavar="ID",
+                   help="on top of the random weights, make every greedy pick token ID, of the target and of a "
+                        "separate EAGLE draft alike (eval/weights.py pin_argmax_): the drafts are then accepted at "
+                        "every step, along a real tree path for --spec-topk > 1, and the spec-vs-non-spec parity "
+                        "compares logprobs along it (default: off)")
     sp = p.add_argument_group("speculative decoding")
     sp.add_argument("--spec", choices=sorted(SPEC_ALGOS), default="none")
     sp.add_argument("--spec-steps", type=int, default=3, help="draft steps (--speculative-num-steps)")
@@ -186,6 +191,9 @@ def checked_plan(args) -> List[Phase]:
     parse_batches(args.batch)
     check_tp(args)
     check_spec(args)
+    if args.pinned_token is not None and (args.pinned_token < 0 or not args.random_weights):
+        raise ValueError("--pinned-token takes a token id (an integer >= 0) and the random weights (drop "
+                         f"--no-random-weights), got {args.pinned_token}")
     if args.stream_interval < 0:
         raise ValueError(f"--stream-interval takes a positive number of tokens (0: SGLang's default), got "
                          f"{args.stream_interval}")

@@ -191,8 +191,13 @@ def server_env(base: Dict[str, str], args, phase: Phase, model: ModelSpec, pytho
     if args.random_weights:
         env[weights.ENABLE_ENV] = "1"
         env[weights.SEED_ENV] = str(args.weight_seed)
+        if getattr(args, "pinned_token", None) is not None:
+            env[weights.PINNED_TOKEN_ENV] = str(args.pinned_token)
+        else:
+            env.pop(weights.PINNED_TOKEN_ENV, None)
     else:
         env.pop(weights.ENABLE_ENV, None)
+        env.pop(weights.PINNED_TOKEN_ENV, None)
     for k in ("SGLANG_SIMULATE_ACC_LEN", "SGLANG_SIMULATE_ACC_METHOD", "SGLANG_SIMULATE_ACC_TOKEN_MODE"):
         env.pop(k, None)
     if phase.spec and phase.sim_acc_len is not None:

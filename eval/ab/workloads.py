@@ -360,6 +360,8 @@ class PhaseRun:
         try:
             text = self.server.log_path.read_text(errors="replace")
             rec["random_weights_confirmed"] = weights.LOG_MARKER in text
+            if getattr(self.args, "pinned_token", None) is not None:  # target and draft: one line each
+                rec["pinned_token_models"] = text.count(weights.PIN_MARKER)
             rec["replayssm_active"] = "sglang_replayssm active" in text
             rec["replayssm_seams"] = seams_state(text)
             rec["retracted_reqs"] = count_retractions(text)
