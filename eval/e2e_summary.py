@@ -47,7 +47,7 @@ SPEC_TARGETS = {"spec_vs_stock_spec_bs256": 1.9, "spec_vs_stock_nonspec_bs256": 
                 "greedy_mismatches": 0}
 # the workload the decode targets have been measured on since the first run (eval.ab's defaults: input 128,
 # output 256, two waves of `batch` requests); a run with another workload is listed apart, never a target
-STANDARD_WORKLOAD = {"input_len": 128, "output_len": 256, "rounds": 2}
+STANDARD_WORKLOAD = {"input_len": 128, "output_len": 256, "rounds": 2, "stream_interval": 1}
 WORKLOAD_KEYS = ("nemotron_h_other_workload_speedup_bs256", "gdn_other_workload_speedup_bs256")
 # issue 24's standard decode workload (eval.ab --workload standard-decode: 1024 in / 1024 out, two waves, batch 256
 # and 1) and its targets: bench_serving's ratio, SGLang's own decode rate at a full batch (its scheduler log), and
@@ -123,11 +123,20 @@ def _fp32_state(e: Dict[str, Any]) -> bool:
     return e.get("ssm_state", "default") in ("default", "fp32")
 
 
+def _run_workload(res: Dict[str, Any]) -> Dict[str, Any]:
+    """A run's bench workload: input / output tokens and waves (its harness flags) and the stream interval every
+    server streamed at (eval.ab records SGLang's default as 1; results from before it recorded one streamed at 1)."""
+    h = _harness(res)
+    w = {k: h.get(k, v) for k, v in STANDARD_WORKLOAD.items() if k != "stream_interval"}
+    w["stream_interval"] = int((res.get("bench") or {}).get("stream_interval") or h.get("stream_interval") or 1)
+    return w
+
+
 def _setup(res: Dict[str, Any]) -> Dict[str, Any]:
     h = _harness(res)
     name, size, family = _geometry(res)
     return {"model": name, "size": size, "family": family, "ssm_state": _ssm_state(h), "cuda_graph": h.get("cuda_graph"),
-            "workload": {k: h.get(k, v) for k, v in STANDARD_WORKLOAD.items()},
+            "workload": _run_workload(res),
             "radix_cache": h.get("radix_cache", "off"), "spec": h.get("spec"), "sim_acc_len": h.get("sim_acc_len"),
             "spec_topk": h.get("spec_topk") or 1, "spec_draft_tokens": h.get("spec_draft_tokens"),
             "pinned_token": h.get("pinned_token"),
@@ -445,7 +454,7 @@ def arms_by_run(results) -> Dict[Tuple[Any, Any], Dict[str, Dict[str, Any]]]:
                 "kind": arm["phase"].get("kind"), "spec": bool(arm["phase"].get("spec")),
                 "bench": _bs_row(res, label), "max_running_requests": (s.get("max_running_requests") or {}).get(label),
                 "accept_length": (s.get("accept_length") or {}).get(label), "setup": setup, "file": str(f),
-                "rates": {e["batch"]: e["rates"] for e in arm.get("bench") or [] if e.get("rates")}}
+                "rates": ab_report.rates_rows(arm)}
     return runs
 
 
@@ -652,7 +661,8 @@ def write_parity(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
 def _workload_label(w: Optional[Dict[str, Any]]) -> str:
     """"128/256 x2": input and output tokens per request and waves of ``batch`` requests (eval.ab --rounds)."""
     w = w or STANDARD_WORKLOAD
-    return f"{w['input_len']}/{w['output_len']} x{w['rounds']}"
+    si = int(w.get("stream_interval") or 1)
+    return f"{w['input_len']}/{w['output_len']} x{w['rounds']}" + (f", stream interval {si}" if si != 1 else "")
 
 
 def write_decode(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
@@ -1049,8 +1059,8 @@ def write_eagle(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
          "SGLang's own decode rate at a full batch (its scheduler log; *at N*: read at the server's running cap N, "
          "below the concurrency; \\*: the client's rate at a full batch is more than 10% off it, "
          "eval/ab/decode_rate.py). Max running requests are each server's own: stock keeps SGLang's speculative "
-         "default of 48 (its memory solve reserves a full SSM state per draft node), ours is solved from memory and "
-         "capped at the decode CUDA-graph batch.\n\n" +
+         "default of 48 (its memory solve reserves a full SSM state per draft node); ours, since 613b089, is solved "
+         "from memory and capped at the decode CUDA-graph batch (the tiny runs at 848245c kept 48).\n\n" +
          report.markdown_table(["model", "topk", "draft tokens", "batch", "simulated accept", "replay", "stock",
                                 "vs stock", "replay decode", "stock decode",
                                 "capacity ratio (max running)", "folder"], speed) if speed else "not run yet"),
@@ -1069,7 +1079,7 @@ def write_eagle(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
                                 for p in doc.get("pinned_paths") or []])
          if doc.get("pinned_paths") else "not run yet"),
     ]))
-    pts = [r for r in doc["speed"] if r["spec_vs_stock_spec"] is not None]
+    pts = [r for r in doc["speed"] if r["spec_vs_stock_spec"] is not None and r.get("latest_for")]
     if pts and report.plot_panels(out_dir / "e2e-tree-h200.png", [
             {"title": "EAGLE, separate draft: ours / stock SGLang (H200)",
              "kind": "bar", "ylabel": "ratio", "hline": 1.0,

@@ -193,12 +193,21 @@ def streaming_note(cfg: ReplaySSMConfig, sglang_argv: List[str]) -> Optional[str
     streaming clients receive, for stock SGLang too (docs/streaming.md). Advice only: the flag stays the user's."""
     if not (cfg.enable and cfg.replay_ring):
         return None
-    if (_flag_value(sglang_argv, "--stream-interval") or "1").strip() != "1":
-        return None
+    value = "1"  # SGLang's argparse keeps the last of repeated flags
+    for i, a in enumerate(sglang_argv):
+        if a == "--stream-interval" and i + 1 < len(sglang_argv):
+            value = sglang_argv[i + 1]
+        elif a.startswith("--stream-interval="):
+            value = a.split("=", 1)[1]
+    try:
+        if int(value) != 1:
+            return None
+    except ValueError:
+        return None  # SGLang refuses it
     return ("sglang_replayssm: --stream-interval 1 (SGLang's default): with many concurrent streaming requests, "
             "SGLang's tokenizer-manager process (one CPU core) caps the tokens/s that streaming clients receive, for "
             "stock SGLang and this launcher alike, so faster decoding does not reach them there (measured on an H200 "
-            "host: 12-16k tokens/s with 512-token outputs, about 7k with 1024); --stream-interval 8 lifts the cap "
+            "host: 12-16k tokens/s with 512-token outputs); --stream-interval 8 lifts the cap "
             "(the first token still goes out at once, later ones in groups of 8), as does a request's own "
             "\"stream_interval\" sampling parameter; see docs/streaming.md")
 

@@ -191,6 +191,9 @@ def checked_plan(args) -> List[Phase]:
     parse_batches(args.batch)
     check_tp(args)
     check_spec(args)
+    from .servers import sim_acc_token_mode
+
+    args.sim_acc_token_mode = sim_acc_token_mode(args)  # recorded as the mode the servers get
     if args.pinned_token is not None and (args.pinned_token < 0 or not args.random_weights):
         raise ValueError("--pinned-token takes a token id (an integer >= 0) and the random weights (drop "
                          f"--no-random-weights), got {args.pinned_token}")

@@ -35,7 +35,7 @@ WORKLOADS: Dict[str, Dict[str, Any]] = {
     "shared-prefix": {"output_len": 256, "batch": "16,64", "radix_cache": "default", "arms": "stock,staged"},
 }
 # the in/out/waves that make a run the standard decode workload (eval/e2e_summary.py reads them)
-STANDARD_DECODE = {k: WORKLOADS["standard-decode"][k] for k in ("input_len", "output_len", "rounds")}
+STANDARD_DECODE = {k: WORKLOADS["standard-decode"][k] for k in ("input_len", "output_len", "rounds", "stream_interval")}
 
 
 def is_gdn(model: str) -> bool:

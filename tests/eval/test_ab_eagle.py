@@ -197,6 +197,19 @@ def test_simulated_acceptance_token_mode(capsys, argv, mode):
     assert envs and all(f"SGLANG_SIMULATE_ACC_TOKEN_MODE={mode} " in ln + " " for ln in envs), envs
 
 
+def test_a_simulated_tree_runs_no_same_simulation_parity(capsys):
+    """Under simulated tree acceptance (fixed token mode: one output id; stock and the ring commit different nodes)
+    stock-vs-ours parity means nothing: no arm runs it; a simulated chain keeps it."""
+    assert ab.main(["--model", "tiny-nemotron-h", "--spec", "eagle", "--spec-topk", "4", "--spec-draft-tokens", "8",
+                    "--sim-acc-len", "3", "--batch", "4", "--no-spec-parity", "--dry-run"]) == 0
+    heads = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("# ")]
+    assert heads and all("parity=False" in ln for ln in heads), heads
+    assert ab.main(["--model", "tiny-nemotron-h", "--spec", "eagle", "--sim-acc-len", "3", "--batch", "4",
+                    "--no-spec-parity", "--dry-run"]) == 0
+    heads = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("# ")]
+    assert heads and all("parity=True" in ln for ln in heads), heads
+
+
 def test_nextn_keeps_the_targets_mtp_and_an_explicit_draft_wins(tmp_path):
     m, flags = _flags(tmp_path, "--model", "tiny-nemotron-h", "--spec", "nextn")
     assert m.draft is None and "--speculative-draft-model-path" not in flags and "--moe-runner-backend" in flags

@@ -361,7 +361,9 @@ def _io1024(res, started, rates=None):
     per arm and batch: rates = {label: {batch: (decode tok/s, client-path bound)}}."""
     r = copy.deepcopy(res)
     r["started"] = started
-    r["flags"]["harness"].update(input_len=1024, output_len=1024, rounds=2, workload="standard-decode")
+    r["flags"]["harness"].update(input_len=1024, output_len=1024, rounds=2, workload="standard-decode",
+                                 stream_interval=8)
+    r.setdefault("bench", {})["stream_interval"] = 8
     for label, by in (rates or {}).items():
         for e in r["arms"][label]["bench"]:
             if e["batch"] in by:
@@ -369,6 +371,20 @@ def _io1024(res, started, rates=None):
                 e["rates"] = {"client_tok_s": e["result"]["output_throughput"], "decode_tok_s": dec,
                               "client_path_bound": bound}
     return r
+
+
+def test_a_standard_decode_run_at_another_stream_interval_is_not_standard():
+    """The standard decode workload streams at interval 8: the same in/out/waves at SGLang's default of 1 is
+    another workload (its client rate would measure the tokenizer manager, docs/streaming.md)."""
+    res = json.loads((DATA / "ab_result_sample.json").read_text())
+    std = _io1024(res, "2099-01-01T00:00:00Z")
+    assert e2e_summary._setup(std)["workload"] == e2e_summary.IO1024_WORKLOAD
+    at1 = copy.deepcopy(std)
+    at1["bench"]["stream_interval"] = 1
+    assert e2e_summary._setup(at1)["workload"] != e2e_summary.IO1024_WORKLOAD
+    old = copy.deepcopy(res)
+    old.pop("bench", None)  # a result from before eval.ab recorded the interval: SGLang's default
+    assert e2e_summary._setup(old)["workload"]["stream_interval"] == 1
 
 
 def test_standard_decode_workload_keys_and_client_path_bound_runs(tmp_path):
@@ -406,7 +422,7 @@ def test_standard_decode_workload_keys_and_client_path_bound_runs(tmp_path):
     assert dec["met"]["nemotron_h_decode_rate_speedup_bs256_io1024"] is True  # 1.645 >= 1.6
     md = (out / "e2e-decode-h200.md").read_text()
     assert "| nemotron_h_decode_rate_speedup_bs256_io1024 | 1.645 | 1.60 | yes | new |" in md
-    assert "| client_path_bound_runs | 1 | 0 | no |" in md and "| 1024/1024 x2 |" in md
+    assert "| client_path_bound_runs | 1 | 0 | no |" in md and "| 1024/1024 x2, stream interval 8 |" in md
 
 
 def test_arm_decode_rate_prefers_the_recorded_rates_and_falls_back_to_the_log():

@@ -48,8 +48,9 @@ def test_streaming_note_only_for_per_token_streaming_on_the_ring():
     note = streaming_note(on, ["--model-path", "m"])
     assert note and "--stream-interval 8" in note and "docs/streaming.md" in note
     assert streaming_note(on, ["--stream-interval", "1"]) == note == streaming_note(on, ["--stream-interval=1"])
-    for argv in (["--stream-interval", "8"], ["--stream-interval=2"]):
+    for argv in (["--stream-interval", "8"], ["--stream-interval=2"], ["--stream-interval", "1", "--stream-interval=4"]):
         assert streaming_note(on, argv) is None
+    assert streaming_note(on, ["--stream-interval", "8", "--stream-interval", "01"]) == note  # the last one counts
     assert streaming_note(on.replace(replay_ring=False), []) is None
     assert streaming_note(from_env({}), []) is None  # not enabled: stock SGLang
 
