@@ -174,8 +174,11 @@ def pin_argmax_(model: Any, token: int, dim: int = PIN_DIM) -> Dict[str, int]:
                 elif p.dim() == 2 and p.shape[0] == H:
                     p[dim, :] = 0.0  # writes the residual stream (or a harmless extra): nothing into dimension d
                     count("residual_writer")
-                elif p.dim() == 3 and p.shape[1] == H and p.shape[2] != H:
-                    p[:, dim, :] = 0.0  # MoE experts' down projections [experts, hidden, intermediate]
+                elif p.dim() == 3 and (leaf.startswith("w2") or (p.shape[1] == H and p.shape[2] != H)):
+                    if p.shape[1] != H:
+                        raise ValueError(f"pin_argmax_: expert weight {name} {tuple(p.shape)} is not [experts, "
+                                         f"hidden={H}, intermediate]")
+                    p[:, dim, :] = 0.0  # MoE experts' down projections (SGLang's w2) [experts, hidden, intermediate]
                     count("expert_writer")
                 elif p.dim() == 1 and p.shape[0] == H and leaf == "bias":
                     p[dim] = 0.0
