@@ -8,7 +8,8 @@ that is put on ``PYTHONPATH`` (inherited by SGLang's spawned schedulers) registe
 * ``sglang_replayssm-<version>.dist-info``: ``replayssm = sglang_replayssm.plugin:register``
   (only when not already registered, e.g. by an installed package);
 * ``replayssm_eval-<version>.dist-info``: ``replayssm_eval_weights = eval.weights:register``
-  (the harness's opt-in random-weights hook).
+  (the harness's opt-in random-weights hook) and ``replayssm_eval_sync_debug = eval.sync_debug:register``
+  (its opt-in host-sync census, ``eval.ab --sync-debug``).
 
 The repository root must be importable too (the harness puts it on ``PYTHONPATH``).
 
@@ -29,6 +30,7 @@ PACKAGE_DIST = "sglang_replayssm"
 EVAL_DIST = "replayssm_eval"
 PACKAGE_EP = ("replayssm", "sglang_replayssm.plugin:register")
 EVAL_EP = ("replayssm_eval_weights", "eval.weights:register")
+SYNC_EP = ("replayssm_eval_sync_debug", "eval.sync_debug:register")  # inert unless REPLAYSSM_EVAL_SYNC_DEBUG=1
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -78,8 +80,8 @@ def install(dest, package: Optional[bool] = None, eval_weights: bool = True) -> 
         write_dist_info(dest, PACKAGE_DIST, version, dict([PACKAGE_EP]),
                         "sglang_replayssm plugin entry point (written by eval/entry_points.py)")
     if eval_weights:
-        write_dist_info(dest, EVAL_DIST, version, dict([EVAL_EP]),
-                        "A/B harness random-weights plugin (written by eval/entry_points.py)")
+        write_dist_info(dest, EVAL_DIST, version, dict([EVAL_EP, SYNC_EP]),
+                        "A/B harness random-weights and host-sync census plugins (written by eval/entry_points.py)")
     return dest
 
 

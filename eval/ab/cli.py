@@ -110,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="scaled random weights via eval/weights.py (default with dummy load format)")
     w.add_argument("--no-random-weights", dest="random_weights", action="store_false")
     w.add_argument("--weight-seed", type=int, default=0)
+    w.add_argument("--sync-debug", action="store_true",
+                   help="count the host syncs PyTorch sees in every server process by call site "
+                        "(eval/sync_debug.py; needs the random weights' plugin); each server's record gets the "
+                        "last census (sync_sites) and its log the periodic lines")
     w.add_argument("--pinned-token", type=int, default=None, metavar="ID",
                    help="on top of the random weights, make every greedy pick token ID, of the target and of a "
                         "separate EAGLE draft alike (eval/weights.py pin_argmax_): the drafts are then accepted at "
@@ -194,6 +198,8 @@ def checked_plan(args) -> List[Phase]:
     from .servers import sim_acc_token_mode
 
     args.sim_acc_token_mode = sim_acc_token_mode(args)  # recorded as the mode the servers get
+    if args.sync_debug and not args.random_weights:
+        raise ValueError("--sync-debug rides on the random weights' plugin: drop --no-random-weights")
     if args.pinned_token is not None and (args.pinned_token < 0 or not args.random_weights):
         raise ValueError("--pinned-token takes a token id (an integer >= 0) and the random weights (drop "
                          f"--no-random-weights), got {args.pinned_token}")

@@ -174,7 +174,7 @@ def arm_launch(args, kind: str) -> Tuple[str, List[str]]:
 
 
 def server_env(base: Dict[str, str], args, phase: Phase, model: ModelSpec, pythonpath: Sequence[str]) -> Dict[str, str]:
-    from eval import weights
+    from eval import sync_debug, weights
 
     env = dict(base)
     if phase.kind in STOCK_KINDS:  # plain SGLang: the replayssm plugin must stay inert
@@ -191,6 +191,10 @@ def server_env(base: Dict[str, str], args, phase: Phase, model: ModelSpec, pytho
     if args.random_weights:
         env[weights.ENABLE_ENV] = "1"
         env[weights.SEED_ENV] = str(args.weight_seed)
+        if getattr(args, "sync_debug", False):
+            env[sync_debug.ENV] = "1"
+        else:
+            env.pop(sync_debug.ENV, None)
         if getattr(args, "pinned_token", None) is not None:
             env[weights.PINNED_TOKEN_ENV] = str(args.pinned_token)
         else:
@@ -198,6 +202,7 @@ def server_env(base: Dict[str, str], args, phase: Phase, model: ModelSpec, pytho
     else:
         env.pop(weights.ENABLE_ENV, None)
         env.pop(weights.PINNED_TOKEN_ENV, None)
+        env.pop(sync_debug.ENV, None)
     for k in ("SGLANG_SIMULATE_ACC_LEN", "SGLANG_SIMULATE_ACC_METHOD", "SGLANG_SIMULATE_ACC_TOKEN_MODE"):
         env.pop(k, None)
     if phase.spec and phase.sim_acc_len is not None:

@@ -349,7 +349,7 @@ class PhaseRun:
         return out
 
     def finish(self) -> Dict[str, Any]:
-        from eval import weights
+        from eval import sync_debug, weights
 
         rec = self.rec
         rec["shutdown"] = self.server.stop(grace=self.args.shutdown_grace)
@@ -360,6 +360,8 @@ class PhaseRun:
         try:
             text = self.server.log_path.read_text(errors="replace")
             rec["random_weights_confirmed"] = weights.LOG_MARKER in text
+            if getattr(self.args, "sync_debug", False):
+                rec["sync_sites"] = sync_debug.last_census(text)
             if getattr(self.args, "pinned_token", None) is not None:  # target and draft: one line each
                 rec["pinned_token_models"] = text.count(weights.PIN_MARKER)
             rec["replayssm_active"] = "sglang_replayssm active" in text

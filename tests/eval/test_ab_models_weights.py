@@ -265,6 +265,7 @@ def test_entry_point_dist_infos(tmp_path):
     eps = json.loads(lines[0])
     assert ["replayssm", "sglang_replayssm.plugin:register"] in eps
     assert ["replayssm_eval_weights", "eval.weights:register"] in eps
+    assert ["replayssm_eval_sync_debug", "eval.sync_debug:register"] in eps  # loaded above: inert without its variable
     assert lines[-1] == "True"
     # auto mode: the package entry point is written only when nothing registers it yet
     d2 = entry_points.install(tmp_path / "ep2", package=None, eval_weights=False)
