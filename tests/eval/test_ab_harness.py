@@ -318,6 +318,10 @@ def test_report_from_recorded_result(tmp_path):
         assert k in res
     md = ab_report.markdown(res)
     assert "## Speed (sglang.bench_serving)" in md and "## Parity" in md and "```" in md
+    assert "ITL is the gap between events" not in md  # streamed token by token
+    chunked = dict(res, bench=dict(res.get("bench") or {}, stream_interval=8))
+    assert "stream interval 8 (each streamed event carries that many tokens: ITL is the gap between events" in \
+        ab_report.markdown(chunked)
     a, b = res["summary"]["a"], res["summary"]["b"]
     for bs in (e["batch"] for e in res["arms"][a]["bench"] if e.get("result")):
         assert f"\n| {bs} |" in md
