@@ -92,7 +92,13 @@ def install() -> None:
         warnings.showwarning = _showwarning(warnings.showwarning)
         # every occurrence reaches showwarning (the default filter would show each site once)
         warnings.filterwarnings("always", message=f".*{SYNC_TEXT}.*")
-    torch.cuda.set_sync_debug_mode("warn")
+    # the flag itself, without torch.cuda.set_sync_debug_mode's CUDA initialisation: plugins load before SGLang
+    # picks the process's device, and a context made now would sit on device 0
+    setter = getattr(torch._C, "_cuda_set_sync_debug_mode", None)
+    if setter is not None:
+        setter(1)  # 1: warn
+    else:  # pragma: no cover - a torch without the private setter
+        torch.cuda.set_sync_debug_mode("warn")
 
 
 def register() -> None:
