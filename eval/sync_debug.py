@@ -76,7 +76,7 @@ def last_census(log_text: str) -> Dict[str, Dict[str, int]]:
 def _showwarning(original):
     def show(message, category, filename, lineno, file=None, line=None):
         if SYNC_TEXT in str(message):
-            note(f"{os.path.relpath(filename) if not os.path.isabs(filename) else filename}:{lineno}")
+            note(f"{filename}:{lineno}")
             return None
         return original(message, category, filename, lineno, file, line)
 

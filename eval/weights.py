@@ -127,8 +127,9 @@ def pin_argmax_(model: Any, token: int, dim: int = PIN_DIM) -> Dict[str, int]:
     import torch
 
     H = _hidden_size(model)
-    head, embed = getattr(model, "lm_head", None), getattr(getattr(model, "model", None), "embed_tokens", None)
-    if head is not None and head is embed or getattr(head, "weight", None) is getattr(embed, "weight", 0):
+    head_w = getattr(getattr(model, "lm_head", None), "weight", None)
+    embed_w = getattr(getattr(getattr(model, "model", None), "embed_tokens", None), "weight", None)
+    if head_w is not None and head_w is embed_w:
         raise ValueError("pin_argmax_: the LM head is the token embedding (tie_word_embeddings): cannot pin")
     counts: Dict[str, int] = {}
     seen = set()

@@ -188,21 +188,15 @@ def server_env(base: Dict[str, str], args, phase: Phase, model: ModelSpec, pytho
     env["PYTHONPATH"] = os.pathsep.join([*pythonpath, *(x for x in [base.get("PYTHONPATH", "")] if x)])
     env["PYTHONUNBUFFERED"] = "1"
     env.update(model.env)
-    if args.random_weights:
+    for k in (weights.ENABLE_ENV, weights.PINNED_TOKEN_ENV, sync_debug.ENV):  # the harness's own, never inherited
+        env.pop(k, None)
+    if args.random_weights:  # the eval plugins ride on the random weights' entry point (eval/entry_points.py)
         env[weights.ENABLE_ENV] = "1"
         env[weights.SEED_ENV] = str(args.weight_seed)
         if getattr(args, "sync_debug", False):
             env[sync_debug.ENV] = "1"
-        else:
-            env.pop(sync_debug.ENV, None)
         if getattr(args, "pinned_token", None) is not None:
             env[weights.PINNED_TOKEN_ENV] = str(args.pinned_token)
-        else:
-            env.pop(weights.PINNED_TOKEN_ENV, None)
-    else:
-        env.pop(weights.ENABLE_ENV, None)
-        env.pop(weights.PINNED_TOKEN_ENV, None)
-        env.pop(sync_debug.ENV, None)
     for k in ("SGLANG_SIMULATE_ACC_LEN", "SGLANG_SIMULATE_ACC_METHOD", "SGLANG_SIMULATE_ACC_TOKEN_MODE"):
         env.pop(k, None)
     if phase.spec and phase.sim_acc_len is not None:

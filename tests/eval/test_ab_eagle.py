@@ -11,9 +11,6 @@ model class is built on the meta device, takes the target's embedding and LM hea
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,6 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from _sglang_cpu_worker import init_cpu_rank, run_worker  # noqa: E402
 from eval import ab, models  # noqa: E402
 
 DRAFTED = models.eagle_draft_names()
@@ -75,31 +73,18 @@ def test_sglang_parses_the_draft_and_resolves_its_architecture(tmp_path, name):
     assert arch == models.EAGLE_DRAFT_ARCH and cls.__module__ == "sglang.srt.models.llama_eagle"
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def worker(out_path: str) -> None:
     """Per drafted geometry: SGLang's server args of a chain EAGLE launch with the draft, both model configs,
     and the draft model built on meta from SGLang's own class, fed target-shaped tensors."""
-    os.environ["SGLANG_NCCL_SO_PATH"] = "/nonexistent/libnccl.so.2"  # no NCCL on CPU
+    init_cpu_rank()
     import tempfile
 
     import torch
     from sglang.srt import runtime_context
     from sglang.srt.configs.model_config import ModelConfig
-    from sglang.srt.distributed import parallel_state as ps
-    from sglang.srt.layers.rotary_embedding import base as rope_base
     from sglang.srt.models.registry import ModelRegistry
     from sglang.srt.server_args import prepare_server_args
 
-    rope_base._is_cpu = True  # SGLang's CPU rotary path (this machine is not its AMX CPU target)
-    ps.set_custom_all_reduce(False)
-    ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                    distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
-    ps.initialize_model_parallel(tensor_model_parallel_size=1, backend="gloo")
     facts = {}
     for name in DRAFTED:
         root = tempfile.mkdtemp()
@@ -133,15 +118,7 @@ def worker(out_path: str) -> None:
 
 def test_draft_model_class_takes_the_targets_tensors(tmp_path):
     pytest.importorskip("sglang.srt.models.llama_eagle")
-    out = tmp_path / "facts.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_REPLAYSSM_", "REPLAYSSM_EVAL_"))}
-    env.pop("SGLANG_PLUGINS", None)
-    env.update(OMP_NUM_THREADS="1", TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([str(REPO)] + [x for x in [os.environ.get("PYTHONPATH")] if x]))
-    r = subprocess.run([sys.executable, __file__, "--worker", str(out)], cwd=REPO, env=env, capture_output=True,
-                       text=True, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
-    facts = json.loads(out.read_text())
+    facts = run_worker(__file__, tmp_path / "facts.json")
     assert set(facts) == set(DRAFTED)
     for name, f in facts.items():
         H, V = f["target"]

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,6 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from _sglang_cpu_worker import init_cpu_rank, run_worker  # noqa: E402
 from eval import ab, e2e_summary, models, report, weights  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
@@ -127,32 +125,19 @@ def test_pin_refuses_what_it_cannot_pin():
             weights.pinned_token({weights.PINNED_TOKEN_ENV: bad})
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def worker(out_path: str) -> None:
     """SGLang's tiny NemotronH and its Llama EAGLE draft, built on the CPU, drawn and pinned; the argmax of
     norm_f -> lm_head (target) and of the residual stream -> the target's lm_head (draft) on random states whose
     dimension 0 is 1, as the pin keeps it."""
-    os.environ["SGLANG_NCCL_SO_PATH"] = "/nonexistent/libnccl.so.2"
+    init_cpu_rank()
     import tempfile
 
     from sglang.srt import runtime_context
     from sglang.srt.configs.model_config import ModelConfig
-    from sglang.srt.distributed import parallel_state as ps
     from sglang.srt.layers import dp_attention
-    from sglang.srt.layers.rotary_embedding import base as rope_base
     from sglang.srt.models.registry import ModelRegistry
     from sglang.srt.server_args import prepare_server_args
 
-    rope_base._is_cpu = True
-    ps.set_custom_all_reduce(False)
-    ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                    distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
-    ps.initialize_model_parallel(tensor_model_parallel_size=1, backend="gloo")
     root = tempfile.mkdtemp()
     target = models.materialize("tiny-nemotron-h", root=root, tokenizer=False)
     draft = models.materialize_eagle_draft("tiny-nemotron-h", root=root, tokenizer=False)
@@ -190,15 +175,7 @@ def worker(out_path: str) -> None:
 
 def test_sglangs_tiny_nemotron_h_and_its_eagle_draft_pick_the_pinned_token(tmp_path):
     pytest.importorskip("sglang.srt.models.llama_eagle")
-    out = tmp_path / "facts.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_REPLAYSSM_", "REPLAYSSM_EVAL_"))}
-    env.pop("SGLANG_PLUGINS", None)
-    env.update(OMP_NUM_THREADS="1", TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([str(REPO)] + [x for x in [os.environ.get("PYTHONPATH")] if x]))
-    r = subprocess.run([sys.executable, __file__, "--worker", str(out)], cwd=REPO, env=env, capture_output=True,
-                       text=True, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
-    f = json.loads(out.read_text())
+    f = run_worker(__file__, tmp_path / "facts.json")
     assert f["target"]["class"] == "NemotronHForCausalLM" and f["draft"]["class"] == models.EAGLE_DRAFT_ARCH
     # Mamba2 out_proj x2, attention o_proj, MLP down_proj; the draft's o_proj and down_proj
     assert f["target"]["counts"]["residual_writer"] == 4 and f["target"]["counts"]["final_norm"] == 1
