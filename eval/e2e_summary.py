@@ -241,11 +241,19 @@ def steady_decode_rates(log: Path) -> Dict[int, float]:
 
 def arm_decode_rate(recorded: Optional[Dict[str, Any]], bench: Optional[Dict[str, Any]], steady: Optional[float],
                     bs: int) -> Tuple[Optional[float], Optional[bool]]:
-    """(SGLang's decode rate at a full batch, client-path bound?) of one arm at one batch: as eval.ab recorded them
-    (its server log's window of the run, lines from 90% of the batch up), else from the whole server log beside
-    the result (lines at exactly the batch) against the client's batch / median TPOT (older runs)."""
+    """(SGLang's decode rate at a full batch, client-path bound?) of one arm at one batch: the rate as eval.ab
+    recorded it (its server log's window of the run, lines from 90% of the batch up), else from the whole server
+    log beside the result (lines at exactly the batch); the flag judged here, by eval/ab/decode_rate.py's rule of
+    now, against the client's rate from the bench result (runs recorded under an older rule are re-judged), the
+    recorded flag where the bench result is missing."""
     if recorded and recorded.get("decode_tok_s") is not None:
-        return recorded["decode_tok_s"], recorded.get("client_path_bound")
+        if recorded.get("client_path_not_judged"):
+            return recorded["decode_tok_s"], None
+        full = recorded.get("full_batch", bs)
+        client = decode_rate.client_full_batch_rate(bench, full)
+        if client is None:
+            return recorded["decode_tok_s"], recorded.get("client_path_bound")
+        return recorded["decode_tok_s"], decode_rate.check(client, recorded["decode_tok_s"])[1]
     if steady is None:
         return None, None
     return steady, decode_rate.check(decode_rate.client_full_batch_rate(bench, bs), steady)[1]

@@ -6,13 +6,19 @@ between two byte offsets) whose N is at least 90% of the run's full batch: the e
 The full batch is the run's concurrency, or the server's max running requests where that is lower (a run at
 concurrency 256 on a server that admits 102 decodes 102 at a time).
 
-What the client saw at a full batch is ``full batch x 1000 / median TPOT (ms)``: every request of a wave streams
-its tokens over (end - first token), so B concurrent requests deliver B / TPOT tokens per second while the
-batch is full.  Prefill, the ramp and the gaps between waves are outside TPOT, exactly as they are outside the
-scheduler's full-batch lines, so the two numbers measure the same thing from the two ends of the path.  A run
-is *client-path bound* when they disagree by more than 10%: tokens decoded on the GPU did not reach the
-client at the rate they were decoded (the tokenizer manager, the detokenizer, the HTTP stream or the benchmark
-client was the bottleneck), and its client tok/s is not a measure of the engine.
+What the client saw at a full batch is ``full batch x 1000 / median inter-token latency (ms)``: SGLang's
+bench_serving spreads each streamed chunk's gap evenly over the chunk's tokens, so the median ITL is the
+per-token gap a request sees while it decodes, and B concurrent requests receive B / ITL tokens per second.
+The median, not TPOT: a request's TPOT (end - first token over its tokens) also holds the prefill steps of
+the requests admitted while it decodes (two waves of 1024-token prompts: the second wave's prefills stall
+the requests already decoding for seconds), which the scheduler's decode lines leave out; those stalls are
+a few long gaps, which the median ignores.  (Nemotron-H-8B, 1024/1024 x2 at 256, stream interval 8, H200:
+TPOT gave 12.0k tok/s against a decode rate of 15.1k, the median ITL 15.0k.)  Where a result has no ITL,
+TPOT is used.  A run is *client-path bound* when the client's rate and SGLang's disagree by more than 10%:
+tokens decoded on the GPU did not reach the client at the rate they were decoded (the tokenizer manager,
+the detokenizer, the HTTP stream or the benchmark client was the bottleneck), and its client tok/s is not a
+measure of the engine.  A capped stream still shows: its chunks arrive late, and their gaps, spread over
+their tokens, are the rate the client got.
 """
 
 from __future__ import annotations
@@ -87,11 +93,23 @@ def full_batch(batch: int, cap: Optional[int] = None) -> int:
 
 
 def client_full_batch_rate(bench: Optional[Dict[str, Any]], batch: int) -> Optional[float]:
-    """Tokens per second the client received while the batch was full: full batch x 1000 / median TPOT (ms)."""
-    tpot = (bench or {}).get("median_tpot_ms")
-    if not isinstance(tpot, (int, float)) or tpot <= 0:
-        return None
-    return batch * 1000.0 / tpot
+    """Tokens per second the client received while the batch was full: full batch x 1000 / median inter-token
+    latency (ms, per token), or / median TPOT where the result has no ITL."""
+    for key in ("median_itl_ms", "median_tpot_ms"):
+        ms = (bench or {}).get(key)
+        if isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms > 0:
+            return batch * 1000.0 / ms
+    return None
+
+
+def client_rate_source(bench: Optional[Dict[str, Any]]) -> Optional[str]:
+    """Which of bench_serving's latencies :func:`client_full_batch_rate` read: ``median_itl_ms``,
+    ``median_tpot_ms`` or None."""
+    for key in ("median_itl_ms", "median_tpot_ms"):
+        ms = (bench or {}).get(key)
+        if isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms > 0:
+            return key
+    return None
 
 
 def check(client_rate: Optional[float], decode_rate: Optional[float],
@@ -104,9 +122,9 @@ def check(client_rate: Optional[float], decode_rate: Optional[float],
 
 
 # why a run's rates are recorded but not judged (``rates(..., judge=False)``)
-NOT_JUDGED = ("this workload prefills new prompts while others decode: a request's TPOT includes the prefill steps "
-              "of the requests admitted while it decodes, which the scheduler's decode lines mostly leave out, so "
-              "the two rates differ whatever the client path does")
+NOT_JUDGED = ("this workload prefills new prompts while others decode all through the run: the scheduler's decode "
+              "lines and the client's token gaps see different mixes of prefill and decode steps, so the two rates "
+              "differ whatever the client path does")
 
 
 def rates(log_text: str, bench: Optional[Dict[str, Any]], batch: int, cap: Optional[int] = None,
@@ -120,7 +138,7 @@ def rates(log_text: str, bench: Optional[Dict[str, Any]], batch: int, cap: Optio
     client_fb = client_full_batch_rate(bench, full)
     ratio, bound = check(client_fb, decode)
     out = {"client_tok_s": (bench or {}).get("output_throughput"), "client_full_batch_tok_s": client_fb,
-           "decode_tok_s": decode, "decode_lines": n, "decode_lines_all": len(lines), "full_batch": full,
+           "client_rate_from": client_rate_source(bench), "decode_tok_s": decode, "decode_lines": n, "decode_lines_all": len(lines), "full_batch": full,
            "min_running": min_full_batch(full), "client_to_decode": ratio, "client_path_bound": bound}
     if not judge:
         out.update(client_path_bound=None, client_path_not_judged=NOT_JUDGED)

@@ -58,7 +58,19 @@ def test_client_path_flag():
     assert decode_rate.check(100.0, 111.2) == (pytest.approx(100 / 111.2), True)
     assert decode_rate.check(100.0, 109.0)[1] is False
     assert decode_rate.check(120.0, 100.0)[1] is True  # a disagreement either way
-    # nothing to compare: no TPOT, or no full-batch line
+    # the median inter-token gap wins over TPOT: TPOT also holds other requests' prefills (the 8B 1024/1024 x2
+    # run: TPOT 21.33 ms, ITL 17.05 ms per token, scheduler ~15.9k here): not flagged
+    both = {"output_throughput": 9823.0, "median_tpot_ms": 21.33, "median_itl_ms": 17.05}
+    r2 = decode_rate.rates(EXCERPT, both, 256)
+    assert r2["client_full_batch_tok_s"] == pytest.approx(256e3 / 17.05) and r2["client_rate_from"] == "median_itl_ms"
+    assert r2["client_path_bound"] is False
+    assert r["client_rate_from"] == "median_tpot_ms"  # no ITL in the result: TPOT
+    # a capped stream: its chunks arrive late, the gaps spread over their tokens are long: flagged
+    assert decode_rate.rates(EXCERPT, dict(both, median_itl_ms=35.4), 256)["client_path_bound"] is True
+    for bad in (0, -1.0, None, True, "17"):  # not a latency: the next one is read
+        assert decode_rate.client_full_batch_rate({"median_itl_ms": bad, "median_tpot_ms": 20.0}, 256) == \
+            pytest.approx(256e3 / 20.0)
+    # nothing to compare: no latency, or no full-batch line
     assert decode_rate.rates(EXCERPT, {"output_throughput": 1.0}, 256)["client_path_bound"] is None
     assert decode_rate.rates("", bench, 256)["client_path_bound"] is None
 

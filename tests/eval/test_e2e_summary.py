@@ -368,6 +368,8 @@ def _io1024(res, started, rates=None):
         for e in r["arms"][label]["bench"]:
             if e["batch"] in by:
                 dec, bound = by[e["batch"]]
+                # the client's median token gap: 20% short of the decode rate where the run is to be flagged
+                e["result"]["median_itl_ms"] = e["batch"] * 1000.0 / (dec * (0.8 if bound else 1.0))
                 e["rates"] = {"client_tok_s": e["result"]["output_throughput"], "decode_tok_s": dec,
                               "client_path_bound": bound}
     return r
@@ -427,7 +429,17 @@ def test_standard_decode_workload_keys_and_client_path_bound_runs(tmp_path):
 
 def test_arm_decode_rate_prefers_the_recorded_rates_and_falls_back_to_the_log():
     rec = {"decode_tok_s": 15000.0, "client_path_bound": False}
-    assert e2e_summary.arm_decode_rate(rec, {"median_tpot_ms": 99.0}, 1.0, 256) == (15000.0, False)
+    # the recorded rate, the flag judged again by today's rule: the client's 256 / median ITL against it
+    assert e2e_summary.arm_decode_rate(rec, {"median_itl_ms": 17.0}, 1.0, 256) == (15000.0, False)
+    assert e2e_summary.arm_decode_rate(rec, {"median_itl_ms": 99.0}, 1.0, 256) == (15000.0, True)
+    # a run recorded under the TPOT rule (the 8B 1024/1024 x2 run: TPOT 21.33 ms holds the second wave's
+    # prefills, the median ITL 17.05 ms does not): flagged then, not now
+    old = {"decode_tok_s": 15068.6, "client_path_bound": True, "full_batch": 256}
+    assert e2e_summary.arm_decode_rate(old, {"median_tpot_ms": 21.33, "median_itl_ms": 17.05}, None, 256) == \
+        (15068.6, False)
+    assert e2e_summary.arm_decode_rate(old, None, None, 256) == (15068.6, True)  # no bench result: as recorded
+    assert e2e_summary.arm_decode_rate(dict(old, client_path_not_judged="prefill"), {"median_itl_ms": 99.0},
+                                       None, 256) == (15068.6, None)
     # an older run: the log's rate at exactly the batch against the client's batch / TPOT (256 / 35.4 ms = 7232)
     rate, bound = e2e_summary.arm_decode_rate(None, {"median_tpot_ms": 35.4}, 15300.0, 256)
     assert rate == 15300.0 and bound is True
