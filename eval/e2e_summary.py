@@ -247,13 +247,8 @@ def arm_decode_rate(recorded: Optional[Dict[str, Any]], bench: Optional[Dict[str
     now, against the client's rate from the bench result (runs recorded under an older rule are re-judged), the
     recorded flag where the bench result is missing."""
     if recorded and recorded.get("decode_tok_s") is not None:
-        if recorded.get("client_path_not_judged"):
-            return recorded["decode_tok_s"], None
-        full = recorded.get("full_batch", bs)
-        client = decode_rate.client_full_batch_rate(bench, full)
-        if client is None:
-            return recorded["decode_tok_s"], recorded.get("client_path_bound")
-        return recorded["decode_tok_s"], decode_rate.check(client, recorded["decode_tok_s"])[1]
+        now = decode_rate.rejudge(dict(recorded, full_batch=recorded.get("full_batch", bs)), bench)
+        return now["decode_tok_s"], None if now.get("client_path_not_judged") else now.get("client_path_bound")
     if steady is None:
         return None, None
     return steady, decode_rate.check(decode_rate.client_full_batch_rate(bench, bs), steady)[1]

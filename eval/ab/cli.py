@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from eval.ab.common import ROOT
+from eval.ab import decode_rate
+from eval.ab.common import ROOT, log
 from eval.ab.multiclient import split
 from eval.ab.parity import parity_prompts, shared_prefix_prompts
 from eval.ab.presets import WORKLOADS, apply_workload
@@ -48,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-parity", action="store_true", help="speed only")
     g.add_argument("--list-models", action="store_true")
     g.add_argument("--render", metavar="JSON", nargs="+", help="re-draw the .md/.png of result JSON files, exit")
+    g.add_argument("--finish", metavar="PARTIAL", help="write the results of a run that was stopped before it wrote "
+                   "them (its <out-dir>/ab-*-partial.json: the servers it finished) beside the partial file, exit")
     g.add_argument("--dry-run", action="store_true", help="print the plan and the command lines, start nothing")
     g.add_argument("--workload", choices=("none", *WORKLOADS), default="none",
                    help="a named workload: standard-decode = random ids, 1024 in / 1024 out, two waves (prompts = "
@@ -279,6 +282,30 @@ def print_plan(args, phases: List[Phase], spec_models: Dict[bool, Optional[Model
                                                       f"bench-{ph.label}-b{b}.jsonl")))
 
 
+def finish_partial(partial: Path) -> None:
+    """``--finish``: the results of a stopped run from its partial record (the harness flags it ran with, the servers
+    it finished), written beside it as the run would have written them; the partial file goes."""
+    import json
+    from types import SimpleNamespace
+
+    run = json.loads(partial.read_text())
+    harness = (run.get("flags") or {}).get("harness")
+    if not isinstance(harness, dict) or not run.get("phases"):
+        raise ValueError("not a partial eval.ab record (no flags.harness or no phases)")
+    args = argparse.Namespace(**harness)
+    log(f"finishing {partial} ({len(run['phases'])} server(s): {', '.join(p['label'] for p in run['phases'])})")
+    run["finished_from_partial"] = str(partial)  # no end time or wall time: the run stopped before it recorded them
+    if run.get("sglang_version") is None:
+        run["sglang_version"] = next((((p.get("facts") or {}).get("version")) for p in run["phases"]
+                                      if (p.get("facts") or {}).get("version")), None)
+    for p in run["phases"]:  # the client-path flag by the rule of now (eval/ab/decode_rate.py)
+        for e in p.get("bench") or []:
+            if e.get("rates"):
+                e["rates"] = decode_rate.rejudge(e["rates"], e.get("result"))
+    stem0 = partial.name[:-len("-partial.json")] if partial.name.endswith("-partial.json") else partial.stem
+    write_results(run, args, SimpleNamespace(name=harness["model"]), partial.parent, stem0, partial)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -289,6 +316,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.render:
         for path in args.render:
             print(ab_report.render(path))
+        return 0
+    if args.finish:
+        try:
+            finish_partial(Path(args.finish))
+        except (OSError, ValueError, KeyError) as e:
+            print(f"python -m eval.ab: error: --finish {args.finish}: {type(e).__name__}: {e}", file=sys.stderr)
+            return 2
         return 0
     try:
         args.workload_set = apply_workload(args, parser, sys.argv[1:] if argv is None else argv)

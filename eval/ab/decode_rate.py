@@ -143,3 +143,17 @@ def rates(log_text: str, bench: Optional[Dict[str, Any]], batch: int, cap: Optio
     if not judge:
         out.update(client_path_bound=None, client_path_not_judged=NOT_JUDGED)
     return out
+
+
+def rejudge(recorded: Optional[Dict[str, Any]], bench: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """A bench run's recorded rates (:func:`rates`) with the client's side and the flag worked out again by the rule
+    of now from its bench_serving result (a run recorded under an older rule); the recorded rates unchanged where
+    there is no decode rate, no bench latency, or the run is not judged."""
+    if not recorded or recorded.get("decode_tok_s") is None or recorded.get("client_path_not_judged"):
+        return recorded
+    client = client_full_batch_rate(bench, recorded.get("full_batch") or 0)
+    if client is None:
+        return recorded
+    ratio, bound = check(client, recorded["decode_tok_s"])
+    return dict(recorded, client_full_batch_tok_s=client, client_rate_from=client_rate_source(bench),
+                client_to_decode=ratio, client_path_bound=bound)

@@ -304,8 +304,8 @@ def write_results(run: Dict[str, Any], args, model0: ModelSpec, out_dir: Path, s
 
 
 def write_partial(path: Path, run: Dict[str, Any]) -> None:
+    """The run so far, parity outputs included (``python -m eval.ab --finish`` writes the results from it when the
+    run is stopped before it does)."""
     from eval import report
 
-    slim = dict(run)
-    slim["phases"] = [{k: v for k, v in p.items() if k != "parity"} for p in run["phases"]]
-    report.write_json(path, slim)
+    report.write_json(path, run)

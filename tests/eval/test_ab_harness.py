@@ -318,9 +318,9 @@ def test_report_from_recorded_result(tmp_path):
         assert k in res
     md = ab_report.markdown(res)
     assert "## Speed (sglang.bench_serving)" in md and "## Parity" in md and "```" in md
-    assert "ITL is the gap between events" not in md  # streamed token by token
+    assert "spreads an event's gap" not in md  # streamed token by token
     chunked = dict(res, bench=dict(res.get("bench") or {}, stream_interval=8))
-    assert "stream interval 8 (each streamed event carries that many tokens: ITL is the gap between events" in \
+    assert "stream interval 8 (each streamed event carries that many tokens; bench_serving spreads an event's gap" in \
         ab_report.markdown(chunked)
     a, b = res["summary"]["a"], res["summary"]["b"]
     for bs in (e["batch"] for e in res["arms"][a]["bench"] if e.get("result")):
@@ -544,3 +544,48 @@ def test_save_jitcache_keeps_what_a_cache_hit_loads(tmp_path, monkeypatch):
     assert got == set(names) - dropped
     monkeypatch.setenv("SGLANG_CACHE_ROOT", str(tmp_path / "missing"))
     assert ab.save_jitcache(tmp_path / "out2")["error"] == "no cache root"
+
+
+def test_finish_writes_the_results_of_a_stopped_run(tmp_path, monkeypatch):
+    """A run stopped after its servers but before its results (the GPU call's time ran out) leaves its partial
+    record, parity outputs included; ``--finish`` writes from it the results the run would have written."""
+    import signal as _signal
+
+    from eval.ab import cli
+
+    for k in [k for k in os.environ if k.startswith(("SGLANG_REPLAYSSM_", "REPLAYSSM_EVAL_"))]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.chdir(REPO)
+
+    def stopped(*a, **k):
+        raise KeyboardInterrupt("stopped before the results")
+
+    handlers = {s: _signal.getsignal(s) for s in (_signal.SIGTERM, _signal.SIGINT)}
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(cli, "write_results", stopped)
+            with pytest.raises(KeyboardInterrupt):
+                cli.main(["--model", "tiny-nemotron-h", "--stock-module", FAKE, "--patched-module", FAKE,
+                          "--no-bench", "--parity-tokens", "64", "--parity-prompts", "4", "--arms", "stock,patched",
+                          "--patched-arg", "--fake-flip-at 10 --fake-gap 0.5", "--parity-solo",
+                          "--out-dir", str(tmp_path), "--no-progress", "--shutdown-grace", "5"])
+    finally:
+        for s, h in handlers.items():
+            _signal.signal(s, h)
+    (partial,) = tmp_path.glob("*-partial.json")
+    assert not list(tmp_path.glob("ab-*-stock-vs-patched.json"))
+    rec = json.loads(partial.read_text())
+    assert [len(p["parity"]["outputs"]) for p in rec["phases"]] == [4, 4]  # parity outputs kept in the partial
+    assert cli.main(["--finish", str(partial)]) == 0
+    res = json.loads((tmp_path / "ab-tiny-nemotron-h-stock-vs-patched.json").read_text())
+    par = res["summary"]["parity"]
+    assert par["mismatches"] == 1 and par["first_divergence"][0] == 10
+    assert res["summary"]["parity_solo"]["tokens_total"] == 4 * 64
+    assert res["finished_from_partial"] == str(partial) and not partial.exists()
+    assert (tmp_path / "ab-tiny-nemotron-h-stock-vs-patched.md").is_file()
+    # what is no partial record is refused, by name
+    bad = tmp_path / "other.json"
+    bad.write_text("{}")
+    assert cli.main(["--finish", str(bad)]) == 2
+    assert cli.main(["--finish", str(tmp_path / "missing-partial.json")]) == 2
