@@ -20,8 +20,12 @@ def bench_rows(arm: Dict[str, Any]) -> Dict[int, Dict[str, Any]]:
 
 def rates_rows(arm: Dict[str, Any]) -> Dict[int, Dict[str, Any]]:
     """batch -> the client's rate beside SGLang's decode rate at a full batch and the client-path flag
-    (``eval/ab/decode_rate.py``), for the runs that recorded them."""
-    return {int(e["batch"]): e["rates"] for e in (arm or {}).get("bench", []) if e.get("rates")}
+    (``eval/ab/decode_rate.py``, judged by its rule of now from the run's bench_serving result), for the runs
+    that recorded them."""
+    from eval.ab.decode_rate import rejudge
+
+    return {int(e["batch"]): rejudge(e["rates"], e.get("result")) for e in (arm or {}).get("bench", [])
+            if e.get("rates")}
 
 
 def _bound(rates: Dict[str, Any]) -> str:
