@@ -151,6 +151,12 @@ def parity_section(res: Dict[str, Any]) -> str:
         lines.append(f"Parity not run: {par.get('skipped', 'n/a')}.")
     else:
         lines.append(_parity_lines(par, s.get("a"), s.get("b")))
+    for key, what, x, y in (("parity_solo", "Each prompt alone on both servers", s.get("a"), s.get("b")),
+                            ("parity_noise_floor", f"{s.get('a')}'s own noise floor: batched vs one prompt at a time",
+                             "batched", "solo")):
+        p = s.get(key) or {}
+        if "exact" in p:
+            lines.append(f"\n**{what}** (`--parity-solo`):\n\n" + _parity_lines(p, x, y))
     sv = s.get("spec_vs_nonspec") or {}
     for label, p in sv.items():
         lines.append(f"\n**Speculative vs non-speculative greedy** ({label}, spec server `{p.get('spec_server')}` vs "

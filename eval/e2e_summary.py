@@ -715,7 +715,7 @@ def write_decode(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
          "`batch` requests), batch 256 and 1; the latest such run of each key. *decode rate* is SGLang's own "
          "median `gen throughput` at a full batch (the scheduler's `Decode batch` lines with at least 90% of the "
          "batch running, during the run). A run is *client-path bound* when the client's rate at a full batch "
-         "(batch / median TPOT) and that decode rate disagree by more than 10% (eval/ab/decode_rate.py): its "
+         "(batch / median per-token ITL) and that decode rate disagree by more than 10% (eval/ab/decode_rate.py): its "
          "client-side ratio does not measure the engine.\n\n"
          + report.markdown_table(["metric", "measured", "target", "met", "run"], io)
          + "\n\nClient-path bound among the runs the summary keys read:\n\n" + flagged),

@@ -11,7 +11,7 @@ interval this samples, every ``--sample-period`` seconds (psutil), the CPU of
 * ``detokenizer`` (and ``tokenizer_worker`` / other ``sglang::*`` processes when SGLang's options start them),
 * ``client``: the bench_serving process (``eval.bench_sweep --serve``, SGLang's own benchmark, imported once),
 
-and records per run the client's output tok/s, the client's rate at a full batch (batch / median TPOT) and the
+and records per run the client's output tok/s, the client's rate at a full batch (batch / median per-token ITL) and the
 scheduler's decode rate at a full batch (its ``Decode batch`` log lines; eval/ab/decode_rate.py), with the run
 flagged client-path bound when those two disagree by more than 10%.
 
@@ -493,7 +493,7 @@ def render_markdown(res: Dict[str, Any]) -> str:
             "CPU % is the share of one core (p50 over the run's samples every "
             f"{setup['sample_period_s']} s, and the max); a Python process's busiest thread at ~100% is a cap. "
             "The scheduler busy-waits on the GPU and sits near 100% at any load. *client at full batch* is "
-            "batch / median TPOT, *decode* the median `gen throughput` of the scheduler's `Decode batch` lines "
+            "batch / median per-token ITL, *decode* the median `gen throughput` of the scheduler's `Decode batch` lines "
             f"with at least {decode_rate.FULL_BATCH_FRACTION:.0%} of the batch running; a run is client-path bound "
             f"when they disagree by more than {decode_rate.CLIENT_PATH_TOLERANCE:.0%}.")
     return "\n".join([

@@ -34,7 +34,7 @@ The harness writes the plugin entry points it needs (``eval/entry_points.py``) i
 temporary directory on the servers' ``PYTHONPATH``, so no ``pip install`` is needed.
 
 Every bench run records SGLang's own decode rate at a full batch (its scheduler log) beside the client's
-tok/s and flags the run *client-path bound* when the client's rate at a full batch (batch / median TPOT) is
+tok/s and flags the run *client-path bound* when the client's rate at a full batch (batch / median per-token ITL) is
 more than 10% off it (eval/ab/decode_rate.py); ``--clients N`` drives each run from N bench_serving
 processes, merged; ``--stream-interval N`` is SGLang's, on every server.
 

@@ -138,7 +138,8 @@ def rates(log_text: str, bench: Optional[Dict[str, Any]], batch: int, cap: Optio
     client_fb = client_full_batch_rate(bench, full)
     ratio, bound = check(client_fb, decode)
     out = {"client_tok_s": (bench or {}).get("output_throughput"), "client_full_batch_tok_s": client_fb,
-           "client_rate_from": client_rate_source(bench), "decode_tok_s": decode, "decode_lines": n, "decode_lines_all": len(lines), "full_batch": full,
+           "client_rate_from": client_rate_source(bench), "decode_tok_s": decode, "decode_lines": n,
+           "decode_lines_all": len(lines), "full_batch": full,
            "min_running": min_full_batch(full), "client_to_decode": ratio, "client_path_bound": bound}
     if not judge:
         out.update(client_path_bound=None, client_path_not_judged=NOT_JUDGED)
