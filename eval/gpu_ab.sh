@@ -9,6 +9,11 @@
 #   PYTHON=<python> interpreter for the harness, the servers and bench_serving (default python3)
 #   JIT=0           no JIT cache tarballs; by default the run ends with eval/jit_cache.sh save $OUT (jit-*.txz:
 #                   every server's caches, copy them to .sglang-bundle/jitcache/ for warm starts next time)
+#   CALL_S=<s>      the wall limit of the device call this runs in (seconds from this script's start): eval.ab is
+#                   stopped TAIL_S (default 45) seconds before it, leaving time to pack; its --deadline-s defaults
+#                   to 30 s (a quarter of its time, if less) before the stop (a --deadline-s given wins); a run stopped before it wrote its results
+#                   is finished from its partial record (python -m eval.ab --finish); with JIT=1 the caches are also
+#                   saved right after the first server is up (--save-jitcache $OUT), so a cut call returns them
 # The plugin entry points are written by the harness itself (no pip install needed).
 set -uo pipefail
 OUT="${OUT:-eval/results}"
@@ -23,8 +28,21 @@ RESULTS="$OUT"
 [ "${PACK:-0}" = 1 ] && RESULTS="$(mktemp -d /tmp/ab-results.XXXXXX)"
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader || true
 PY="${PYTHON:-python3}"
-"$PY" -m eval.ab --out-dir "$RESULTS" --python "$PY" "$@" 2>&1 | tee "$RESULTS/ab-console.log"
+extra=() stop=()
+if [ -n "${CALL_S:-}" ]; then
+  if ! [[ "$CALL_S" =~ ^[0-9]+$ ]]; then echo "CALL_S must be a whole number of seconds, got '$CALL_S'" >&2; exit 2; fi
+  left=$((CALL_S - SECONDS - ${TAIL_S:-45}))
+  if [ "$left" -lt 8 ]; then echo "CALL_S=$CALL_S leaves ${left}s for eval.ab (TAIL_S ${TAIL_S:-45}): too little" >&2; exit 2; fi
+  stop=(timeout -s INT "$left")
+  margin=$((left / 4 < 30 ? left / 4 : 30))
+  case " $* " in *" --deadline-s "*|*" --deadline-s="*) ;; *) extra+=(--deadline-s $((left - margin))) ;; esac
+  case " $* " in *" --dry-run "*) ;; *) [ "${JIT:-1}" = 1 ] && extra+=(--save-jitcache "$OUT") ;; esac
+fi
+"${stop[@]}" "$PY" -m eval.ab --out-dir "$RESULTS" --python "$PY" "${extra[@]}" "$@" 2>&1 | tee "$RESULTS/ab-console.log"
 rc=${PIPESTATUS[0]}
+for partial in "$RESULTS"/ab-*-partial.json; do  # stopped before it wrote its results: write them from the record
+  [ -f "$partial" ] && "$PY" -m eval.ab --finish "$partial" 2>&1 | tee -a "$RESULTS/ab-console.log"
+done
 if [ "${PACK:-0}" = 1 ]; then
   tar -C "$RESULTS" -czf "$OUT/ab-results.tgz" . && echo "packed $(du -h "$OUT/ab-results.tgz" | cut -f1) -> $OUT/ab-results.tgz"
   cp "$RESULTS"/ab-*.md "$OUT"/ 2>/dev/null || true
