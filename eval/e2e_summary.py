@@ -353,9 +353,12 @@ def decode_speed(results) -> Dict[str, Any]:
                    workload: Optional[Dict[str, Any]] = None) -> bool:
         """A row the targets may read: the family's headline model, the packaged launch configs (no
         @FILE variant), an fp32 state (the model default of the built-in geometries), the standard
-        workload (``standard=False``: any other workload instead; ``workload``: exactly that one)."""
+        workload (``standard=False``: any workload but that and the io1024 one; ``workload``: exactly that one)."""
         w = r.get("workload", STANDARD_WORKLOAD)
-        same = (w == workload) if workload is not None else ((w == STANDARD_WORKLOAD) is standard)
+        if workload is not None:
+            same = w == workload
+        else:  # "other workloads": neither the standard one nor the io1024 one its own keys read
+            same = (w == STANDARD_WORKLOAD) if standard else w not in (STANDARD_WORKLOAD, IO1024_WORKLOAD)
         return (r["family"], r["arm"], r["batch"]) == (family, arm, bs) and r["model"] == TARGET_MODELS[family] \
             and _fp32_state(r) and same
 

@@ -418,6 +418,8 @@ def test_standard_decode_workload_keys_and_client_path_bound_runs(tmp_path):
     assert abs(dec["nemotron_h_speedup_bs1_io1024"] - 1.2 * _tok_s(res, b, 1) / _tok_s(res, a, 1)) < 1e-9
     assert Path(dec["sources"]["nemotron_h_speedup_bs256_io1024"]).parent.name == "new"
     assert abs(dec["gdn_vs_upstream_bs256_io1024"] - 1.25) < 1e-9
+    # the io1024 runs have their own keys: they are no "other workload"
+    assert dec["nemotron_h_other_workload_speedup_bs256"] is None
     # the new run's batch-256 row is flagged (ours); the old flagged run is read by no key
     assert dec["client_path_bound_runs"] == 1 and "new/" in dec["client_path_bound_list"][0]
     assert dec["met"]["client_path_bound_runs"] is False and dec["targets"]["client_path_bound_runs"] == 0
