@@ -24,8 +24,10 @@ def rates_rows(arm: Dict[str, Any]) -> Dict[int, Dict[str, Any]]:
     that recorded them."""
     from eval.ab.decode_rate import rejudge
 
-    return {int(e["batch"]): rejudge(e["rates"], e.get("result")) for e in (arm or {}).get("bench", [])
-            if e.get("rates")}
+    # runs recorded before the full batch was: their concurrency (eval.ab took it as the full batch then)
+    return {int(e["batch"]): rejudge(dict(e["rates"], full_batch=e["rates"].get("full_batch") or int(e["batch"])),
+                                     e.get("result"))
+            for e in (arm or {}).get("bench", []) if e.get("rates")}
 
 
 def _bound(rates: Dict[str, Any]) -> str:

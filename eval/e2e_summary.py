@@ -725,7 +725,8 @@ def write_decode(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
         ("Other workloads (not targets)",
          "bench_serving's output-token ratio on runs whose workload is not the standard one ("
          + ", ".join(f"{n} {v}" for n, v in STANDARD_WORKLOAD.items()) + "), the latest of each family at batch 256. "
-         "The targets read only standard-workload runs.\n\n"
+         "The targets read only standard-workload runs, and the standard decode workload's runs (1024/1024 x2) "
+         "have their own keys above.\n\n"
          + (report.markdown_table(["metric", "measured", "workload", "run"], other) if other else "- none")),
         ("Noise floor", noise),
         ("By batch (sglang.bench_serving output tokens/s; TPOT p50)",

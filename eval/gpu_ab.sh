@@ -30,18 +30,32 @@ nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
 PY="${PYTHON:-python3}"
 extra=() stop=()
 if [ -n "${CALL_S:-}" ]; then
-  if ! [[ "$CALL_S" =~ ^[0-9]+$ ]]; then echo "CALL_S must be a whole number of seconds, got '$CALL_S'" >&2; exit 2; fi
-  left=$((CALL_S - SECONDS - ${TAIL_S:-45}))
+  for v in CALL_S TAIL_S; do
+    if ! [[ "${!v:-45}" =~ ^[0-9]+$ ]]; then echo "$v must be a whole number of seconds, got '${!v}'" >&2; exit 2; fi
+  done
+  left=$((10#$CALL_S - SECONDS - 10#${TAIL_S:-45}))
   if [ "$left" -lt 8 ]; then echo "CALL_S=$CALL_S leaves ${left}s for eval.ab (TAIL_S ${TAIL_S:-45}): too little" >&2; exit 2; fi
-  stop=(timeout -s INT "$left")
+  stop=(timeout -k 15 -s INT "$left")  # SIGINT: eval.ab stops its servers and keeps its partial record
   margin=$((left / 4 < 30 ? left / 4 : 30))
   case " $* " in *" --deadline-s "*|*" --deadline-s="*) ;; *) extra+=(--deadline-s $((left - margin))) ;; esac
   case " $* " in *" --dry-run "*) ;; *) [ "${JIT:-1}" = 1 ] && extra+=(--save-jitcache "$OUT") ;; esac
 fi
 "${stop[@]}" "$PY" -m eval.ab --out-dir "$RESULTS" --python "$PY" "${extra[@]}" "$@" 2>&1 | tee "$RESULTS/ab-console.log"
 rc=${PIPESTATUS[0]}
-for partial in "$RESULTS"/ab-*-partial.json; do  # stopped before it wrote its results: write them from the record
-  [ -f "$partial" ] && "$PY" -m eval.ab --finish "$partial" 2>&1 | tee -a "$RESULTS/ab-console.log"
+dirs=("$RESULTS") prev=""
+for a in "$@"; do  # an --out-dir given to eval.ab wins over $RESULTS
+  [ "$prev" = --out-dir ] && dirs+=("$a")
+  case "$a" in --out-dir=*) dirs+=("${a#--out-dir=}") ;; esac
+  prev="$a"
+done
+for d in "${dirs[@]}"; do
+  for partial in "$d"/ab-*-partial.json; do  # stopped before it wrote its results: write them from the record
+    [ -f "$partial" ] || continue
+    if "$PY" -m eval.ab --finish "$partial" 2>&1 | tee -a "$RESULTS/ab-console.log" && [ "${PIPESTATUS[0]}" = 0 ]; then
+      echo "gpu_ab: the run was stopped (rc $rc); its results were written from $partial" | tee -a "$RESULTS/ab-console.log"
+      [ "$rc" = 0 ] || rc=1  # results of the servers it finished: a partial run, not a timed-out call
+    fi
+  done
 done
 if [ "${PACK:-0}" = 1 ]; then
   tar -C "$RESULTS" -czf "$OUT/ab-results.tgz" . && echo "packed $(du -h "$OUT/ab-results.tgz" | cut -f1) -> $OUT/ab-results.tgz"

@@ -23,11 +23,15 @@ case "${1:-}" in
     out="${2:?usage: eval/jit_cache.sh save <dir>}"
     mkdir -p "$out"
     # xz: the device tool returns files of at most 16 MiB (a server's Triton cache is ~21 MiB as gzip)
+    # each written beside as .part and moved into place once whole: a call cut while xz runs keeps the earlier file
     [ -d "$root/triton" ] && tar -C "$root" -cf - --exclude='*.llir' --exclude='*.ptx' --exclude='*.ttir' \
-      --exclude='*.ttgir' --exclude='*.source' triton | xz -6 -T0 > "$out/jit-triton.txz"
+      --exclude='*.ttgir' --exclude='*.source' triton | xz -6 -T0 > "$out/jit-triton.txz.part" \
+      && mv "$out/jit-triton.txz.part" "$out/jit-triton.txz"
     others=$(cd "$root" && ls -d flashinfer tvm-ffi 2>/dev/null)
-    [ -n "$others" ] && tar -C "$root" -cf - $others | xz -6 -T0 > "$out/jit-other.txz"
-    [ -d "$HOME/.cache/sglang" ] && tar -C "$HOME" -cf - .cache/sglang | xz -6 -T0 > "$out/jit-home.txz"
+    [ -n "$others" ] && tar -C "$root" -cf - $others | xz -6 -T0 > "$out/jit-other.txz.part" \
+      && mv "$out/jit-other.txz.part" "$out/jit-other.txz"
+    [ -d "$HOME/.cache/sglang" ] && tar -C "$HOME" -cf - .cache/sglang | xz -6 -T0 > "$out/jit-home.txz.part" \
+      && mv "$out/jit-home.txz.part" "$out/jit-home.txz"
     ls -la "$out"/jit-* 2>/dev/null
     ;;
   *) echo "usage: bash eval/jit_cache.sh restore | save <dir>" >&2; exit 2 ;;

@@ -303,7 +303,8 @@ def finish_partial(partial: Path) -> None:
             if e.get("rates"):
                 e["rates"] = decode_rate.rejudge(e["rates"], e.get("result"))
     stem0 = partial.name[:-len("-partial.json")] if partial.name.endswith("-partial.json") else partial.stem
-    write_results(run, args, SimpleNamespace(name=harness["model"]), partial.parent, stem0, partial)
+    name = (run.get("model") or {}).get("name") or Path(str(harness["model"])).name
+    write_results(run, args, SimpleNamespace(name=name), partial.parent, stem0, partial)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -95,6 +95,8 @@ def full_batch(batch: int, cap: Optional[int] = None) -> int:
 def client_full_batch_rate(bench: Optional[Dict[str, Any]], batch: int) -> Optional[float]:
     """Tokens per second the client received while the batch was full: full batch x 1000 / median inter-token
     latency (ms, per token), or / median TPOT where the result has no ITL."""
+    if not positive_int(batch):
+        return None
     for key in ("median_itl_ms", "median_tpot_ms"):
         ms = (bench or {}).get(key)
         if isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms > 0:
@@ -149,10 +151,11 @@ def rates(log_text: str, bench: Optional[Dict[str, Any]], batch: int, cap: Optio
 def rejudge(recorded: Optional[Dict[str, Any]], bench: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     """A bench run's recorded rates (:func:`rates`) with the client's side and the flag worked out again by the rule
     of now from its bench_serving result (a run recorded under an older rule); the recorded rates unchanged where
-    there is no decode rate, no bench latency, or the run is not judged."""
+    there is no decode rate, no full batch (runs recorded before it was), no bench latency, or the run is not
+    judged."""
     if not recorded or recorded.get("decode_tok_s") is None or recorded.get("client_path_not_judged"):
         return recorded
-    client = client_full_batch_rate(bench, recorded.get("full_batch") or 0)
+    client = client_full_batch_rate(bench, recorded.get("full_batch"))
     if client is None:
         return recorded
     ratio, bound = check(client, recorded["decode_tok_s"])

@@ -34,8 +34,9 @@ program (``bc: inline``, group sharing left to L2) or once per (row, group) by
 ``_mamba2_verify_bc_kernel`` into an fp32 scratch (``bc: pre``; batches of at most
 ``inline_bc_max_batch`` rows stay inline, one launch); the per-token dots are
 reduced as one 3-D broadcast (``reduce: bcast``), T 2-D row reductions (``reduce: token``) or, with the
-window padded to 16 tokens, as ``tl.dot`` products at ``dot_precision`` (``reduce: dot``: S·C_s for every
-token in one dot, the history and window terms as dots too; an open candidate, untimed on the H200).
+window padded to max(16, T) tokens, as ``tl.dot`` products at ``dot_precision`` (``reduce: dot``: S·C_s for
+every token in one dot per tile or N chunk, the history and window terms as dots too; an open candidate,
+untimed on the H200).
 ``nonflush: chunked`` reads the S_ck tile N-chunk by N-chunk on every row (each chunk's loads wait
 behind the previous chunk's conditional ring / checkpoint stores); ``nonflush: stream`` lets
 non-flush rows read the whole [BLOCK_M, N] tile at once, all loads in flight together (the decode
@@ -75,7 +76,7 @@ from .spec_tree import _tree_ancestor_mask, check_parents_arg
 
 __all__ = ["mamba2_verify", "mamba2_tree_verify", "MAMBA2_VERIFY_DEFAULT_LAUNCH", "verify_geometry_key"]
 
-# How the per-token dots are reduced (the same math and fp32 order of terms per dot):
+# How the per-token dots are reduced (the same math; fp32 order of terms per dot for bcast / token):
 # "bcast" -- one [rows, T, NC] broadcast-and-sum per chunk (3-D temporaries);
 # "token" -- T two-dimensional row reductions per chunk, as the decode kernel does for T = 1;
 # "dot"   -- the window padded to 16 tokens and every per-token dot a ``tl.dot`` at ``dot_precision`` (tf32x3 /
@@ -512,7 +513,6 @@ def mamba2_verify(
     WH = max(16, next_pow2(R - T))
     dot_reduce = cfg["reduce"] == "dot"
     TP = max(16 if dot_reduce else 2, next_pow2(T))  # tl.dot takes no dimension below 16
-    BLOCK_M = max(16, BLOCK_M) if dot_reduce else BLOCK_M
     dz = z.stride() if z is not None else (0, 0, 0, 0)
     n_chunks = triton.cdiv(N, BLOCK_NC)
     bc_pre = cfg["bc"] == "pre" and batch > cfg["inline_bc_max_batch"]  # host-side: one CUDA graph per batch size

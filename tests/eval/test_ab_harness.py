@@ -584,6 +584,13 @@ def test_finish_writes_the_results_of_a_stopped_run(tmp_path, monkeypatch):
     assert res["summary"]["parity_solo"]["tokens_total"] == 4 * 64
     assert res["finished_from_partial"] == str(partial) and not partial.exists()
     assert (tmp_path / "ab-tiny-nemotron-h-stock-vs-patched.md").is_file()
+    # a run of a model directory is named by the directory's name, as the run names it
+    rec["flags"]["harness"]["model"] = str(tmp_path / "models" / "tiny-nemotron-h")
+    again = tmp_path / "again" / partial.name
+    again.parent.mkdir()
+    again.write_text(json.dumps(rec))
+    assert cli.main(["--finish", str(again)]) == 0
+    assert (again.parent / "ab-tiny-nemotron-h-stock-vs-patched.json").is_file()
     # what is no partial record is refused, by name
     bad = tmp_path / "other.json"
     bad.write_text("{}")

@@ -70,6 +70,12 @@ def test_client_path_flag():
     for bad in (0, -1.0, None, True, "17"):  # not a latency: the next one is read
         assert decode_rate.client_full_batch_rate({"median_itl_ms": bad, "median_tpot_ms": 20.0}, 256) == \
             pytest.approx(256e3 / 20.0)
+    # re-judging a recorded run by the rule of now; one recorded before the full batch was is left as recorded
+    old = dict(r, client_path_bound=True)
+    assert decode_rate.rejudge(old, both)["client_path_bound"] is False
+    no_fb = {k: v for k, v in old.items() if k != "full_batch"}
+    assert decode_rate.rejudge(no_fb, both) == no_fb
+    assert decode_rate.client_full_batch_rate(both, 0) is None
     # nothing to compare: no latency, or no full-batch line
     assert decode_rate.rates(EXCERPT, {"output_throughput": 1.0}, 256)["client_path_bound"] is None
     assert decode_rate.rates("", bench, 256)["client_path_bound"] is None

@@ -47,8 +47,17 @@ def test_a_run_that_outlasts_the_call_is_stopped_and_finished(tmp_path):
     assert "--deadline-s 9 " in ab[0] + " " and "--save-jitcache" not in ab[0]
     fin = [c for c in calls if "--finish" in c]
     assert len(fin) == 1 and fin[0].endswith("ab-stand-in-partial.json"), calls
-    assert "stopped" in r.stdout and "finished" in r.stdout
+    assert "stopped" in r.stdout and "finished" in r.stdout and "its results were written from" in r.stdout
+    assert r.returncode == 1  # the servers it finished: a partial run, not a timed-out call (124)
     assert not list((tmp_path / "out").glob("*-partial.json"))
+
+
+def test_a_run_given_its_own_out_dir_is_finished_there(tmp_path):
+    own = tmp_path / "own"
+    own.mkdir()
+    r, calls = _run(tmp_path, "--model", "tiny-nemotron-h", "--out-dir", str(own), CALL_S="012", TAIL_S="2")
+    fin = [c for c in calls if "--finish" in c]
+    assert fin == [f"-m eval.ab --finish {own}/ab-stand-in-partial.json"], calls  # CALL_S 012: twelve, not octal
 
 
 def test_a_given_deadline_wins_and_jit_saves_after_the_first_server(tmp_path):
@@ -60,7 +69,7 @@ def test_a_given_deadline_wins_and_jit_saves_after_the_first_server(tmp_path):
 
 
 def test_call_s_must_leave_eval_ab_time(tmp_path):
-    for call_s, tail_s, why in (("abc", "2", "whole number"), ("10", "5", "too little")):
+    for call_s, tail_s, why in (("abc", "2", "whole number"), ("10", "5", "too little"), ("60", "x", "TAIL_S")):
         r, calls = _run(tmp_path, "--model", "tiny-nemotron-h", CALL_S=call_s, TAIL_S=tail_s)
         assert r.returncode == 2 and why in r.stderr
         assert not [c for c in calls if c.startswith("-m eval.ab")]
