@@ -264,7 +264,8 @@ def markdown(res: Dict[str, Any]) -> str:
                  + "".join(f", {k.replace('_', ' ')} {res['bench'][k]}" for k in ("workload", "stream_interval", "clients")
                            if (res.get("bench") or {}).get(k) not in (None, "none"))
                  + (" (each streamed event carries that many tokens; bench_serving spreads an event's gap over its "
-                    "tokens: ITL, TPOT and tok/s are per token)" if int((res.get("bench") or {}).get("stream_interval") or 1) > 1 else ""),
+                    "tokens: ITL, TPOT and tok/s are per token)"
+                    if int((res.get("bench") or {}).get("stream_interval") or 1) > 1 else ""),
     }
     harness = res.get("flags", {}).get("harness", {}) or {}
     info["servers"] = ("started back to back (--concurrent-start: each once the one before had allocated its memory "

@@ -11,8 +11,8 @@
 #                   every server's caches, copy them to .sglang-bundle/jitcache/ for warm starts next time)
 #   CALL_S=<s>      the wall limit of the device call this runs in (seconds from this script's start): eval.ab is
 #                   stopped TAIL_S (default 45) seconds before it, leaving time to pack; its --deadline-s defaults
-#                   to 30 s (a quarter of its time, if less) before the stop (a --deadline-s given wins); a run stopped before it wrote its results
-#                   is finished from its partial record (python -m eval.ab --finish); with JIT=1 the caches are also
+#                   to 30 s (a quarter of its time, if less) before the stop (a --deadline-s given wins); a run
+#                   stopped before it wrote its results is finished from its partial record (python -m eval.ab --finish); with JIT=1 the caches are also
 #                   saved right after the first server is up (--save-jitcache $OUT), so a cut call returns them
 # The plugin entry points are written by the harness itself (no pip install needed).
 set -uo pipefail
@@ -34,7 +34,10 @@ if [ -n "${CALL_S:-}" ]; then
     if ! [[ "${!v:-45}" =~ ^[0-9]+$ ]]; then echo "$v must be a whole number of seconds, got '${!v}'" >&2; exit 2; fi
   done
   left=$((10#$CALL_S - SECONDS - 10#${TAIL_S:-45}))
-  if [ "$left" -lt 8 ]; then echo "CALL_S=$CALL_S leaves ${left}s for eval.ab (TAIL_S ${TAIL_S:-45}): too little" >&2; exit 2; fi
+  if [ "$left" -lt 8 ]; then
+    echo "CALL_S=$CALL_S leaves ${left}s for eval.ab (TAIL_S ${TAIL_S:-45}): too little" >&2
+    exit 2
+  fi
   stop=(timeout -k 15 -s INT "$left")  # SIGINT: eval.ab stops its servers and keeps its partial record
   margin=$((left / 4 < 30 ? left / 4 : 30))
   case " $* " in *" --deadline-s "*|*" --deadline-s="*) ;; *) extra+=(--deadline-s $((left - margin))) ;; esac
@@ -52,7 +55,8 @@ for d in "${dirs[@]}"; do
   for partial in "$d"/ab-*-partial.json; do  # stopped before it wrote its results: write them from the record
     [ -f "$partial" ] || continue
     if "$PY" -m eval.ab --finish "$partial" 2>&1 | tee -a "$RESULTS/ab-console.log" && [ "${PIPESTATUS[0]}" = 0 ]; then
-      echo "gpu_ab: the run was stopped (rc $rc); its results were written from $partial" | tee -a "$RESULTS/ab-console.log"
+      echo "gpu_ab: the run was stopped (rc $rc); its results were written from $partial" \
+        | tee -a "$RESULTS/ab-console.log"
       [ "$rc" = 0 ] || rc=1  # results of the servers it finished: a partial run, not a timed-out call
     fi
   done

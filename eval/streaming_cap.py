@@ -493,7 +493,8 @@ def render_markdown(res: Dict[str, Any]) -> str:
             "CPU % is the share of one core (p50 over the run's samples every "
             f"{setup['sample_period_s']} s, and the max); a Python process's busiest thread at ~100% is a cap. "
             "The scheduler busy-waits on the GPU and sits near 100% at any load. *client at full batch* is "
-            "batch / median per-token ITL, *decode* the median `gen throughput` of the scheduler's `Decode batch` lines "
+            "batch / median per-token ITL, *decode* the median `gen throughput` of the scheduler's `Decode batch` "
+            "lines "
             f"with at least {decode_rate.FULL_BATCH_FRACTION:.0%} of the batch running; a run is client-path bound "
             f"when they disagree by more than {decode_rate.CLIENT_PATH_TOLERANCE:.0%}.")
     return "\n".join([

@@ -12,12 +12,11 @@ per-token gap a request sees while it decodes, and B concurrent requests receive
 The median, not TPOT: a request's TPOT (end - first token over its tokens) also holds the prefill steps of
 the requests admitted while it decodes (two waves of 1024-token prompts: the second wave's prefills stall
 the requests already decoding for seconds), which the scheduler's decode lines leave out; those stalls are
-a few long gaps, which the median ignores.  (Nemotron-H-8B, 1024/1024 x2 at 256, stream interval 8, H200:
-TPOT gave 12.0k tok/s against a decode rate of 15.1k, the median ITL 15.0k.)  Where a result has no ITL,
-TPOT is used.  A run is *client-path bound* when the client's rate and SGLang's disagree by more than 10%:
-tokens decoded on the GPU did not reach the client at the rate they were decoded (the tokenizer manager,
-the detokenizer, the HTTP stream or the benchmark client was the bottleneck), and its client tok/s is not a
-measure of the engine.  A capped stream still shows: its chunks arrive late, and their gaps, spread over
+a few long gaps, which the median ignores (eval/results/e2e-h200/decode-nemotron-h-8b-io1024).  Where a
+result has no ITL, TPOT is used.  A run is *client-path bound* when the client's rate and SGLang's disagree
+by more than 10%: tokens decoded on the GPU did not reach the client at the rate they were decoded (the
+tokenizer manager, the detokenizer, the HTTP stream or the benchmark client was the bottleneck), and its
+client tok/s is not a measure of the engine.  A capped stream still shows: its chunks arrive late, and their gaps, spread over
 their tokens, are the rate the client got.
 """
 
@@ -95,18 +94,13 @@ def full_batch(batch: int, cap: Optional[int] = None) -> int:
 def client_full_batch_rate(bench: Optional[Dict[str, Any]], batch: int) -> Optional[float]:
     """Tokens per second the client received while the batch was full: full batch x 1000 / median inter-token
     latency (ms, per token), or / median TPOT where the result has no ITL."""
-    if not positive_int(batch):
-        return None
-    for key in ("median_itl_ms", "median_tpot_ms"):
-        ms = (bench or {}).get(key)
-        if isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms > 0:
-            return batch * 1000.0 / ms
-    return None
+    key = client_rate_source(bench)
+    return batch * 1000.0 / bench[key] if key and positive_int(batch) else None
 
 
 def client_rate_source(bench: Optional[Dict[str, Any]]) -> Optional[str]:
-    """Which of bench_serving's latencies :func:`client_full_batch_rate` read: ``median_itl_ms``,
-    ``median_tpot_ms`` or None."""
+    """Which of bench_serving's latencies :func:`client_full_batch_rate` reads: ``median_itl_ms``, else
+    ``median_tpot_ms``, else None (neither is a positive number)."""
     for key in ("median_itl_ms", "median_tpot_ms"):
         ms = (bench or {}).get(key)
         if isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms > 0:

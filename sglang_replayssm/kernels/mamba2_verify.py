@@ -79,9 +79,9 @@ __all__ = ["mamba2_verify", "mamba2_tree_verify", "MAMBA2_VERIFY_DEFAULT_LAUNCH"
 # How the per-token dots are reduced (the same math; fp32 order of terms per dot for bcast / token):
 # "bcast" -- one [rows, T, NC] broadcast-and-sum per chunk (3-D temporaries);
 # "token" -- T two-dimensional row reductions per chunk, as the decode kernel does for T = 1;
-# "dot"   -- the window padded to 16 tokens and every per-token dot a ``tl.dot`` at ``dot_precision`` (tf32x3 /
-#            ieee): S·C_s as [rows, N] x [N, 16], the history and window terms as [rows, WH] x [WH, 16] and
-#            [rows, 16] x [16, 16] (candidate, untimed on the H200).
+# "dot"   -- the window padded to TP = max(16, T) tokens and every per-token dot a ``tl.dot`` at ``dot_precision``
+#            (tf32x3 / ieee): S·C_s as [rows, N] x [N, TP] (per N chunk on the chunked path), the history and
+#            window terms as [rows, WH] x [WH, TP] and [rows, TP] x [TP, TP] (candidate, untimed on the H200).
 REDUCE_MODES = ("bcast", "token", "dot")
 # Where the group-shared dots B_k·C_s (history) and B_m·C_s (window) are computed:
 # "inline" -- in every program of the group (heads_per_group x P/BLOCK_M times per row);

@@ -547,8 +547,8 @@ def test_flushing_verify_with_no_accept_does_not_fold_twice(device):
                          ids=["T1-s32", "T4-s32", "T3odd-s32a16b", "T3odd-s16b"])
 def test_launch_variants_match_sequential_recurrence(device, tmp_path, monkeypatch, T, hist, geom, prec, variant):
     """Launch-config variants of the same math -- ``reduce: bcast / token / dot`` (one 3-D broadcast per chunk, T
-    two-dimensional row reductions, or the window padded to 16 tokens and every dot a ``tl.dot``), ``bc: inline / pre`` (the group-shared B·C dots in every program or once
-    per (row, group) in a pre-kernel) and ``nonflush: chunked / stream`` (non-flush rows read the whole S_ck tile at
+    two-dimensional row reductions, or the window padded to 16 tokens and every dot a ``tl.dot``), ``bc: inline /
+    pre`` (the group-shared B·C dots in every program or once per (row, group) in a pre-kernel) and ``nonflush: chunked / stream`` (non-flush rows read the whole S_ck tile at
     once) -- under the same stream checks, flushes and wrap-around included."""
     f = tmp_path / "cfg.yaml"
     f.write_text("mamba2_verify:\n  default: {" + variant + "}\n")
