@@ -271,6 +271,10 @@ def markdown(res: Dict[str, Any]) -> str:
     info["servers"] = ("started back to back (--concurrent-start: each once the one before had allocated its memory "
                        "pools), measured one at a time while the others idled"
                        if harness.get("concurrent_start") else "started, measured and stopped one after another")
+    if len(res.get("calls") or []) > 1:  # python -m eval.ab --resume: the servers ran in more than one call
+        info["calls"] = "; ".join(f"{c.get('started')} on {c.get('host')} ({(c.get('gpu') or {}).get('name')}, "
+                                  f"git {str(c.get('git_commit'))[:12]}): {', '.join(c.get('servers') or []) or 'none'}"
+                                  for c in res["calls"]) + " (stopped and resumed: --resume)"
     if res.get("env_inherited"):
         info["settings from the caller's environment"] = ", ".join(f"{k}={v}" for k, v in res["env_inherited"].items())
     if res.get("annotated_after_run"):

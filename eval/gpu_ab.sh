@@ -13,7 +13,9 @@
 #                   stopped TAIL_S (default 45) seconds before it, leaving time to pack; its --deadline-s defaults
 #                   to 30 s (a quarter of its time, if less) before the stop (a --deadline-s given wins); a run
 #                   stopped before it wrote its results is finished from its partial record (python -m eval.ab --finish); with JIT=1 the caches are also
-#                   saved right after the first server is up (--save-jitcache $OUT), so a cut call returns them
+#                   saved right after the first server is up (--save-jitcache $OUT), so a cut call returns them;
+#                   the partial record is also kept as ab-*-partial-kept.json: a later call's
+#                   bash eval/gpu_ab.sh --resume <that file> runs the servers it had not finished and writes the run
 # The plugin entry points are written by the harness itself (no pip install needed).
 set -uo pipefail
 OUT="${OUT:-eval/results}"
@@ -54,6 +56,7 @@ done
 for d in "${dirs[@]}"; do
   for partial in "$d"/ab-*-partial.json; do  # stopped before it wrote its results: write them from the record
     [ -f "$partial" ] || continue
+    cp "$partial" "${partial%-partial.json}-partial-kept.json"  # for a later call's python -m eval.ab --resume
     if "$PY" -m eval.ab --finish "$partial" 2>&1 | tee -a "$RESULTS/ab-console.log" && [ "${PIPESTATUS[0]}" = 0 ]; then
       echo "gpu_ab: the run was stopped (rc $rc); its results were written from $partial" \
         | tee -a "$RESULTS/ab-console.log"

@@ -51,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--render", metavar="JSON", nargs="+", help="re-draw the .md/.png of result JSON files, exit")
     g.add_argument("--finish", metavar="PARTIAL", help="write the results of a run that was stopped before it wrote "
                    "them (its <out-dir>/ab-*-partial.json: the servers it finished) beside the partial file, exit")
+    g.add_argument("--resume", metavar="PARTIAL", help="go on with a run that was stopped (its ab-*-partial.json, "
+                   "or the copy gpu_ab.sh keeps as ab-*-partial-kept.json): its flags are the record's, the servers "
+                   "it finished are kept and the others run, then its results are written to --out-dir; only the "
+                   "run-control flags (--out-dir, --log-dir, --python, --deadline-s, --save-jitcache, --gpu-index, "
+                   "--no-progress, timeouts) may be given beside it. Refused on another GPU model or git commit")
     g.add_argument("--dry-run", action="store_true", help="print the plan and the command lines, start nothing")
     g.add_argument("--workload", choices=("none", *WORKLOADS), default="none",
                    help="a named workload: standard-decode = random ids, 1024 in / 1024 out, two waves (prompts = "
@@ -282,6 +287,28 @@ def print_plan(args, phases: List[Phase], spec_models: Dict[bool, Optional[Model
                                                       f"bench-{ph.label}-b{b}.jsonl")))
 
 
+def resume_record(run: Dict, args, argv: Optional[List[str]], phases: List[Phase], model0: ModelSpec,
+                  flags: Dict[bool, List[str]], prompts: List[List[int]], t_start: float) -> tuple:
+    """A stopped run's record to go on with, and the servers it still needs: those it finished (status ok) are
+    kept, any other record of a server is dropped and that server runs again; each call is listed in
+    ``run["calls"]``."""
+    here = run_record(args, argv, phases, model0, flags, prompts, t_start)
+    if run.get("parity_setup", {}).get("prompt_lens") != here["parity_setup"]["prompt_lens"]:
+        raise ValueError("the parity prompts differ from the record's (another seed or vocabulary)")
+    done = {p["label"] for p in run["phases"] if p.get("status") == "ok"}
+    dropped = [p["label"] for p in run["phases"] if p["label"] not in done]
+    run["phases"] = [p for p in run["phases"] if p["label"] in done]
+    todo = [ph for ph in phases if ph.label not in done]
+    calls = run.setdefault("calls", [{k: run.get(k) for k in ("started", "host", "gpu", "git_commit")}
+                                     | {"servers": sorted(done)}])
+    calls.append({k: here[k] for k in ("started", "host", "gpu", "git_commit")}
+                 | {"servers": [ph.label for ph in todo], "argv": here["flags"]["argv"]})
+    log(f"resuming the run started {run.get('started')}: kept {', '.join(sorted(done)) or 'none'}"
+        + (f", running again {', '.join(dropped)}" if dropped else "")
+        + f"; to run: {', '.join(ph.label for ph in todo) or 'none'}")
+    return run, todo
+
+
 def finish_partial(partial: Path) -> None:
     """``--finish``: the results of a stopped run from its partial record (the harness flags it ran with, the servers
     it finished), written beside it as the run would have written them; the partial file goes."""
@@ -307,6 +334,41 @@ def finish_partial(partial: Path) -> None:
     write_results(run, args, SimpleNamespace(name=name), partial.parent, stem0, partial)
 
 
+# what a resumed run may set for itself: where it writes, how long it may take; everything else is the record's
+RESUME_OWN = ("resume", "out_dir", "log_dir", "python", "deadline_s", "reserve_s", "min_phase_s", "save_jitcache",
+              "gpu_index", "no_progress", "server_timeout", "bench_timeout", "parity_timeout", "shutdown_grace")
+
+
+def resume_args(args, parser: argparse.ArgumentParser) -> tuple:
+    """``--resume``: the stopped run's record and its harness flags, with this call's run-control flags over them
+    (a ValueError names what is refused)."""
+    import json
+
+    given = [f"--{d.replace('_', '-')}" for d, v in vars(args).items()
+             if d not in RESUME_OWN and v != parser.get_default(d)]
+    if given:
+        raise ValueError(f"--resume takes the run's flags from its record; drop {' '.join(sorted(given))}")
+    run = json.loads(Path(args.resume).read_text())
+    harness = (run.get("flags") or {}).get("harness")
+    if not isinstance(harness, dict) or "phases" not in run:
+        raise ValueError(f"{args.resume} is not a partial eval.ab record (no flags.harness or no phases)")
+    if run.get("finished"):
+        raise ValueError(f"{args.resume} is a finished run's record, not a partial one")
+    from eval.ab.results import git_commit, gpu_info
+
+    now_gpu, now_commit = (gpu_info() or {}).get("name"), git_commit()
+    was_gpu, was_commit = (run.get("gpu") or {}).get("name"), run.get("git_commit")
+    if now_gpu and was_gpu and now_gpu != was_gpu:
+        raise ValueError(f"the run started on {was_gpu}, this host has {now_gpu}: its arms would not compare")
+    if now_commit and was_commit and "unknown" not in (now_commit, was_commit) and now_commit != was_commit:
+        raise ValueError(f"the run started at git commit {was_commit}, this tree is {now_commit}: check that "
+                         "commit out (or set GIT_COMMIT) to resume it")
+    merged = dict(harness)
+    merged.update({k: getattr(args, k) for k in RESUME_OWN if k != "resume"})
+    merged["resume"] = None
+    return run, argparse.Namespace(**merged)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -325,10 +387,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"python -m eval.ab: error: --finish {args.finish}: {type(e).__name__}: {e}", file=sys.stderr)
             return 2
         return 0
+    resumed = None
     try:
-        args.workload_set = apply_workload(args, parser, sys.argv[1:] if argv is None else argv)
+        if args.resume:
+            resumed, args = resume_args(args, parser)
+        else:
+            args.workload_set = apply_workload(args, parser, sys.argv[1:] if argv is None else argv)
         phases = checked_plan(args)
-    except ValueError as e:
+    except (OSError, ValueError) as e:
         print(f"python -m eval.ab: error: {e}", file=sys.stderr)
         return 2
     if args.workload_set:
@@ -360,9 +426,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         clear_gsp_cache(args, model0)
     else:
         prompts = parity_prompts(args.parity_prompts, vocab, args.seed)
-    run = run_record(args, argv, phases, model0, flags, prompts, t_start)
     partial = out_dir / f"{stem0}-partial.json"
-    run_servers(run, args, phases, spec_models, flags, base_env, pythonpath, logdir, prompts, deadline, partial)
+    if resumed is None:
+        run = run_record(args, argv, phases, model0, flags, prompts, t_start)
+        todo = phases
+    else:
+        run, todo = resume_record(resumed, args, argv, phases, model0, flags, prompts, t_start)
+    run_servers(run, args, todo, spec_models, flags, base_env, pythonpath, logdir, prompts, deadline, partial)
+    order = {ph.label: i for i, ph in enumerate(phases)}  # the plan's order: the first arm is the baseline
+    run["phases"].sort(key=lambda p: order.get(p["label"], len(order)))
     finish_record(run, t_start)
     pairs = write_results(run, args, model0, out_dir, stem0, partial)
     ok = all(p.get("status") == "ok" for p in run["phases"])

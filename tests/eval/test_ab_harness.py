@@ -596,3 +596,64 @@ def test_finish_writes_the_results_of_a_stopped_run(tmp_path, monkeypatch):
     bad.write_text("{}")
     assert cli.main(["--finish", str(bad)]) == 2
     assert cli.main(["--finish", str(tmp_path / "missing-partial.json")]) == 2
+
+
+def test_resume_runs_the_servers_a_stopped_run_had_not_finished(tmp_path, monkeypatch):
+    """A run stopped after its first server (the GPU call's limit) is gone on with by ``--resume`` in a later call:
+    the finished server is kept, the others run, and the results compare them as one run (the record lists both
+    calls); flags other than run control are refused beside it, as is a record from another commit."""
+    import signal as _signal
+
+    from eval.ab import cli, workloads
+
+    for k in [k for k in os.environ if k.startswith(("SGLANG_REPLAYSSM_", "REPLAYSSM_EVAL_"))]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("GIT_COMMIT", "a" * 40)
+    monkeypatch.chdir(REPO)
+    real = workloads.run_phase
+    seen = []
+
+    def stop_at_second(ph, *a, **k):
+        seen.append(ph.label)
+        if len(seen) == 2:
+            raise KeyboardInterrupt("the call's limit")
+        return real(ph, *a, **k)
+
+    flags = ["--model", "tiny-nemotron-h", "--stock-module", FAKE, "--patched-module", FAKE, "--no-bench",
+             "--parity-tokens", "32", "--parity-prompts", "3", "--arms", "stock,patched",
+             "--patched-arg", "--fake-flip-at 7 --fake-gap 0.5", "--no-progress", "--shutdown-grace", "5"]
+    handlers = {s: _signal.getsignal(s) for s in (_signal.SIGTERM, _signal.SIGINT)}
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(workloads, "run_phase", stop_at_second)
+            with pytest.raises(KeyboardInterrupt):
+                cli.main(flags + ["--out-dir", str(tmp_path / "call1")])
+    finally:
+        for s, h in handlers.items():
+            _signal.signal(s, h)
+    (partial,) = (tmp_path / "call1").glob("*-partial.json")
+    rec = json.loads(partial.read_text())
+    assert [p["label"] for p in rec["phases"]] == ["stock"]
+    # the record's flags only: a flag of the run's own beside --resume is refused, by name
+    assert cli.main(["--resume", str(partial), "--arms", "stock,upstream", "--out-dir", str(tmp_path / "no")]) == 2
+    assert not (tmp_path / "no").exists()
+    # another commit's record is refused
+    monkeypatch.setenv("GIT_COMMIT", "b" * 40)
+    assert cli.main(["--resume", str(partial), "--out-dir", str(tmp_path / "call2")]) == 2
+    monkeypatch.setenv("GIT_COMMIT", "a" * 40)
+    # a server recorded as failed runs again, after the kept one
+    rec["phases"].append({"label": "patched", "phase": {"role": "arm", "kind": "patched"}, "status": "failed"})
+    partial.write_text(json.dumps(rec))
+    assert cli.main(["--resume", str(partial), "--out-dir", str(tmp_path / "call2"), "--no-progress"]) == 0
+    res = json.loads((tmp_path / "call2" / "ab-tiny-nemotron-h-stock-vs-patched.json").read_text())
+    assert [c["servers"] for c in res["calls"]] == [["stock"], ["patched"]]
+    assert res["started"] == rec["started"] and {a["status"] for a in res["arms"].values()} == {"ok"}
+    par = res["summary"]["parity"]
+    assert par["mismatches"] == 1 and par["first_divergence"][0] == 7  # the kept server's outputs compared
+    assert "stopped and resumed" in (tmp_path / "call2" / "ab-tiny-nemotron-h-stock-vs-patched.md").read_text()
+    assert not list((tmp_path / "call2").glob("*-partial.json"))
+    # a finished run's record is not resumed
+    done = tmp_path / "done.json"
+    done.write_text(json.dumps(dict(rec, finished="2026-12-03T00:00:00Z")))
+    assert cli.main(["--resume", str(done), "--out-dir", str(tmp_path / "no")]) == 2

@@ -50,6 +50,8 @@ def test_a_run_that_outlasts_the_call_is_stopped_and_finished(tmp_path):
     assert "stopped" in r.stdout and "finished" in r.stdout and "its results were written from" in r.stdout
     assert r.returncode == 1  # the servers it finished: a partial run, not a timed-out call (124)
     assert not list((tmp_path / "out").glob("*-partial.json"))
+    # a copy stays for a later call's --resume
+    assert [f.name for f in (tmp_path / "out").glob("*-partial-kept.json")] == ["ab-stand-in-partial-kept.json"]
 
 
 def test_a_run_given_its_own_out_dir_is_finished_there(tmp_path):
