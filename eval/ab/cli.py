@@ -20,7 +20,7 @@ from eval.ab.multiclient import split
 from eval.ab.parity import parity_prompts, shared_prefix_prompts
 from eval.ab.presets import WORKLOADS, apply_workload
 from eval.ab.plan import Phase, parse_batches, plan_phases, spec_shape
-from eval.ab.results import finish_record, model_tag, run_record, write_results
+from eval.ab.results import finish_record, model_tag, run_record, write_partial, write_results
 from eval.ab.servers import (PATCHED_MODULE, RADIX_MODES, SPEC_ALGOS, STOCK_MODULE, ModelSpec, _stop_all, arm_launch,
                              env_delta, launch_cmd, prepare_models, server_env, server_pythonpath)
 from eval.ab.workloads import bench_serving_argv, clear_gsp_cache, run_servers
@@ -52,8 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--finish", metavar="PARTIAL", help="write the results of a run that was stopped before it wrote "
                    "them (its <out-dir>/ab-*-partial.json: the servers it finished) beside the partial file, exit")
     g.add_argument("--resume", metavar="PARTIAL", help="go on with a run that was stopped (its ab-*-partial.json, "
-                   "or the copy gpu_ab.sh keeps as ab-*-partial-kept.json): its flags are the record's, the servers "
-                   "it finished are kept and the others run, then its results are written to --out-dir; only the "
+                   "or the ab-*-partial-kept.json kept by gpu_ab.sh or written by a run whose --deadline-s skipped "
+                   "servers): its flags are the record's, the servers it finished are kept and the others run, then "
+                   "its results are written to --out-dir; only the "
                    "run-control flags (--out-dir, --log-dir, --python, --deadline-s, --save-jitcache, --gpu-index, "
                    "--no-progress, timeouts) may be given beside it. Refused on another GPU model or git commit")
     g.add_argument("--dry-run", action="store_true", help="print the plan and the command lines, start nothing")
@@ -435,6 +436,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     run_servers(run, args, todo, spec_models, flags, base_env, pythonpath, logdir, prompts, deadline, partial)
     order = {ph.label: i for i, ph in enumerate(phases)}  # the plan's order: the first arm is the baseline
     run["phases"].sort(key=lambda p: order.get(p["label"], len(order)))
+    skipped = [p["label"] for p in run["phases"] if p.get("status") == "skipped"]
+    if skipped:  # the deadline left servers out: a record a later call can go on with
+        kept = out_dir / f"{stem0}-partial-kept.json"
+        write_partial(kept, run)
+        log(f"{', '.join(skipped)} skipped: python -m eval.ab --resume {kept} runs them in a later call")
     finish_record(run, t_start)
     pairs = write_results(run, args, model0, out_dir, stem0, partial)
     ok = all(p.get("status") == "ok" for p in run["phases"])

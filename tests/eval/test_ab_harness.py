@@ -653,6 +653,10 @@ def test_resume_runs_the_servers_a_stopped_run_had_not_finished(tmp_path, monkey
     assert par["mismatches"] == 1 and par["first_divergence"][0] == 7  # the kept server's outputs compared
     assert "stopped and resumed" in (tmp_path / "call2" / "ab-tiny-nemotron-h-stock-vs-patched.md").read_text()
     assert not list((tmp_path / "call2").glob("*-partial.json"))
+    # a run whose deadline skipped a server keeps a record to go on with
+    assert cli.main(flags + ["--out-dir", str(tmp_path / "call3"), "--deadline-s", "1", "--min-phase-s", "60"]) == 1
+    (kept,) = (tmp_path / "call3").glob("*-partial-kept.json")
+    assert [p["status"] for p in json.loads(kept.read_text())["phases"]] == ["skipped", "skipped"]
     # a finished run's record is not resumed
     done = tmp_path / "done.json"
     done.write_text(json.dumps(dict(rec, finished="2026-12-03T00:00:00Z")))
