@@ -45,8 +45,7 @@ PRE_KERNELS = {"mamba2": ("_mamba2_verify_bc_kernel",), "gdn": ("_gdn_verify_sco
 # 8 resident warps per SM; the defaults compare it with register caps, a smaller Mamba2 tile and Mamba2's
 # one-read non-flush path (the issue model cannot see its gain: more loads in flight, not fewer instructions)
 # the packaged file against the next GPU round's candidates (eval/gpu_spec_variants.sh)
-DEFAULT_VARIANTS = ("packaged:", "mamba2/dot-w2:reduce=dot,num_warps=2", "mamba2/w2:num_warps=2",
-                    "mamba2/w4:num_warps=4", "mamba2/nc64:BLOCK_NC=64",
+DEFAULT_VARIANTS = ("packaged:", "mamba2/w2:num_warps=2", "mamba2/w4:num_warps=4", "mamba2/nc64:BLOCK_NC=64",
                     "mamba2/chunked:nonflush=chunked", "gdn/dot224:flush=dot,maxnreg=224",
                     "gdn/dot255:flush=dot,maxnreg=0", "gdn/cap184:maxnreg=184")
 

@@ -33,10 +33,7 @@ history [WH, N] and the window's x/B/C/dt/z.  The group-shared B·C dots are don
 program (``bc: inline``, group sharing left to L2) or once per (row, group) by
 ``_mamba2_verify_bc_kernel`` into an fp32 scratch (``bc: pre``; batches of at most
 ``inline_bc_max_batch`` rows stay inline, one launch); the per-token dots are
-reduced as one 3-D broadcast (``reduce: bcast``), T 2-D row reductions (``reduce: token``) or, with the
-window padded to max(16, T) tokens, as ``tl.dot`` products at ``dot_precision`` (``reduce: dot``: S·C_s for
-every token in one dot per tile or N chunk, the history and window terms as dots too; an open candidate,
-untimed on the H200).
+reduced as one 3-D broadcast (``reduce: bcast``) or T 2-D row reductions (``reduce: token``).
 ``nonflush: chunked`` reads the S_ck tile N-chunk by N-chunk on every row (each chunk's loads wait
 behind the previous chunk's conditional ring / checkpoint stores); ``nonflush: stream`` lets
 non-flush rows read the whole [BLOCK_M, N] tile at once, all loads in flight together (the decode
@@ -76,13 +73,10 @@ from .spec_tree import _tree_ancestor_mask, check_parents_arg
 
 __all__ = ["mamba2_verify", "mamba2_tree_verify", "MAMBA2_VERIFY_DEFAULT_LAUNCH", "verify_geometry_key"]
 
-# How the per-token dots are reduced (the same math; fp32 order of terms per dot for bcast / token):
+# How the per-token dots are reduced (the same math and fp32 order of terms per dot):
 # "bcast" -- one [rows, T, NC] broadcast-and-sum per chunk (3-D temporaries);
-# "token" -- T two-dimensional row reductions per chunk, as the decode kernel does for T = 1;
-# "dot"   -- the window padded to TP = max(16, T) tokens and every per-token dot a ``tl.dot`` at ``dot_precision``
-#            (tf32x3 / ieee): S·C_s as [rows, N] x [N, TP] (per N chunk on the chunked path), the history and
-#            window terms as [rows, WH] x [WH, TP] and [rows, TP] x [TP, TP] (candidate, untimed on the H200).
-REDUCE_MODES = ("bcast", "token", "dot")
+# "token" -- T two-dimensional row reductions per chunk, as the decode kernel does for T = 1.
+REDUCE_MODES = ("bcast", "token")
 # Where the group-shared dots B_k·C_s (history) and B_m·C_s (window) are computed:
 # "inline" -- in every program of the group (heads_per_group x P/BLOCK_M times per row);
 # "pre"    -- once per (row, group) by ``_mamba2_verify_bc_kernel`` into an fp32 scratch
@@ -192,7 +186,7 @@ def _mamba2_verify_kernel(
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_NC: tl.constexpr, N_CHUNKS: tl.constexpr, WH: tl.constexpr, TP: tl.constexpr,
     PER_TOKEN: tl.constexpr, BC_PRE: tl.constexpr, STREAM: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, DOT_REDUCE: tl.constexpr,
+    IS_TREE: tl.constexpr, LOG_TP: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -272,22 +266,13 @@ def _mamba2_verify_kernel(
                 B_hn = tl.load(Br_base + phys_k[:, None] * s_Br_r + offs_nf[None, :] * s_Br_n,
                                mask=valid_k[:, None] & mask_nf[None, :], other=0.0).to(tl.float32)
                 B_wnf = B_wn.to(tl.float32)
-            if DOT_REDUCE:  # [N, TP] columns C_s: every token's dot in one tl.dot
-                C_tr = tl.trans(tl.load(C_row + offs_t[:, None] * s_C_t + offs_nf[None, :] * s_C_n,
-                                        mask=mask_t[:, None] & mask_nf[None, :], other=0.0).to(tl.float32))
-                SC = tl.dot(S, C_tr, input_precision=DOT_PRECISION)
+            for t in tl.static_range(TP):
+                col = (offs_t == t)[None, :]
+                C_t = tl.load(C_row + t * s_C_t + offs_nf * s_C_n, mask=mask_nf & (t < T), other=0.0).to(tl.float32)
+                SC = _add_token_dot(SC, S, C_t, col)
                 if not BC_PRE:
-                    bc_w = tl.dot(B_wnf, C_tr, input_precision=DOT_PRECISION)
-                    bc_h = tl.dot(B_hn, C_tr, input_precision=DOT_PRECISION)
-            else:
-                for t in tl.static_range(TP):
-                    col = (offs_t == t)[None, :]
-                    C_t = tl.load(C_row + t * s_C_t + offs_nf * s_C_n, mask=mask_nf & (t < T),
-                                  other=0.0).to(tl.float32)
-                    SC = _add_token_dot(SC, S, C_t, col)
-                    if not BC_PRE:
-                        bc_w = _add_token_dot(bc_w, B_wnf, C_t, col)
-                        bc_h = _add_token_dot(bc_h, B_hn, C_t, col)
+                    bc_w = _add_token_dot(bc_w, B_wnf, C_t, col)
+                    bc_h = _add_token_dot(bc_h, B_hn, C_t, col)
             if write_B:
                 tl.store(Br_base + phys_t[:, None] * s_Br_r + offs_nf[None, :] * s_Br_n,
                          B_wn.to(Br_ptr.dtype.element_ty), mask=mask_t[:, None] & mask_nf[None, :])
@@ -300,7 +285,7 @@ def _mamba2_verify_kernel(
             st_ptrs = st_base + offs_m[:, None] * s_st_p + offs_n[None, :] * s_st_n
             st_mask = mask_m[:, None] & mask_n[None, :]
             S = tl.load(st_ptrs, mask=st_mask, other=0.0).to(tl.float32)
-            if DOT_REDUCE or ((not PER_TOKEN) and (not BC_PRE)):
+            if (not PER_TOKEN) and (not BC_PRE):
                 C_w = tl.load(C_row + offs_t[:, None] * s_C_t + offs_n[None, :] * s_C_n,
                               mask=mask_t[:, None] & mask_n[None, :], other=0.0).to(tl.float32)  # [TP, NC]
             b_mask = mask_t[:, None] & mask_n[None, :]
@@ -316,14 +301,7 @@ def _mamba2_verify_kernel(
                 S = decay_end * S + tl.dot(x_hist, B_h * s_hist[:, None], input_precision=DOT_PRECISION)
                 if wp > 0:
                     tl.store(st_ptrs, S.to(state_ptr.dtype.element_ty), mask=st_mask)
-            if DOT_REDUCE:
-                C_tr = tl.trans(C_w)
-                SC += tl.dot(S, C_tr, input_precision=DOT_PRECISION)
-                if not BC_PRE:
-                    bc_w += tl.dot(B_w.to(tl.float32), C_tr, input_precision=DOT_PRECISION)
-                    if no_flush:
-                        bc_h += tl.dot(B_h, C_tr, input_precision=DOT_PRECISION)
-            elif PER_TOKEN or BC_PRE:
+            if PER_TOKEN or BC_PRE:
                 B_wf = B_w.to(tl.float32)
                 for t in tl.static_range(TP):
                     col = (offs_t == t)[None, :]
@@ -367,12 +345,7 @@ def _mamba2_verify_kernel(
         y = SC * tl.exp(A * mu)[None, :]          # S_c is the new checkpoint, no history left
     else:
         y = SC * tl.exp(A * (lam_end + mu))[None, :]
-    if DOT_REDUCE:  # [rows, WH] x [WH, TP] and [rows, TP] x [TP, TP]
-        if no_flush:
-            w_h = s_hist[:, None] * tl.exp(A * mu)[None, :] * bc_h
-            y += tl.dot(x_hist, w_h, input_precision=DOT_PRECISION)
-        y += tl.dot(x_win, w_w, input_precision=DOT_PRECISION)
-    elif PER_TOKEN:
+    if PER_TOKEN:
         e_mu = tl.exp(A * mu)
         for t in tl.static_range(TP):
             sel = offs_t == t
@@ -511,8 +484,7 @@ def mamba2_verify(
     BLOCK_M, BLOCK_NC = cfg["BLOCK_M"], cfg["BLOCK_NC"]
     BLOCK_NC = min(BLOCK_NC, max(16, next_pow2(N)))
     WH = max(16, next_pow2(R - T))
-    dot_reduce = cfg["reduce"] == "dot"
-    TP = max(16 if dot_reduce else 2, next_pow2(T))  # tl.dot takes no dimension below 16
+    TP = max(2, next_pow2(T))
     dz = z.stride() if z is not None else (0, 0, 0, 0)
     n_chunks = triton.cdiv(N, BLOCK_NC)
     bc_pre = cfg["bc"] == "pre" and batch > cfg["inline_bc_max_batch"]  # host-side: one CUDA graph per batch size
@@ -544,7 +516,7 @@ def mamba2_verify(
         BLOCK_M=BLOCK_M, BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP,
         PER_TOKEN=cfg["reduce"] == "token", BC_PRE=bc_pre,
         STREAM=cfg["nonflush"] == "stream", BLOCK_N=max(16, next_pow2(N)),
-        IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1, DOT_REDUCE=dot_reduce,
+        IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg),
     )
     return out

@@ -365,21 +365,3 @@ def test_matches_sglang_stock_tree_verify(device):
     res = bts.check("mamba2", dict(H=4, P=16, N=16, G=2), 8, 16, 4, 3, device.type, kern, 2, 4)
     assert res["flush_steps"], f"no flush in the checked steps: {res}"
     assert res["passed"], f"ours vs SGLang's tree verify: {res['steps']}"
-
-
-@pytest.mark.parametrize("variant,geom", [("reduce: dot, bc: pre, nonflush: stream", SMALL_H2),
-                                          pytest.param("reduce: dot, bc: inline, nonflush: chunked", ODD,
-                                                       marks=pytest.mark.slow)],
-                         ids=["dot-pre-stream", "dot-inline-chunked-odd"])
-def test_tree_under_the_dot_reduction(device, tmp_path, monkeypatch, variant, geom):
-    """``reduce: dot`` (the window padded to 16 nodes, every per-node dot a tl.dot): the tree's ancestor sums and
-    path commits on the padded window stay on the fp64 recurrence, flushes and ring wrap included."""
-    from sglang_replayssm.kernels import common
-
-    f = tmp_path / "cfg.yaml"
-    f.write_text("mamba2_verify:\n  default: {" + variant + "}\n")
-    monkeypatch.setenv(common.ENV_CONFIG_FILE, str(f))
-    h = TreeHarness(device, geom, 5, 7, F32, F32, n_req=2)
-    for _ in range(24):
-        h.step()
-    assert h.flushes >= 2, f"{h.tag()} the stream must cross flushes, saw {h.flushes}"
