@@ -288,15 +288,21 @@ def print_plan(args, phases: List[Phase], spec_models: Dict[bool, Optional[Model
                                                       f"bench-{ph.label}-b{b}.jsonl")))
 
 
+def deadline_cut(p: Dict) -> bool:
+    """A server record some of whose runs (bench batches, parity, profiles) the deadline skipped."""
+    parts = [*(p.get("bench") or []), *(p.get("profiles") or []), p.get("parity"), p.get("parity_solo")]
+    return any(isinstance(x, dict) and x.get("skipped") == "deadline" for x in parts)
+
+
 def resume_record(run: Dict, args, argv: Optional[List[str]], phases: List[Phase], model0: ModelSpec,
                   flags: Dict[bool, List[str]], prompts: List[List[int]], t_start: float) -> tuple:
-    """A stopped run's record to go on with, and the servers it still needs: those it finished (status ok) are
-    kept, any other record of a server is dropped and that server runs again; each call is listed in
-    ``run["calls"]``."""
+    """A stopped run's record to go on with, and the servers it still needs: those it finished (status ok, no run
+    of it skipped by the deadline) are kept, any other record of a server is dropped and that server runs again;
+    each call is listed in ``run["calls"]``."""
     here = run_record(args, argv, phases, model0, flags, prompts, t_start)
     if run.get("parity_setup", {}).get("prompt_lens") != here["parity_setup"]["prompt_lens"]:
         raise ValueError("the parity prompts differ from the record's (another seed or vocabulary)")
-    done = {p["label"] for p in run["phases"] if p.get("status") == "ok"}
+    done = {p["label"] for p in run["phases"] if p.get("status") == "ok" and not deadline_cut(p)}
     dropped = [p["label"] for p in run["phases"] if p["label"] not in done]
     run["phases"] = [p for p in run["phases"] if p["label"] in done]
     todo = [ph for ph in phases if ph.label not in done]
@@ -321,6 +327,9 @@ def finish_partial(partial: Path) -> None:
     if not isinstance(harness, dict) or not run.get("phases"):
         raise ValueError("not a partial eval.ab record (no flags.harness or no phases)")
     args = argparse.Namespace(**harness)
+    if run.get("calls"):  # a resumed run appends the servers it ran after those it kept: the plan's order again
+        order = {ph.label: i for i, ph in enumerate(plan_phases(args))}
+        run["phases"].sort(key=lambda p: order.get(p["label"], len(order)))
     log(f"finishing {partial} ({len(run['phases'])} server(s): {', '.join(p['label'] for p in run['phases'])})")
     run["finished_from_partial"] = str(partial)  # no end time or wall time: the run stopped before it recorded them
     if run.get("sglang_version") is None:
@@ -340,13 +349,18 @@ RESUME_OWN = ("resume", "out_dir", "log_dir", "python", "deadline_s", "reserve_s
               "gpu_index", "no_progress", "server_timeout", "bench_timeout", "parity_timeout", "shutdown_grace")
 
 
-def resume_args(args, parser: argparse.ArgumentParser) -> tuple:
+def resume_args(args, parser: argparse.ArgumentParser, argv: Optional[List[str]] = None) -> tuple:
     """``--resume``: the stopped run's record and its harness flags, with this call's run-control flags over them
     (a ValueError names what is refused)."""
     import json
 
-    given = [f"--{d.replace('_', '-')}" for d, v in vars(args).items()
-             if d not in RESUME_OWN and v != parser.get_default(d)]
+    from eval.ab.presets import given_flags
+
+    # a flag given at its default value is given too; a store_false flag by its own name (--no-spec-parity)
+    dests = {d for d, v in vars(args).items() if v != parser.get_default(d)} | given_flags(parser, argv or [])
+    opts = {d: [o for a in parser._actions if a.dest == d for o in a.option_strings] for d in dests}
+    given = [next((o for o in opts[d] if any(x == o or x.startswith(o + "=") for x in argv or [])),
+                  (opts[d] or [f"--{d.replace('_', '-')}"])[-1]) for d in dests if d not in RESUME_OWN]
     if given:
         raise ValueError(f"--resume takes the run's flags from its record; drop {' '.join(sorted(given))}")
     run = json.loads(Path(args.resume).read_text())
@@ -364,7 +378,8 @@ def resume_args(args, parser: argparse.ArgumentParser) -> tuple:
     if now_commit and was_commit and "unknown" not in (now_commit, was_commit) and now_commit != was_commit:
         raise ValueError(f"the run started at git commit {was_commit}, this tree is {now_commit}: check that "
                          "commit out (or set GIT_COMMIT) to resume it")
-    merged = dict(harness)
+    # a flag the record's harness did not have yet takes its default (as the run ran without it)
+    merged = {**vars(parser.parse_args([])), "workload_set": [], **harness}
     merged.update({k: getattr(args, k) for k in RESUME_OWN if k != "resume"})
     merged["resume"] = None
     return run, argparse.Namespace(**merged)
@@ -391,7 +406,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     resumed = None
     try:
         if args.resume:
-            resumed, args = resume_args(args, parser)
+            resumed, args = resume_args(args, parser, sys.argv[1:] if argv is None else argv)
         else:
             args.workload_set = apply_workload(args, parser, sys.argv[1:] if argv is None else argv)
         phases = checked_plan(args)
@@ -432,11 +447,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         run = run_record(args, argv, phases, model0, flags, prompts, t_start)
         todo = phases
     else:
-        run, todo = resume_record(resumed, args, argv, phases, model0, flags, prompts, t_start)
+        try:
+            run, todo = resume_record(resumed, args, argv, phases, model0, flags, prompts, t_start)
+        except ValueError as e:
+            print(f"python -m eval.ab: error: {e}", file=sys.stderr)
+            return 2
     run_servers(run, args, todo, spec_models, flags, base_env, pythonpath, logdir, prompts, deadline, partial)
     order = {ph.label: i for i, ph in enumerate(phases)}  # the plan's order: the first arm is the baseline
     run["phases"].sort(key=lambda p: order.get(p["label"], len(order)))
-    skipped = [p["label"] for p in run["phases"] if p.get("status") == "skipped"]
+    skipped = [p["label"] for p in run["phases"] if p.get("status") == "skipped" or deadline_cut(p)]
     if skipped:  # the deadline left servers out: a record a later call can go on with
         kept = out_dir / f"{stem0}-partial-kept.json"
         write_partial(kept, run)

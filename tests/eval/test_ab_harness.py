@@ -661,3 +661,59 @@ def test_resume_runs_the_servers_a_stopped_run_had_not_finished(tmp_path, monkey
     done = tmp_path / "done.json"
     done.write_text(json.dumps(dict(rec, finished="2026-12-03T00:00:00Z")))
     assert cli.main(["--resume", str(done), "--out-dir", str(tmp_path / "no")]) == 2
+
+
+def test_resume_refusals_cut_servers_old_records_and_order(tmp_path, monkeypatch, capsys):
+    """``--resume`` refuses a run flag given at its default value and names a store_false flag as given; a bad
+    record is refused with rc 2, not a traceback; a server the deadline cut short runs again, and a run whose last
+    server was cut keeps a record; a record lacking flags of a later harness resumes; ``--finish`` of a resumed
+    run's partial (kept servers first) compares against the plan's first arm."""
+    from dataclasses import asdict
+
+    from eval.ab import cli, workloads
+
+    for k in [k for k in os.environ if k.startswith(("SGLANG_REPLAYSSM_", "REPLAYSSM_EVAL_"))]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("GIT_COMMIT", "a" * 40)
+    monkeypatch.chdir(REPO)
+    flags = ["--model", "tiny-nemotron-h", "--stock-module", FAKE, "--patched-module", FAKE, "--no-bench",
+             "--parity-tokens", "32", "--parity-prompts", "3", "--arms", "stock,patched", "--no-progress"]
+    skip = ["--deadline-s", "1", "--min-phase-s", "60"]  # every server skipped: no server starts
+    assert cli.main(flags + ["--out-dir", str(tmp_path / "c1")] + skip) == 1
+    (kept,) = (tmp_path / "c1").glob("*-partial-kept.json")
+    rec = json.loads(kept.read_text())
+    capsys.readouterr()
+    # a run flag at its default value, and a store_false flag by its own name
+    assert cli.main(["--resume", str(kept), "--arms", "stock,staged", "--out-dir", str(tmp_path / "no")]) == 2
+    assert cli.main(["--resume", str(kept), "--no-spec-parity", "--out-dir", str(tmp_path / "no")]) == 2
+    err = capsys.readouterr().err
+    assert "drop --arms" in err and "drop --no-spec-parity" in err
+    # other parity prompts: refused, rc 2
+    kept.write_text(json.dumps(dict(rec, parity_setup=dict(rec["parity_setup"], prompt_lens=[1]))))
+    assert cli.main(["--resume", str(kept), "--out-dir", str(tmp_path / "no")] + skip) == 2
+    # an ok server whose parity the deadline skipped runs again; a harness without later flags resumes
+    old = dict(rec, flags=dict(rec["flags"], harness={k: v for k, v in rec["flags"]["harness"].items()
+                                                      if k not in ("workload_set", "stream_interval", "clients")}))
+    old["phases"][0] = dict(old["phases"][0], status="ok", parity={"skipped": "deadline"})
+    kept.write_text(json.dumps(old))
+    assert cli.main(["--resume", str(kept), "--out-dir", str(tmp_path / "c2")] + skip) == 1
+    (kept2,) = (tmp_path / "c2").glob("*-partial-kept.json")
+    rec2 = json.loads(kept2.read_text())
+    assert [p["status"] for p in rec2["phases"]] == ["skipped", "skipped"]
+    assert [c["servers"] for c in rec2["calls"]] == [[], ["stock", "patched"]]
+
+    def fake(ph, *a, **k):  # every server ok; the last one's parity cut by the deadline
+        return {"label": ph.label, "phase": asdict(ph), "status": "ok",
+                "parity": {"skipped": "deadline"} if ph.label == "patched" else {"skipped": "stand-in"}}
+
+    monkeypatch.setattr(workloads, "run_phase", fake)
+    assert cli.main(flags + ["--out-dir", str(tmp_path / "c3")]) == 0
+    (kept3,) = (tmp_path / "c3").glob("*-partial-kept.json")
+    # a resumed run's partial (the baseline ran again after the kept arm), finished: stock is the baseline
+    rec3 = json.loads(kept3.read_text())
+    part = tmp_path / "c4" / "ab-tiny-nemotron-h-partial.json"
+    part.parent.mkdir()
+    part.write_text(json.dumps(dict(rec3, phases=rec3["phases"][::-1], calls=[{"servers": ["patched"]}])))
+    assert cli.main(["--finish", str(part)]) == 0
+    assert [f.name for f in (tmp_path / "c4").glob("ab-*.json")] == ["ab-tiny-nemotron-h-stock-vs-patched.json"]
