@@ -12,8 +12,9 @@
 #   CALL_S=<s>      the wall limit of the device call this runs in (seconds from this script's start): eval.ab is
 #                   stopped TAIL_S (default 45) seconds before it, leaving time to pack; its --deadline-s defaults
 #                   to 30 s (a quarter of its time, if less) before the stop (a --deadline-s given wins); a run
-#                   stopped before it wrote its results is finished from its partial record (python -m eval.ab --finish); with JIT=1 the caches are also
-#                   saved right after the first server is up (--save-jitcache $OUT), so a cut call returns them;
+#                   stopped before it wrote its results is finished from its partial record
+#                   (python -m eval.ab --finish); with JIT=1 the caches are also saved right after the first
+#                   server is up (--save-jitcache $OUT), so a cut call returns them;
 #                   the partial record is also kept as ab-*-partial-kept.json: a later call's
 #                   bash eval/gpu_ab.sh --resume <that file> runs the servers it had not finished and writes the run
 # The plugin entry points are written by the harness itself (no pip install needed).

@@ -54,9 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--resume", metavar="PARTIAL", help="go on with a run that was stopped (its ab-*-partial.json, "
                    "or the ab-*-partial-kept.json kept by gpu_ab.sh or written by a run whose --deadline-s skipped "
                    "servers): its flags are the record's, the servers it finished are kept and the others run, then "
-                   "its results are written to --out-dir; only the "
-                   "run-control flags (--out-dir, --log-dir, --python, --deadline-s, --save-jitcache, --gpu-index, "
-                   "--no-progress, timeouts) may be given beside it. Refused on another GPU model or git commit")
+                   "its results are written to --out-dir; only the run-control flags (--out-dir, --log-dir, "
+                   "--python, --deadline-s, --save-jitcache, --gpu-index, --no-progress, timeouts) may be given "
+                   "beside it. Refused on another GPU model or git commit")
     g.add_argument("--dry-run", action="store_true", help="print the plan and the command lines, start nothing")
     g.add_argument("--workload", choices=("none", *WORKLOADS), default="none",
                    help="a named workload: standard-decode = random ids, 1024 in / 1024 out, two waves (prompts = "
@@ -288,6 +288,24 @@ def print_plan(args, phases: List[Phase], spec_models: Dict[bool, Optional[Model
                                                       f"bench-{ph.label}-b{b}.jsonl")))
 
 
+def load_partial(path: Path) -> tuple:
+    """A partial eval.ab record (``write_partial``) and the harness flags it ran with (a ValueError if it is none)."""
+    import json
+
+    run = json.loads(Path(path).read_text())
+    harness = (run.get("flags") or {}).get("harness")
+    if not isinstance(harness, dict) or not isinstance(run.get("phases"), list):
+        raise ValueError(f"{path} is not a partial eval.ab record (no flags.harness or no phases)")
+    return run, harness
+
+
+def in_plan_order(run: Dict, phases: List[Phase]) -> None:
+    """The run's server records in the plan's order (the first arm is the baseline); a resumed run appends the
+    servers it runs after those it kept."""
+    order = {ph.label: i for i, ph in enumerate(phases)}
+    run["phases"].sort(key=lambda p: order.get(p["label"], len(order)))
+
+
 def deadline_cut(p: Dict) -> bool:
     """A server record some of whose runs (bench batches, parity, profiles) the deadline skipped."""
     parts = [*(p.get("bench") or []), *(p.get("profiles") or []), p.get("parity"), p.get("parity_solo")]
@@ -319,17 +337,14 @@ def resume_record(run: Dict, args, argv: Optional[List[str]], phases: List[Phase
 def finish_partial(partial: Path) -> None:
     """``--finish``: the results of a stopped run from its partial record (the harness flags it ran with, the servers
     it finished), written beside it as the run would have written them; the partial file goes."""
-    import json
     from types import SimpleNamespace
 
-    run = json.loads(partial.read_text())
-    harness = (run.get("flags") or {}).get("harness")
-    if not isinstance(harness, dict) or not run.get("phases"):
-        raise ValueError("not a partial eval.ab record (no flags.harness or no phases)")
+    run, harness = load_partial(partial)
+    if not run["phases"]:
+        raise ValueError(f"{partial}: no server finished, no results to write")
     args = argparse.Namespace(**harness)
-    if run.get("calls"):  # a resumed run appends the servers it ran after those it kept: the plan's order again
-        order = {ph.label: i for i, ph in enumerate(plan_phases(args))}
-        run["phases"].sort(key=lambda p: order.get(p["label"], len(order)))
+    if run.get("calls"):  # a resumed run
+        in_plan_order(run, plan_phases(args))
     log(f"finishing {partial} ({len(run['phases'])} server(s): {', '.join(p['label'] for p in run['phases'])})")
     run["finished_from_partial"] = str(partial)  # no end time or wall time: the run stopped before it recorded them
     if run.get("sglang_version") is None:
@@ -352,21 +367,17 @@ RESUME_OWN = ("resume", "out_dir", "log_dir", "python", "deadline_s", "reserve_s
 def resume_args(args, parser: argparse.ArgumentParser, argv: Optional[List[str]] = None) -> tuple:
     """``--resume``: the stopped run's record and its harness flags, with this call's run-control flags over them
     (a ValueError names what is refused)."""
-    import json
-
     from eval.ab.presets import given_flags
 
-    # a flag given at its default value is given too; a store_false flag by its own name (--no-spec-parity)
-    dests = {d for d, v in vars(args).items() if v != parser.get_default(d)} | given_flags(parser, argv or [])
-    opts = {d: [o for a in parser._actions if a.dest == d for o in a.option_strings] for d in dests}
-    given = [next((o for o in opts[d] if any(x == o or x.startswith(o + "=") for x in argv or [])),
-                  (opts[d] or [f"--{d.replace('_', '-')}"])[-1]) for d in dests if d not in RESUME_OWN]
-    if given:
+    argv = list(argv or [])
+    refused = given_flags(parser, argv) - set(RESUME_OWN)  # at its default value too
+    if refused:  # each named as given (a store_false flag by its own name: --no-spec-parity)
+        given = []
+        for d in sorted(refused):
+            opts = [o for a in parser._actions if a.dest == d for o in a.option_strings]
+            given.append(next((o for o in opts if any(x == o or x.startswith(o + "=") for x in argv)), opts[0]))
         raise ValueError(f"--resume takes the run's flags from its record; drop {' '.join(sorted(given))}")
-    run = json.loads(Path(args.resume).read_text())
-    harness = (run.get("flags") or {}).get("harness")
-    if not isinstance(harness, dict) or "phases" not in run:
-        raise ValueError(f"{args.resume} is not a partial eval.ab record (no flags.harness or no phases)")
+    run, harness = load_partial(Path(args.resume))
     if run.get("finished"):
         raise ValueError(f"{args.resume} is a finished run's record, not a partial one")
     from eval.ab.results import git_commit, gpu_info
@@ -453,8 +464,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"python -m eval.ab: error: {e}", file=sys.stderr)
             return 2
     run_servers(run, args, todo, spec_models, flags, base_env, pythonpath, logdir, prompts, deadline, partial)
-    order = {ph.label: i for i, ph in enumerate(phases)}  # the plan's order: the first arm is the baseline
-    run["phases"].sort(key=lambda p: order.get(p["label"], len(order)))
+    in_plan_order(run, phases)
     skipped = [p["label"] for p in run["phases"] if p.get("status") == "skipped" or deadline_cut(p)]
     if skipped:  # the deadline left servers out: a record a later call can go on with
         kept = out_dir / f"{stem0}-partial-kept.json"

@@ -16,8 +16,8 @@ a few long gaps, which the median ignores (eval/results/e2e-h200/decode-nemotron
 result has no ITL, TPOT is used.  A run is *client-path bound* when the client's rate and SGLang's disagree
 by more than 10%: tokens decoded on the GPU did not reach the client at the rate they were decoded (the
 tokenizer manager, the detokenizer, the HTTP stream or the benchmark client was the bottleneck), and its
-client tok/s is not a measure of the engine.  A capped stream still shows: its chunks arrive late, and their gaps, spread over
-their tokens, are the rate the client got.
+client tok/s is not a measure of the engine.  A capped stream still shows: its chunks arrive late, and their
+gaps, spread over their tokens, are the rate the client got.
 """
 
 from __future__ import annotations
