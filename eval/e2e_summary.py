@@ -342,8 +342,9 @@ def decode_speed(results) -> Dict[str, Any]:
                          "client_path_bound": True if (fa or fb) else (False if fa is False and fb is False else None),
                          "file": str(f)})
         if kb == "stock":
-            noise.append({"model": setup["model"], "geomean": s.get("throughput_ratio_geomean"),
-                          "min": s.get("throughput_ratio_min"), "max": s.get("throughput_ratio_max"), "file": str(f)})
+            noise.append({"model": setup["model"], "workload": setup["workload"],
+                          "geomean": s.get("throughput_ratio_geomean"), "min": s.get("throughput_ratio_min"),
+                          "max": s.get("throughput_ratio_max"), "file": str(f)})
 
     rows.sort(key=lambda r: (_ts(r["run_started"]), r["model"], r["arm"], r["batch"]))
     sources: Dict[str, str] = {}
@@ -695,8 +696,9 @@ def write_decode(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
     io.append(["client_path_bound_runs", str(s.get("client_path_bound_runs")), "0",
                "yes" if s["met"].get("client_path_bound_runs") else "no", "runs the keys above read"])
     flagged = "\n".join(f"- {x}" for x in s.get("client_path_bound_list") or []) or "- none"
-    noise = "\n".join(f"- {n['model']}: stock vs stock geomean {report.fmt(n['geomean'], 3)} "
-                      f"(min {report.fmt(n['min'], 3)}, max {report.fmt(n['max'], 3)})"
+    noise = "\n".join(f"- {n['model']} ({_workload_label(n.get('workload'))}): stock vs stock geomean "
+                      f"{report.fmt(n['geomean'], 3)} (min {report.fmt(n['min'], 3)}, max {report.fmt(n['max'], 3)}; "
+                      f"{Path(n['file']).parent.name})"
                       for n in s["noise_floor_stock_vs_stock"]) or "- none"
     paths.append(report.write_markdown(out_dir / "e2e-decode-h200.md", "End-to-end decode speed on the H200", [
         _source_section(doc),

@@ -56,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "servers): its flags are the record's, the servers it finished are kept and the others run, then "
                    "its results are written to --out-dir; only the run-control flags (--out-dir, --log-dir, "
                    "--python, --deadline-s, --save-jitcache, --gpu-index, --no-progress, timeouts) may be given "
-                   "beside it. Refused on another GPU model or git commit")
+                   "beside it. Refused on another GPU model, git commit, installed SGLang version, set of "
+                   "SGLANG_REPLAYSSM_* variables (names and values) or visible GPU count than the record's (start a "
+                   "fresh run then); one the record lacks (an older record) is not checked, with a warning")
     g.add_argument("--dry-run", action="store_true", help="print the plan and the command lines, start nothing")
     g.add_argument("--workload", choices=("none", *WORKLOADS), default="none",
                    help="a named workload: standard-decode = random ids, 1024 in / 1024 out, two waves (prompts = "
@@ -364,6 +366,45 @@ RESUME_OWN = ("resume", "out_dir", "log_dir", "python", "deadline_s", "reserve_s
               "gpu_index", "no_progress", "server_timeout", "bench_timeout", "parity_timeout", "shutdown_grace")
 
 
+def check_resume_env(run: Dict) -> None:
+    """``--resume``: the installed SGLang, the ``SGLANG_REPLAYSSM_*`` settings and the visible GPU count as the
+    record has them (a ValueError names what differs, the record's value and this call's); what the record does not
+    hold (an older record) or either side cannot tell is not checked, with a warning."""
+    from eval.ab.results import dist_version, visible_gpus
+    from eval.ab.servers import recorded_env
+
+    def warn(what: str, was, now) -> None:
+        print(f"python -m eval.ab: warning: --resume: {what} not checked (the record's: {was}, now: {now})",
+              file=sys.stderr, flush=True)
+
+    now_sglang, was_sglang = dist_version("sglang"), run.get("sglang_version", "not recorded (an older record)")
+    if now_sglang is None or was_sglang is None or "sglang_version" not in run:
+        warn("the SGLang version", "unknown" if was_sglang is None else was_sglang, now_sglang or "unknown")
+    elif now_sglang != was_sglang:
+        raise ValueError(f"the run started with SGLang {was_sglang}, this interpreter has SGLang {now_sglang}: its "
+                         "arms would not compare; start a fresh run instead")
+    prefix = "SGLANG_REPLAYSSM_"
+    now_env = {k: v for k, v in recorded_env(dict(os.environ)).items() if k.startswith(prefix)}
+    if not isinstance(run.get("env_inherited"), dict):
+        warn(f"the {prefix}* settings", "not recorded (an older record)",
+             ", ".join(f"{k}={v}" for k, v in now_env.items()) or "none")
+    else:
+        was_env = {k: v for k, v in run["env_inherited"].items() if k.startswith(prefix)}
+        diff = sorted(k for k in set(was_env) | set(now_env) if was_env.get(k) != now_env.get(k))
+        if diff:
+            def show(env: Dict[str, str]) -> str:
+                return ", ".join(f"{k}={env[k]}" if k in env else f"{k} unset" for k in diff)
+
+            raise ValueError(f"the run started with {show(was_env)}, this environment has {show(now_env)}: its "
+                             f"{prefix}* settings differ; start a fresh run instead")
+    now_n, was_n = visible_gpus(), run.get("visible_gpus", "not recorded (an older record)")
+    if now_n is None or was_n is None or "visible_gpus" not in run:
+        warn("the visible GPU count", "unknown" if was_n is None else was_n, "unknown" if now_n is None else now_n)
+    elif now_n != was_n:
+        raise ValueError(f"the run started with {was_n} visible GPU(s), this host has {now_n}: its arms would not "
+                         "compare; start a fresh run instead")
+
+
 def resume_args(args, parser: argparse.ArgumentParser, argv: Optional[List[str]] = None) -> tuple:
     """``--resume``: the stopped run's record and its harness flags, with this call's run-control flags over them
     (a ValueError names what is refused)."""
@@ -389,6 +430,7 @@ def resume_args(args, parser: argparse.ArgumentParser, argv: Optional[List[str]]
     if now_commit and was_commit and "unknown" not in (now_commit, was_commit) and now_commit != was_commit:
         raise ValueError(f"the run started at git commit {was_commit}, this tree is {now_commit}: check that "
                          "commit out (or set GIT_COMMIT) to resume it")
+    check_resume_env(run)
     # a flag the record's harness did not have yet takes its default (as the run ran without it)
     merged = {**vars(parser.parse_args([])), "workload_set": [], **harness}
     merged.update({k: getattr(args, k) for k in RESUME_OWN if k != "resume"})

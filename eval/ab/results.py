@@ -56,6 +56,17 @@ def gpu_info() -> Dict[str, Any]:
     return {"name": "none", "driver": None, "memory_mib": None, "count": 0}
 
 
+def visible_gpus() -> Optional[int]:
+    """The GPUs this process can use (``CUDA_VISIBLE_DEVICES`` applies): torch's count, 0 without CUDA, None where
+    the harness's interpreter has no torch (unknown)."""
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        return None
+
+
 def run_record(args, argv: Optional[List[str]], phases: List[Phase], model0: ModelSpec,
                flags: Dict[bool, List[str]], prompts: List[List[int]], t_start: float) -> Dict[str, Any]:
     """The result's header: what ran where, with which flags (``phases`` is filled as the servers finish)."""
@@ -64,7 +75,7 @@ def run_record(args, argv: Optional[List[str]], phases: List[Phase], model0: Mod
     run: Dict[str, Any] = {
         "schema": SCHEMA, "kind": "ab", "git_commit": git_commit(),
         "sglang_version": dist_version("sglang"), "sglang_replayssm_version": entry_points.package_version(),
-        "gpu": gpu_info(), "tp_size": getattr(args, "tp", 1) or 1,
+        "gpu": gpu_info(), "visible_gpus": visible_gpus(), "tp_size": getattr(args, "tp", 1) or 1,
         "python": sys.version.split()[0], "host": socket.gethostname(),
         "env_inherited": recorded_env(dict(os.environ)),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)),
@@ -104,7 +115,7 @@ def finish_record(run: Dict[str, Any], t_start: float) -> None:
     """The end time, and SGLang's version from the servers where the harness's interpreter has no SGLang."""
     run["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     run["wall_s"] = round(time.time() - t_start, 1)
-    if run["sglang_version"] is None:
+    if run.get("sglang_version") is None:  # None, or a record from before it was kept
         run["sglang_version"] = next((((p.get("facts") or {}).get("version")) for p in run["phases"]
                                       if (p.get("facts") or {}).get("version")), None)
 

@@ -717,3 +717,142 @@ def test_resume_refusals_cut_servers_old_records_and_order(tmp_path, monkeypatch
     part.write_text(json.dumps(dict(rec3, phases=rec3["phases"][::-1], calls=[{"servers": ["patched"]}])))
     assert cli.main(["--finish", str(part)]) == 0
     assert [f.name for f in (tmp_path / "c4").glob("ab-*.json")] == ["ab-tiny-nemotron-h-stock-vs-patched.json"]
+
+
+def _resumable(tmp_path, monkeypatch, capsys):
+    """A partial record to resume, written under SGLang 0.5.17 (as the harness's interpreter reports it),
+    SGLANG_REPLAYSSM_BUFFER_LEN=16 and one visible GPU; every server is skipped by the deadline, so none starts.
+    Returns the record's file, the record, and the flags that skip every server of a resumed call too (no progress
+    bar: stderr holds only the harness's own lines)."""
+    from eval.ab import cli, results
+
+    for k in [k for k in os.environ if k.startswith(("SGLANG_REPLAYSSM_", "REPLAYSSM_EVAL_"))]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("GIT_COMMIT", "a" * 40)
+    monkeypatch.setenv("SGLANG_REPLAYSSM_BUFFER_LEN", "16")
+    monkeypatch.chdir(REPO)
+    real = results.dist_version
+    monkeypatch.setattr(results, "dist_version", lambda name: "0.5.17" if name == "sglang" else real(name))
+    monkeypatch.setattr(results, "visible_gpus", lambda: 1)
+    skip = ["--deadline-s", "1", "--min-phase-s", "60", "--no-progress"]
+    assert cli.main(["--model", "tiny-nemotron-h", "--stock-module", FAKE, "--patched-module", FAKE, "--no-bench",
+                     "--parity-tokens", "32", "--parity-prompts", "3", "--arms", "stock,patched",
+                     "--out-dir", str(tmp_path / "c1")] + skip) == 1
+    (kept,) = (tmp_path / "c1").glob("*-partial-kept.json")
+    capsys.readouterr()
+    return kept, json.loads(kept.read_text()), skip
+
+
+def _refused(cli, kept, tmp_path, skip, capsys) -> str:
+    """The one error line of a refused ``--resume`` (rc 2, nothing written)."""
+    assert cli.main(["--resume", str(kept), "--out-dir", str(tmp_path / "no")] + skip) == 2
+    assert not (tmp_path / "no").exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("python -m eval.ab: error: ")
+    assert err[0].endswith("start a fresh run instead")
+    return err[0]
+
+
+def test_run_record_stores_the_sglang_version_replayssm_env_and_visible_gpus(tmp_path, monkeypatch, capsys):
+    """The record holds what ``--resume`` checks: SGLang's version, the SGLANG_REPLAYSSM_* variables and the visible
+    GPU count (torch's count where CUDA is available, else 0)."""
+    import torch
+
+    from eval.ab import results
+
+    kept, rec, _ = _resumable(tmp_path, monkeypatch, capsys)
+    assert rec["sglang_version"] == "0.5.17" and rec["visible_gpus"] == 1
+    assert {k: v for k, v in rec["env_inherited"].items() if k.startswith("SGLANG_REPLAYSSM_")} == {
+        "SGLANG_REPLAYSSM_BUFFER_LEN": "16"}
+    monkeypatch.undo()
+    assert results.visible_gpus() == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
+def test_resume_accepts_a_matching_environment(tmp_path, monkeypatch, capsys):
+    """Same SGLang, same SGLANG_REPLAYSSM_* variables, same visible GPU count: resumed, with no warning."""
+    from eval.ab import cli
+
+    kept, rec, skip = _resumable(tmp_path, monkeypatch, capsys)
+    assert cli.main(["--resume", str(kept), "--out-dir", str(tmp_path / "c2")] + skip) == 1  # every server skipped
+    captured = capsys.readouterr()
+    assert "warning" not in captured.err and "error" not in captured.err
+    assert "resuming the run started" in captured.out
+    (kept2,) = (tmp_path / "c2").glob("*-partial-kept.json")
+    rec2 = json.loads(kept2.read_text())
+    assert rec2["started"] == rec["started"] and [c["servers"] for c in rec2["calls"]] == [[], ["stock", "patched"]]
+
+
+def test_resume_refuses_another_sglang_version(tmp_path, monkeypatch, capsys):
+    from eval.ab import cli, results
+
+    kept, _, skip = _resumable(tmp_path, monkeypatch, capsys)
+    monkeypatch.setattr(results, "dist_version", lambda name: "0.5.18")
+    err = _refused(cli, kept, tmp_path, skip, capsys)
+    assert "the run started with SGLang 0.5.17, this interpreter has SGLang 0.5.18" in err
+
+
+def test_resume_refuses_other_sglang_replayssm_variables(tmp_path, monkeypatch, capsys):
+    """Another value, a variable more, a variable less: each refused, naming the variables that differ, the record's
+    values and this environment's; a recorded variable of another prefix is not compared."""
+    from eval.ab import cli
+
+    kept, rec, skip = _resumable(tmp_path, monkeypatch, capsys)
+    monkeypatch.setenv("SGLANG_REPLAYSSM_BUFFER_LEN", "32")
+    err = _refused(cli, kept, tmp_path, skip, capsys)
+    assert ("the run started with SGLANG_REPLAYSSM_BUFFER_LEN=16, this environment has SGLANG_REPLAYSSM_BUFFER_LEN=32:"
+            " its SGLANG_REPLAYSSM_* settings differ") in err
+    monkeypatch.setenv("SGLANG_REPLAYSSM_BUFFER_LEN", "16")
+    monkeypatch.setenv("SGLANG_REPLAYSSM_LOG_LEVEL", "debug")
+    err = _refused(cli, kept, tmp_path, skip, capsys)
+    assert ("the run started with SGLANG_REPLAYSSM_LOG_LEVEL unset, this environment has "
+            "SGLANG_REPLAYSSM_LOG_LEVEL=debug:") in err and "BUFFER_LEN" not in err
+    monkeypatch.delenv("SGLANG_REPLAYSSM_LOG_LEVEL")
+    monkeypatch.delenv("SGLANG_REPLAYSSM_BUFFER_LEN")
+    err = _refused(cli, kept, tmp_path, skip, capsys)
+    assert ("the run started with SGLANG_REPLAYSSM_BUFFER_LEN=16, this environment has "
+            "SGLANG_REPLAYSSM_BUFFER_LEN unset:") in err
+    # the record's SGLANG_TEST_* settings are recorded, not compared by --resume
+    monkeypatch.setenv("SGLANG_REPLAYSSM_BUFFER_LEN", "16")
+    kept.write_text(json.dumps(dict(rec, env_inherited=dict(rec["env_inherited"], SGLANG_TEST_RETRACT="1"))))
+    assert cli.main(["--resume", str(kept), "--out-dir", str(tmp_path / "c2")] + skip) == 1
+
+
+def test_resume_refuses_another_visible_gpu_count(tmp_path, monkeypatch, capsys):
+    from eval.ab import cli, results
+
+    kept, _, skip = _resumable(tmp_path, monkeypatch, capsys)
+    monkeypatch.setattr(results, "visible_gpus", lambda: 2)
+    err = _refused(cli, kept, tmp_path, skip, capsys)
+    assert "the run started with 1 visible GPU(s), this host has 2: its arms would not compare" in err
+
+
+def test_resume_warns_on_an_older_record_without_the_environment(tmp_path, monkeypatch, capsys):
+    """A record from before the SGLang version, the SGLANG_REPLAYSSM_* variables or the visible GPU count were
+    recorded resumes, each unchecked item named in a warning; so does one whose SGLang version or GPU count was
+    unknown (None), or where this call cannot tell them."""
+    from eval.ab import cli, results
+
+    kept, rec, skip = _resumable(tmp_path, monkeypatch, capsys)
+    old = {k: v for k, v in rec.items() if k not in ("sglang_version", "env_inherited", "visible_gpus")}
+    kept.write_text(json.dumps(old))
+    monkeypatch.setattr(results, "visible_gpus", lambda: 2)  # would be refused against a record that holds 1
+    assert cli.main(["--resume", str(kept), "--out-dir", str(tmp_path / "c2")] + skip) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert "error" not in "\n".join(err)
+    assert err == [
+        "python -m eval.ab: warning: --resume: the SGLang version not checked (the record's: not recorded (an older "
+        "record), now: 0.5.17)",
+        "python -m eval.ab: warning: --resume: the SGLANG_REPLAYSSM_* settings not checked (the record's: not "
+        "recorded (an older record), now: SGLANG_REPLAYSSM_BUFFER_LEN=16)",
+        "python -m eval.ab: warning: --resume: the visible GPU count not checked (the record's: not recorded (an "
+        "older record), now: 2)"]
+    assert len(list((tmp_path / "c2").glob("*-partial-kept.json"))) == 1
+    # a record whose SGLang version was unknown (no SGLang in the harness's interpreter), a call without torch
+    kept.write_text(json.dumps(dict(rec, sglang_version=None)))
+    monkeypatch.setattr(results, "visible_gpus", lambda: None)
+    assert cli.main(["--resume", str(kept), "--out-dir", str(tmp_path / "c3")] + skip) == 1
+    err = capsys.readouterr().err
+    assert "the SGLang version not checked (the record's: unknown, now: 0.5.17)" in err
+    assert "the visible GPU count not checked (the record's: 1, now: unknown)" in err
+    assert "SGLANG_REPLAYSSM_* settings not checked" not in err and "error" not in err

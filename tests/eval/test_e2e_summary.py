@@ -52,6 +52,9 @@ def test_summaries_from_recorded_and_variant_results(tmp_path):
     assert abs(dec["nemotron_h_speedup_bs1"] - _tok_s(res, b, 1) / _tok_s(res, a, 1)) < 1e-9
     assert abs(dec["gdn_vs_upstream_bs256"] - 2.0) < 1e-9 and abs(dec["upstream_speedup_bs256"] - want / 2) < 1e-9
     assert [n["model"] for n in dec["noise_floor_stock_vs_stock"]] == ["nemotron-h-8b"]
+    # the noise floor names its run's workload (a floor at one workload says little about another)
+    assert dec["noise_floor_stock_vs_stock"][0]["workload"]["input_len"] == res["bench"]["input_len"]
+    assert "nemotron-h-8b (" in (out / "e2e-decode-h200.md").read_text()
     assert dec["met"]["gdn_vs_upstream_bs256"] is True
     par = json.loads((out / "parity-decode-h200.json").read_text())
     s = res["summary"]["parity"]
