@@ -83,7 +83,8 @@ import triton.language as tl
 
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
 from .common import SOFTPLUS_THRESHOLD, config_keys, launch_config, next_pow2, softplus, suffix_sum_excl
-from .common import block_param, count_param, dot_precision_param, flag_param, register_family, warps_param
+from .common import block_param, count_param, dot_precision_param, flag_param, maxnreg_param, register_cap
+from .common import register_family, warps_param
 
 __all__ = [
     "mamba2_replay_decode",
@@ -112,6 +113,9 @@ LAUNCH_DEFAULTS = {
         # Δ / x ring loads and their weights, so the state's HBM round trip overlaps that dependent
         # chain (eval/results/kernel-variants-h200/ round 2). Flush rows are unchanged.
         "state_first": flag_param(1),
+        # registers per thread (0: no cap). The flush branch (tensor-core rebuild) sets the kernel's register
+        # count, so a cap buys the non-flush rows resident warps at the cost of spills on the flush branch
+        "maxnreg": maxnreg_param(0),
     }),
 }
 
@@ -574,6 +578,6 @@ def mamba2_replay_decode(
         DOT_PRECISION=cfg["dot_precision"],
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_NC=BLOCK_NC, WIN=WIN, FLUSH_UNROLL=bool(cfg["flush_unroll"]),
         INLINE_BC=inline_bc, STATE_FIRST=bool(cfg["state_first"]),
-        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]),
+        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg),
     )
     return out

@@ -30,7 +30,7 @@ GDN_KCHUNK = dict(GDN_WHOLE_TILE, BKC=32, BV=32, flush="dot", inline_BKC=0, inli
 GDN_VERIFY = {"BV": 16, "dot_precision": "tf32x3", "flush": "rank1", "inline_scores_max_batch": 1, "maxnreg": 168,
               "num_stages": 1, "num_warps": 1, "reduce": "token", "scores": "pre", "scores_num_warps": 1}
 MAMBA2 = {"BLOCK_M": 32, "BLOCK_NC": 64, "bc_num_warps": 2, "dot_precision": "tf32x3", "flush_unroll": 1,
-          "inline_bc_max_batch": 1, "num_stages": 1, "num_warps": 1, "state_first": 1}
+          "inline_bc_max_batch": 1, "maxnreg": 0, "num_stages": 1, "num_warps": 1, "state_first": 1}
 MAMBA2_VERIFY = {"BLOCK_M": 32, "BLOCK_NC": 32, "bc": "pre", "bc_num_warps": 1, "dot_precision": "tf32x3",
                  "inline_bc_max_batch": 1, "maxnreg": 0, "nonflush": "stream", "num_stages": 1, "num_warps": 1,
                  "reduce": "token"}

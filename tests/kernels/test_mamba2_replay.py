@@ -514,11 +514,13 @@ def config_file(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("entry", ["{BLOCK_M: 32, num_warps: 2, BLOCK_NC: 16, flush_unroll: 1}",
-                                   "{BLOCK_M: 64, dot_precision: ieee, BLOCK_NC: 16, flush_unroll: 0, num_stages: 2}"],
-                         ids=["unrolled", "loop-ieee"])
+                                   "{BLOCK_M: 64, dot_precision: ieee, BLOCK_NC: 16, flush_unroll: 0, num_stages: 2}",
+                                   "{BLOCK_M: 64, num_warps: 2, BLOCK_NC: 32, flush_unroll: 0, maxnreg: 128}"],
+                         ids=["unrolled", "loop-ieee", "loop-capped"])
 def test_launch_config_partial_blocks(device, config_file, entry):
     """P=80 over 3 P-blocks (last one partial; or 2 of 64), N=40 over 16-column rebuild chunks (last one
-    partial, and with the unrolled loop one fully masked), both flush-loop forms, ieee dot."""
+    partial, and with the unrolled loop one fully masked), both flush-loop forms, ieee dot, a register cap (on the
+    GPU only: the interpreter takes none)."""
     H, P, N, G = 4, 80, 40, 2
     config_file(f"mamba2_output_only:\n  {geometry_key(H, P, N, G, 4)}: {entry}\n")
     h = Harness(device, (H, P, N, G), 4, F32, F32, n_req=2)
@@ -618,14 +620,16 @@ def test_out_none_allocates_like_x(device):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("state_dtype", [F32, BF16], ids=["s32", "s16b"])
 @pytest.mark.parametrize("geom", [(128, 64, 128, 8), (256, 64, 128, 8)], ids=["super120b", "ultra"])
-def test_real_geometries(device, geom, config_file):
+def test_real_geometries(device, geom, state_dtype, config_file):
     """Batch 2, L=2: append then flush (then append again from the new checkpoint for the benchmark
-    geometry); fp32 state with bf16 activations, as served."""
+    geometry); bf16 activations, as served, with an fp32 state (the default) or a bf16 one (on the GPU: the
+    GPU file's entry for that state dtype)."""
     if common.interpreting():
         # fewer, larger programs in the CPU interpreter (same math; BLOCK_M=64 covers P in one tile)
         config_file("mamba2_output_only:\n  default: {BLOCK_M: 64, BLOCK_NC: 128}\n")
-    h = Harness(device, geom, 2, F32, BF16, n_req=2, check_ref=False)
+    h = Harness(device, geom, 2, state_dtype, BF16, n_req=2, check_ref=False)
     for _ in range(3 if geom[0] == 128 else 2):
         h.step([0, 1], pads=())
 
