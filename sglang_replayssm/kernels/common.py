@@ -53,9 +53,14 @@ def check_index_vectors(fn: str, tensors: Dict[str, Any], contiguous: Tuple[str,
                              f"{tuple(tensors[name].stride())}")
 
 
-def register_cap(cfg: Dict[str, Any]) -> Dict[str, Any]:
-    """Launch options for a config's ``maxnreg`` (0: none; the CPU interpreter takes no register cap)."""
-    return {"maxnreg": cfg["maxnreg"]} if cfg["maxnreg"] and not interpreting() else {}
+def register_cap(cfg: Dict[str, Any], small: bool = False) -> Dict[str, Any]:
+    """Launch options for a config's ``maxnreg`` (0: none; the CPU interpreter takes no register cap); ``small``:
+    a launch of the family's small batches, whose ``inline_maxnreg`` wins where the family has one and it is
+    not -1."""
+    cap = cfg["maxnreg"]
+    if small and cfg.get("inline_maxnreg", -1) != -1:
+        cap = cfg["inline_maxnreg"]
+    return {"maxnreg": cap} if cap and not interpreting() else {}
 
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -239,9 +244,11 @@ def flag_param(default: int) -> Param:
     return Param(default, lambda v: v in (0, 1) and isinstance(v, (int, bool)), "0 or 1 (false / true)")
 
 
-def maxnreg_param(default: int) -> Param:
-    """A register cap per thread: 0 (none) or 16 to 255."""
-    return Param(default, lambda v: _is_int(v) and (v == 0 or 16 <= v <= 255), "0 (no cap) or an int from 16 to 255")
+def maxnreg_param(default: int, inherit: bool = False, what: str = "") -> Param:
+    """A register cap per thread: 0 (none) or 16 to 255 (``inherit``: -1 too, meaning "as maxnreg")."""
+    low = -1 if inherit else 0
+    return Param(default, lambda v: _is_int(v) and (v in (low, 0) or 16 <= v <= 255),
+                 ("-1 (as maxnreg), " if inherit else "") + f"0 (no cap) or an int from 16 to 255{what}")
 
 
 def dot_precision_param(default: str = "tf32x3") -> Param:

@@ -116,6 +116,9 @@ LAUNCH_DEFAULTS = {
         # registers per thread (0: no cap). The flush branch (tensor-core rebuild) sets the kernel's register
         # count, so a cap buys the non-flush rows resident warps at the cost of spills on the flush branch
         "maxnreg": maxnreg_param(0),
+        # the cap of the batches within inline_bc_max_batch (-1: maxnreg). Batch 1 loses to a cap that wins at 32
+        # and 256 (eval/results/kernel-variants-h200/regcap/)
+        "inline_maxnreg": maxnreg_param(-1, inherit=True),
     }),
 }
 
@@ -578,6 +581,6 @@ def mamba2_replay_decode(
         DOT_PRECISION=cfg["dot_precision"],
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_NC=BLOCK_NC, WIN=WIN, FLUSH_UNROLL=bool(cfg["flush_unroll"]),
         INLINE_BC=inline_bc, STATE_FIRST=bool(cfg["state_first"]),
-        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg),
+        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg, inline_bc),
     )
     return out

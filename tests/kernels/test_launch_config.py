@@ -30,7 +30,11 @@ GDN_KCHUNK = dict(GDN_WHOLE_TILE, BKC=32, BV=32, flush="dot", inline_BKC=0, inli
 GDN_VERIFY = {"BV": 16, "dot_precision": "tf32x3", "flush": "rank1", "inline_scores_max_batch": 1, "maxnreg": 168,
               "num_stages": 1, "num_warps": 1, "reduce": "token", "scores": "pre", "scores_num_warps": 1}
 MAMBA2 = {"BLOCK_M": 32, "BLOCK_NC": 64, "bc_num_warps": 2, "dot_precision": "tf32x3", "flush_unroll": 1,
-          "inline_bc_max_batch": 1, "maxnreg": 0, "num_stages": 1, "num_warps": 1, "state_first": 1}
+          "inline_bc_max_batch": 1, "inline_maxnreg": -1, "maxnreg": 0, "num_stages": 1, "num_warps": 1,
+          "state_first": 1}
+# register caps above batch 1 for the Nemotron-H geometries (kernel-variants-h200/regcap)
+MAMBA2_FP32 = dict(MAMBA2, BLOCK_NC=32, flush_unroll=0, maxnreg=168, inline_maxnreg=0)
+MAMBA2_BF16 = dict(MAMBA2, BLOCK_NC=32, flush_unroll=0, maxnreg=128, inline_maxnreg=0)
 MAMBA2_VERIFY = {"BLOCK_M": 32, "BLOCK_NC": 32, "bc": "pre", "bc_num_warps": 1, "dot_precision": "tf32x3",
                  "inline_bc_max_batch": 1, "maxnreg": 0, "nonflush": "stream", "num_stages": 1, "num_warps": 1,
                  "reduce": "token"}
@@ -51,7 +55,9 @@ def _h200_expected():
             exp[("gdn_verify", f"{g}_R24_T8", tag)] = dict(GDN_VERIFY, maxnreg=0) \
                 if g == "HV32_HK16_K128_V128" and tag == "fp32" else GDN_VERIFY
         for g in MAMBA2_GEOMS:  # Nemotron-H-8B, the large Nemotron-H, a tiny one
-            exp[("mamba2_output_only", f"{g}_L16", tag)] = MAMBA2
+            nemotron = g != "H4_P16_N16_G2"
+            exp[("mamba2_output_only", f"{g}_L16", tag)] = (MAMBA2_FP32 if nemotron and tag == "fp32" else
+                                                           MAMBA2_BF16 if nemotron and tag == "bf16" else MAMBA2)
             exp[("mamba2_verify", f"{g}_R20_T4", tag)] = MAMBA2_VERIFY
     return exp
 
@@ -74,6 +80,8 @@ def test_the_wrappers_resolve_the_pinned_h200_configs(monkeypatch):
     assert gdn_verify.gdn_verify_launch_params(32, 16, 128, 128, 20, 4, torch.float32) == GDN_VERIFY
     assert gdn_verify.gdn_verify_launch_params(32, 16, 128, 128, 24, 8, torch.float32) == dict(GDN_VERIFY, maxnreg=0)
     assert gdn_verify.gdn_verify_launch_params(32, 16, 128, 128, 24, 8, torch.bfloat16) == GDN_VERIFY  # untimed
+    keys = common.config_keys(mamba2_replay.geometry_key(128, 64, 128, 8, 16), torch.bfloat16)
+    assert common.launch_config("mamba2_output_only", keys) == MAMBA2_BF16
 
 
 def test_the_built_in_defaults_are_the_h200_winners():
@@ -88,14 +96,15 @@ def test_the_built_in_defaults_are_the_h200_winners():
         assert got == common.family_defaults(family)
         if want != got:  # only the H200's own geometry entries differ
             assert (family == "gdn_decode" and key.startswith(("HV32_HK16", "HV64_HK16")) and tag in ("fp32", "bf16")) \
-                or (family == "gdn_verify" and key == "HV32_HK16_K128_V128_R24_T8")
+                or (family == "gdn_verify" and key == "HV32_HK16_K128_V128_R24_T8") \
+                or (family == "mamba2_output_only" and key.startswith(("H128_P64", "H256_P64")) and tag in ("fp32", "bf16"))
 
 
 def test_h200_file_holds_only_geometry_entries():
     import yaml
 
     doc = yaml.safe_load(H200.read_text())
-    assert set(doc) == {"gdn_decode", "gdn_verify"}
+    assert set(doc) == {"gdn_decode", "gdn_verify", "mamba2_output_only"}
     assert all("default" not in entries for entries in doc.values())
     assert yaml.safe_load(DEFAULT.read_text()) == {}
 
@@ -189,6 +198,9 @@ def test_malformed_files(tmp_path, text, match):
     ("mamba2_output_only:\n  default: {num_warps: 3}\n", r"num_warps must be one of"),
     ("mamba2_output_only:\n  default: {bc_num_warps: 0}\n", r"bc_num_warps must be one of"),
     ("mamba2_output_only:\n  default: {state_first: 2}\n", r"state_first must be 0 or 1 \(false / true\), got 2"),
+    ("mamba2_output_only:\n  default: {inline_maxnreg: -2}\n",
+     r"inline_maxnreg must be -1 \(as maxnreg\), 0 \(no cap\) or an int from 16 to 255, got -2"),
+    ("mamba2_output_only:\n  default: {maxnreg: -1}\n", r"maxnreg must be 0 \(no cap\) or an int from 16 to 255, got -1"),
 ])
 def test_bad_entries_are_refused_up_front(tmp_path, text, match):
     """Every kind of bad file content: one ValueError naming the file, section, entry key and parameter and what is
@@ -246,3 +258,39 @@ def test_h200_tp_rank_keys_take_the_tp1_entries(tp_key, tp1_key, tag):
         return common.launch_config("gdn_decode", common.config_keys(f"{k}_K128_V128_L16", DTYPES[tag]), path=str(H200))
 
     assert resolve(tp_key) == resolve(tp1_key) != common.launch_config("gdn_decode", "none", path=str(H200))
+
+
+def test_register_cap_small_batches(monkeypatch):
+    """``inline_maxnreg`` caps the launches of a family's small batches (-1: as ``maxnreg``; 0: none); the
+    other launches keep ``maxnreg``; the interpreter never takes a cap."""
+    cfg = {"maxnreg": 168, "inline_maxnreg": 0}
+    assert common.register_cap(cfg) == {} and common.register_cap(cfg, small=True) == {}  # interpreter
+    monkeypatch.setattr(common, "interpreting", lambda: False)
+    assert common.register_cap(cfg) == {"maxnreg": 168}
+    assert common.register_cap(cfg, small=True) == {}
+    assert common.register_cap(dict(cfg, inline_maxnreg=-1), small=True) == {"maxnreg": 168}
+    assert common.register_cap(dict(cfg, inline_maxnreg=96), small=True) == {"maxnreg": 96}
+    assert common.register_cap({"maxnreg": 128}, small=True) == {"maxnreg": 128}  # a family without the option
+
+
+def test_mamba2_decode_small_batch_register_cap(tmp_path, monkeypatch):
+    """The Mamba2 decode kernel is launched with ``maxnreg`` above ``inline_bc_max_batch`` and with
+    ``inline_maxnreg`` within it (the recorded launch options; nothing is run)."""
+    from sglang_replayssm.kernels import mamba2_replay as mr
+
+    monkeypatch.setenv(common.ENV_CONFIG_FILE, str(_write(
+        tmp_path, "mamba2_output_only:\n  default: {maxnreg: 168, inline_maxnreg: 0, inline_bc_max_batch: 1}\n")))
+    monkeypatch.setattr(common, "interpreting", lambda: False)
+    seen = []
+    monkeypatch.setattr(mr, "_mamba2_replay_kernel", type("K", (), {
+        "__getitem__": lambda self, grid: (lambda *a, **kw: seen.append((grid[1], kw.get("maxnreg"))))})())
+    monkeypatch.setattr(mr, "_mamba2_bc_kernel", type("K", (), {
+        "__getitem__": lambda self, grid: (lambda *a, **kw: None)})())
+    H, P, N, G, L, S = 4, 16, 16, 2, 4, 4
+    for batch in (1, 3):
+        mr.mamba2_replay_decode(torch.zeros(S, H, P, N), torch.zeros(S, H, L, P), torch.zeros(S, G, L, N),
+                                torch.zeros(S, H, L), torch.zeros(batch, H, P), torch.zeros(batch, H),
+                                -torch.ones(H), torch.zeros(batch, G, N), torch.zeros(batch, G, N),
+                                torch.arange(1, batch + 1), torch.zeros(batch, dtype=torch.int32))
+    assert seen == [(1, None), (3, 168)]
+
