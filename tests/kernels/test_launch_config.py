@@ -264,7 +264,8 @@ def test_register_cap_small_batches(monkeypatch):
     """``inline_maxnreg`` caps the launches of a family's small batches (-1: as ``maxnreg``; 0: none); the
     other launches keep ``maxnreg``; the interpreter never takes a cap."""
     cfg = {"maxnreg": 168, "inline_maxnreg": 0}
-    assert common.register_cap(cfg) == {} and common.register_cap(cfg, small=True) == {}  # interpreter
+    monkeypatch.setattr(common, "interpreting", lambda: True)
+    assert common.register_cap(cfg) == {} and common.register_cap(cfg, small=True) == {}
     monkeypatch.setattr(common, "interpreting", lambda: False)
     assert common.register_cap(cfg) == {"maxnreg": 168}
     assert common.register_cap(cfg, small=True) == {}
