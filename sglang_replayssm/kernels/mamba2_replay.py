@@ -113,6 +113,9 @@ LAUNCH_DEFAULTS = {
         # Δ / x ring loads and their weights, so the state's HBM round trip overlaps that dependent
         # chain (eval/results/kernel-variants-h200/ round 2). Flush rows are unchanged.
         "state_first": flag_param(1),
+        # 1 (with flush_unroll 0): a flush row loads each rebuild chunk one chunk ahead, and (state_first) its
+        # first chunk before the window chain; untimed candidate (kernel-variants-h200/regcap/)
+        "flush_prefetch": flag_param(0),
         # registers per thread (0: no cap). The flush branch (tensor-core rebuild) sets the kernel's register
         # count, so a cap buys the non-flush rows resident warps at the cost of spills on the flush branch
         "maxnreg": maxnreg_param(0),
@@ -196,6 +199,15 @@ def _rebuild_state(S_ck, total_decay, x_win, B_win, s, DOT_PRECISION: tl.constex
 
 
 @triton.jit
+def _load_state_chunk(st_base, s_st_p, s_st_n, offs_m, mask_m, N, n0, live, BLOCK_NC: tl.constexpr):
+    """Checkpoint columns n0..n0+BLOCK_NC [BLOCK_M, BLOCK_NC] in the state dtype (zeros past N or where not
+    ``live``)."""
+    offs_c = n0 + tl.arange(0, BLOCK_NC)
+    return tl.load(st_base + offs_m[:, None] * s_st_p + offs_c[None, :] * s_st_n,
+                   mask=mask_m[:, None] & (offs_c < N)[None, :] & live, other=0.0)
+
+
+@triton.jit
 def _rebuild_chunk(y, n0, st_base, s_st_p, s_st_n, offs_m, mask_m, N, B_row, s_B_n, C_row, s_C_n,
                    Br_base, s_Br_l, s_Br_n, offs_w, w, decay, x_win, s_w, is_flush,
                    DOT_PRECISION: tl.constexpr, BLOCK_NC: tl.constexpr):
@@ -203,11 +215,22 @@ def _rebuild_chunk(y, n0, st_base, s_st_p, s_st_n, offs_m, mask_m, N, B_row, s_B
 
     Returns y + S·C over these columns.
     """
+    S = _load_state_chunk(st_base, s_st_p, s_st_n, offs_m, mask_m, N, n0, True, BLOCK_NC)
+    return _rebuild_loaded_chunk(y, S, n0, st_base, s_st_p, s_st_n, offs_m, mask_m, N, B_row, s_B_n, C_row, s_C_n,
+                                 Br_base, s_Br_l, s_Br_n, offs_w, w, decay, x_win, s_w, is_flush,
+                                 DOT_PRECISION, BLOCK_NC)
+
+
+@triton.jit
+def _rebuild_loaded_chunk(y, S, n0, st_base, s_st_p, s_st_n, offs_m, mask_m, N, B_row, s_B_n, C_row, s_C_n,
+                          Br_base, s_Br_l, s_Br_n, offs_w, w, decay, x_win, s_w, is_flush,
+                          DOT_PRECISION: tl.constexpr, BLOCK_NC: tl.constexpr):
+    """_rebuild_chunk with the checkpoint columns ``S`` already loaded (``_load_state_chunk``)."""
     offs_c = n0 + tl.arange(0, BLOCK_NC)
     mask_c = offs_c < N
     st_ptrs = st_base + offs_m[:, None] * s_st_p + offs_c[None, :] * s_st_n
     st_mask = mask_m[:, None] & mask_c[None, :]
-    S = tl.load(st_ptrs, mask=st_mask, other=0.0).to(tl.float32)
+    S = S.to(tl.float32)
     B_cur = tl.load(B_row + offs_c * s_B_n, mask=mask_c, other=0.0).to(tl.float32)
     B_win = _load_B_window(Br_base, s_Br_l, s_Br_n, offs_w, offs_c, mask_c, w, w, B_cur)
     S = _rebuild_state(S, decay, x_win, B_win, s_w, DOT_PRECISION)
@@ -281,7 +304,7 @@ def _mamba2_replay_kernel(
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NC: tl.constexpr, WIN: tl.constexpr,
-    FLUSH_UNROLL: tl.constexpr, INLINE_BC: tl.constexpr, STATE_FIRST: tl.constexpr,
+    FLUSH_UNROLL: tl.constexpr, INLINE_BC: tl.constexpr, STATE_FIRST: tl.constexpr, FLUSH_PREFETCH: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     # scalar offsets in int64: free at this scale, and no int32 product can overflow
@@ -329,6 +352,8 @@ def _mamba2_replay_kernel(
             if INLINE_BC:
                 B_pre = _load_B_window_row(Br_base, s_Br_l, s_Br_n, B_ptr + row * s_B_b + g * s_B_g, s_B_n,
                                            offs_w, offs_n, mask_n & (w != L - 1), w)
+            if FLUSH_PREFETCH:  # a flush row's first rebuild chunk, before the window chain too
+                S_c0 = _load_state_chunk(st_base, s_st_p, s_st_n, offs_m, mask_m, N, 0, w == L - 1, BLOCK_NC)
         delta_win = _load_window_delta(dtr_base, s_dtr_l, offs_w, w, w, delta_cur)
         s_w, decay = _window_weights(delta_win, A, offs_w, w)
         x_win = _load_x_window(xr_base, s_xr_l, s_xr_p, offs_m, mask_m, offs_w, w, w, x_cur)
@@ -343,6 +368,20 @@ def _mamba2_replay_kernel(
                                        B_ptr + row * s_B_b + g * s_B_g, s_B_n, C_ptr + row * s_C_b + g * s_C_g, s_C_n,
                                        Br_base, s_Br_l, s_Br_n, offs_w, w, decay, x_win, s_w, is_flush,
                                        DOT_PRECISION, BLOCK_NC)
+            elif FLUSH_PREFETCH:
+                # each chunk's load is issued one chunk ahead (two chunks in flight per program)
+                if STATE_FIRST:
+                    S_nxt = S_c0
+                else:
+                    S_nxt = _load_state_chunk(st_base, s_st_p, s_st_n, offs_m, mask_m, N, 0, True, BLOCK_NC)
+                for n0 in range(0, N, BLOCK_NC):
+                    S_cur = S_nxt
+                    S_nxt = _load_state_chunk(st_base, s_st_p, s_st_n, offs_m, mask_m, N, n0 + BLOCK_NC, True,
+                                              BLOCK_NC)
+                    y = _rebuild_loaded_chunk(y, S_cur, n0, st_base, s_st_p, s_st_n, offs_m, mask_m, N,
+                                              B_ptr + row * s_B_b + g * s_B_g, s_B_n, C_ptr + row * s_C_b + g * s_C_g,
+                                              s_C_n, Br_base, s_Br_l, s_Br_n, offs_w, w, decay, x_win, s_w, is_flush,
+                                              DOT_PRECISION, BLOCK_NC)
             else:
                 for n0 in range(0, N, BLOCK_NC):
                     y = _rebuild_chunk(y, n0, st_base, s_st_p, s_st_n, offs_m, mask_m, N,
@@ -580,7 +619,7 @@ def mamba2_replay_decode(
         DT_SOFTPLUS=bool(dt_softplus),
         DOT_PRECISION=cfg["dot_precision"],
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_NC=BLOCK_NC, WIN=WIN, FLUSH_UNROLL=bool(cfg["flush_unroll"]),
-        INLINE_BC=inline_bc, STATE_FIRST=bool(cfg["state_first"]),
+        INLINE_BC=inline_bc, STATE_FIRST=bool(cfg["state_first"]), FLUSH_PREFETCH=bool(cfg["flush_prefetch"]),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg, inline_bc),
     )
     return out

@@ -515,12 +515,15 @@ def config_file(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("entry", ["{BLOCK_M: 32, num_warps: 2, BLOCK_NC: 16, flush_unroll: 1}",
                                    "{BLOCK_M: 64, dot_precision: ieee, BLOCK_NC: 16, flush_unroll: 0, num_stages: 2}",
-                                   "{BLOCK_M: 64, num_warps: 2, BLOCK_NC: 32, flush_unroll: 0, maxnreg: 128}"],
-                         ids=["unrolled", "loop-ieee", "loop-capped"])
+                                   "{BLOCK_M: 64, num_warps: 2, BLOCK_NC: 32, flush_unroll: 0, maxnreg: 128}",
+                                   "{BLOCK_NC: 16, flush_unroll: 0, flush_prefetch: 1}",
+                                   "{BLOCK_NC: 16, flush_unroll: 0, flush_prefetch: 1, state_first: 0}"],
+                         ids=["unrolled", "loop-ieee", "loop-capped", "loop-prefetch", "loop-prefetch-late"])
 def test_launch_config_partial_blocks(device, config_file, entry):
     """P=80 over 3 P-blocks (last one partial; or 2 of 64), N=40 over 16-column rebuild chunks (last one
     partial, and with the unrolled loop one fully masked), both flush-loop forms, ieee dot, a register cap (on the
-    GPU only: the interpreter takes none)."""
+    GPU only: the interpreter takes none), the loop with each chunk loaded one ahead (first chunk before the window
+    chain, or not)."""
     H, P, N, G = 4, 80, 40, 2
     config_file(f"mamba2_output_only:\n  {geometry_key(H, P, N, G, 4)}: {entry}\n")
     h = Harness(device, (H, P, N, G), 4, F32, F32, n_req=2)
