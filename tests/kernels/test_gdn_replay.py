@@ -1003,6 +1003,9 @@ KCHUNK_EDGE_CASES = {  # name: (Sim geometry overrides, launch entries, state, u
     # the packaged fp32 entry's dot flush with the score pre-kernel, partial last chunk; and a bf16 state
     "partial-dot-pre": (dict(K=48, V=80), dict(BV=32, BKC=32, flush="dot"), "s32-a16b", True),
     "bf16-state-dot": (dict(K=64, V=64), dict(BV=32, BKC=16, flush="dot"), "s16b-a16b", True),
+    # flush_prefetch: the flush pass's tile and key chunks loaded one chunk ahead (partial last chunk; rank-1 too)
+    "prefetch-partial-dot": (dict(K=48, V=80), dict(BV=32, BKC=32, flush="dot", flush_prefetch=1), "s32-a16b", True),
+    "prefetch-rank1": (dict(K=64, V=64), dict(BV=32, BKC=16, flush_prefetch=1), "s32-a32", True),
 }
 
 

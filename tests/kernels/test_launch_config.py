@@ -22,9 +22,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # losing options were removed and the winners became the built-in defaults), less the removed parameters
 # (prefetch 0, l2_hints 0, v_tiles 1 everywhere). Batch 1 against larger batches is in the inline_* entries.
 # ----------------------------------------------------------------------------------
-GDN_WHOLE_TILE = {"BKC": 0, "BV": 16, "cast": "bits", "dot_precision": "tf32x3", "flush": "rank1", "inline_BKC": -1,
-                  "inline_BV": 0, "inline_num_warps": 0, "inline_scores_max_batch": 1, "maxnreg": 0, "num_stages": 1,
-                  "num_warps": 1, "scores": "pre", "scores_num_warps": 1}
+GDN_WHOLE_TILE = {"BKC": 0, "BV": 16, "cast": "bits", "dot_precision": "tf32x3", "flush": "rank1", "flush_prefetch": 0,
+                  "inline_BKC": -1, "inline_BV": 0, "inline_num_warps": 0, "inline_scores_max_batch": 1, "maxnreg": 0,
+                  "num_stages": 1, "num_warps": 1, "scores": "pre", "scores_num_warps": 1}
 GDN_BF16 = dict(GDN_WHOLE_TILE, BV=32, cast="cvt", inline_BV=16)
 GDN_KCHUNK = dict(GDN_WHOLE_TILE, BKC=32, BV=32, flush="dot", inline_BKC=0, inline_BV=16, inline_num_warps=2)
 GDN_VERIFY = {"BV": 16, "dot_precision": "tf32x3", "flush": "rank1", "inline_scores_max_batch": 1, "maxnreg": 168,
