@@ -145,8 +145,9 @@ GDN_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_decode", {
     # streams the tile and a flush row re-reads it (_gdn_replay_decode_kchunk_kernel); num_stages pipelines the
     # chunk loop
     "BKC": block_param(0, 16, also=(0,), what=" (0: the whole tile)"),
-    # 1 (BKC > 0): a flush row's second pass loads each chunk's tile and cached keys one chunk ahead; untimed
-    # candidate (eval/results/kernel-variants-h200/regcap/)
+    # 1 (the K-chunked kernel only, BKC > 0 or inline_BKC > 0): a flush row's second pass loads each chunk's tile
+    # (and with flush "dot" its cached keys) one chunk ahead; untimed candidate
+    # (eval/results/kernel-variants-h200/regcap/)
     "flush_prefetch": flag_param(0),
     # K chunk for the small batches of inline_scores_max_batch (-1: BKC; 0: the whole-tile kernel). Batch 1 is
     # fastest on the whole tile (eval/results/kernel-variants-h200/kchunk/)

@@ -34,9 +34,11 @@ Two launches:
      (s ⊙ B_win)[WIN, N] on the tensor cores, BLOCK_NC state columns at a time
      (``_rebuild_chunk``; bounded registers, y = S_w·C accumulated on the way),
      each chunk stored as the new checkpoint.  ``flush_unroll`` unrolls the chunk loop
-     so that all chunk loads can be issued up front (faster on H200 than a pipelined
-     runtime loop).  The current token's inputs (x, C, dt, D, z) do not depend on the
-     slot and are loaded before the branch on the cursor, overlapping its latency.
+     so that all chunk loads can be issued up front (the built-in default, faster on
+     the H200 than a pipelined runtime loop; under a register cap the H200 file runs
+     the loop: unrolled, the flush branch sets the kernel's registers).  The current
+     token's inputs (x, C, dt, D, z) do not depend on the slot and are loaded before the
+     branch on the cursor, overlapping its latency.
 
 Rebuilding S_w on every step instead (y = S_w·C, a "state_and_output" route) was slower at every
 batch and was removed (timings: eval/results/kernels-h200.md).  At batch 1 two launches cost more
@@ -111,16 +113,18 @@ LAUNCH_DEFAULTS = {
         "inline_bc_max_batch": count_param(1),
         # 1: non-flush rows issue the checkpoint tile's load (and, inline, the B window's) before the
         # Δ / x ring loads and their weights, so the state's HBM round trip overlaps that dependent
-        # chain (eval/results/kernel-variants-h200/ round 2). Flush rows are unchanged.
+        # chain (eval/results/kernel-variants-h200/ round 2). Flush rows are unchanged (except with
+        # flush_prefetch, below: their first rebuild chunk is loaded up front too).
         "state_first": flag_param(1),
-        # 1 (with flush_unroll 0): a flush row loads each rebuild chunk one chunk ahead, and (state_first) its
-        # first chunk before the window chain; untimed candidate (kernel-variants-h200/regcap/)
+        # 1: a flush row loads each rebuild chunk one chunk ahead, and (state_first) its first chunk before the
+        # window chain; only with flush_unroll 0 (an unrolled loop issues every chunk's load up front already:
+        # no effect there); untimed candidate (kernel-variants-h200/regcap/)
         "flush_prefetch": flag_param(0),
         # registers per thread (0: no cap). The flush branch (tensor-core rebuild) sets the kernel's register
         # count, so a cap buys the non-flush rows resident warps at the cost of spills on the flush branch
         "maxnreg": maxnreg_param(0),
-        # the cap of the batches within inline_bc_max_batch (-1: maxnreg). Batch 1 loses to a cap that wins at 32
-        # and 256 (eval/results/kernel-variants-h200/regcap/)
+        # the cap of the batches within inline_bc_max_batch (-1: maxnreg). Batch 1 lost to a cap that wins at 32
+        # and 256: 6.6 against 5.5 µs uncapped with the same chunk loop (eval/results/kernel-variants-h200/regcap/)
         "inline_maxnreg": maxnreg_param(-1, inherit=True),
     }),
 }

@@ -1006,6 +1006,9 @@ KCHUNK_EDGE_CASES = {  # name: (Sim geometry overrides, launch entries, state, u
     # flush_prefetch: the flush pass's tile and key chunks loaded one chunk ahead (partial last chunk; rank-1 too)
     "prefetch-partial-dot": (dict(K=48, V=80), dict(BV=32, BKC=32, flush="dot", flush_prefetch=1), "s32-a16b", True),
     "prefetch-rank1": (dict(K=64, V=64), dict(BV=32, BKC=16, flush_prefetch=1), "s32-a32", True),
+    # one chunk (K 20 in a chunk clamped to BK = 32: the prefetch past K fully masked) and a bf16 state
+    "prefetch-one-chunk": (dict(K=20, V=24), dict(BV=16, BKC=128, flush="dot", flush_prefetch=1), "s32-a16b", True),
+    "prefetch-bf16-state": (dict(K=64, V=64), dict(BV=32, BKC=32, flush="dot", flush_prefetch=1), "s16b-a16b", True),
 }
 
 

@@ -260,6 +260,20 @@ def test_h200_tp_rank_keys_take_the_tp1_entries(tp_key, tp1_key, tag):
     assert resolve(tp_key) == resolve(tp1_key) != common.launch_config("gdn_decode", "none", path=str(H200))
 
 
+@pytest.mark.parametrize("tp_key,tp1_key", [("H64_P64_N128_G4", "H128_P64_N128_G8"),
+                                            ("H32_P64_N128_G2", "H128_P64_N128_G8"),
+                                            ("H128_P64_N128_G4", "H256_P64_N128_G8"),
+                                            ("H64_P64_N128_G2", "H256_P64_N128_G8")])
+@pytest.mark.parametrize("tag", ["fp32", "bf16"])
+def test_h200_mamba2_tp_rank_keys_take_the_tp1_entries(tp_key, tp1_key, tag):
+    """Under tensor parallelism a rank's Mamba2 key has H/TP heads and G/TP groups (tests/patches/test_tp_sharding.py):
+    at TP 2 and 4 it resolves to its TP = 1 entry (the register-capped one)."""
+    def resolve(k):
+        return common.launch_config("mamba2_output_only", common.config_keys(f"{k}_L16", DTYPES[tag]), path=str(H200))
+
+    assert resolve(tp_key) == resolve(tp1_key) == (MAMBA2_FP32 if tag == "fp32" else MAMBA2_BF16)
+
+
 def test_register_cap_small_batches(monkeypatch):
     """``inline_maxnreg`` caps the launches of a family's small batches (-1: as ``maxnreg``; 0: none); the
     other launches keep ``maxnreg``; the interpreter never takes a cap."""

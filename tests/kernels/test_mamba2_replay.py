@@ -531,6 +531,19 @@ def test_launch_config_partial_blocks(device, config_file, entry):
         h.step([0, 1])
 
 
+@pytest.mark.parametrize("N,L,prec", [(8, 4, (BF16, BF16)), (16, 1, (F32, BF16)), (32, 4, (F32, F32))],
+                         ids=["N8-bf16-state", "N16-L1", "N32-two-chunks"])
+def test_flush_prefetch_short_rows(device, config_file, N, L, prec):
+    """flush_prefetch when a row holds one rebuild chunk or less (N 8 and 16 over 16-column chunks: the prefetch
+    past the row is fully masked), two chunks, L = 1 (every step flushes) and a bf16 state."""
+    H, P, G = 4, 16, 2
+    config_file(f"mamba2_output_only:\n  {geometry_key(H, P, N, G, L)}: "
+                "{BLOCK_NC: 16, flush_unroll: 0, flush_prefetch: 1}\n")
+    h = Harness(device, (H, P, N, G), L, *prec, n_req=2)
+    for _ in range(2 * L + 2):
+        h.step([0, 1])
+
+
 @pytest.mark.parametrize("prec", [(F32, F32), (F32, BF16)], ids=["s32a32", "s32a16b"])
 def test_inline_bc_small_batch_single_launch(device, config_file, monkeypatch, prec):
     """inline_bc_max_batch: small batches compute B·C in the main kernel (one launch, no
