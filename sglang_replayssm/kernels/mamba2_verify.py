@@ -104,12 +104,35 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     # conditional stores keep the next chunk's loads behind them) or "stream" (the whole [BLOCK_M, N]
     # tile in one read, all loads in flight together, as the decode kernel's output-only read)
     "nonflush": choice_param("stream", NONFLUSH_MODES),
+    # with nonflush "stream": the per-token dots S_ck·C_s of a non-flush row sum the tile's
+    # column chunks of this width element-wise first and reduce once per token (0: one reduction over the whole
+    # row). A [rows, 32] chunk is laid out 4 rows x 8 lanes, so a token's reduction takes 3 shuffle rounds over
+    # 8 rows a thread instead of 5 over all 32 rows (offline sm_90a: 640 -> 96 SHFL for 4 tokens of a 32 x 128
+    # fp32 tile); untimed candidate
+    "stream_chunk": block_param(0, 16, also=(0,), what=" (0: off)"),
 })
 
 @triton.jit
 def _add_token_dot(acc, X, c_t, col):
     """``acc[:, t] += X · c_t`` for the token column ``col`` ([1, TP] mask): one 2-D row reduction."""
     return acc + tl.where(col, tl.sum(X * c_t[None, :], 1)[:, None], 0.0)
+
+
+@triton.jit
+def _add_token_dot_chunked(acc, st_base, s_st_p, s_st_n, offs_m, mask_m, N, c_row, s_c_n, live, col,
+                           BLOCK_N: tl.constexpr, CH: tl.constexpr):
+    """``acc[:, t] += S_ck · c_t`` over the tile's column chunks of width CH: the chunks' products are summed
+    element-wise and reduced once (``stream_chunk``); the chunk loads repeat per token and are left to the
+    compiler to share."""
+    part = tl.zeros([offs_m.shape[0], CH], dtype=tl.float32)
+    for ch in tl.static_range(BLOCK_N // CH):
+        offs_c = ch * CH + tl.arange(0, CH)
+        mask_c = offs_c < N
+        S_c = tl.load(st_base + offs_m[:, None] * s_st_p + offs_c[None, :] * s_st_n,
+                      mask=mask_m[:, None] & mask_c[None, :], other=0.0).to(tl.float32)
+        c_c = tl.load(c_row + offs_c * s_c_n, mask=mask_c & live, other=0.0).to(tl.float32)
+        part += S_c * c_c[None, :]
+    return acc + tl.where(col, tl.sum(part, 1)[:, None], 0.0)
 
 
 @triton.jit
@@ -186,6 +209,7 @@ def _mamba2_verify_kernel(
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_NC: tl.constexpr, N_CHUNKS: tl.constexpr, WH: tl.constexpr, TP: tl.constexpr,
     PER_TOKEN: tl.constexpr, BC_PRE: tl.constexpr, STREAM: tl.constexpr, BLOCK_N: tl.constexpr,
+    STREAM_CHUNK: tl.constexpr,
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -256,8 +280,9 @@ def _mamba2_verify_kernel(
         if no_flush:
             offs_nf = tl.arange(0, BLOCK_N)
             mask_nf = offs_nf < N
-            S = tl.load(st_base + offs_m[:, None] * s_st_p + offs_nf[None, :] * s_st_n,
-                        mask=mask_m[:, None] & mask_nf[None, :], other=0.0).to(tl.float32)
+            if STREAM_CHUNK == 0:
+                S = tl.load(st_base + offs_m[:, None] * s_st_p + offs_nf[None, :] * s_st_n,
+                            mask=mask_m[:, None] & mask_nf[None, :], other=0.0).to(tl.float32)
             bf_mask = mask_t[:, None] & mask_nf[None, :]
             if BC_PRE:
                 bf_mask = bf_mask & write_B
@@ -268,8 +293,14 @@ def _mamba2_verify_kernel(
                 B_wnf = B_wn.to(tl.float32)
             for t in tl.static_range(TP):
                 col = (offs_t == t)[None, :]
-                C_t = tl.load(C_row + t * s_C_t + offs_nf * s_C_n, mask=mask_nf & (t < T), other=0.0).to(tl.float32)
-                SC = _add_token_dot(SC, S, C_t, col)
+                if STREAM_CHUNK == 0 or not BC_PRE:
+                    C_t = tl.load(C_row + t * s_C_t + offs_nf * s_C_n, mask=mask_nf & (t < T),
+                                  other=0.0).to(tl.float32)
+                if STREAM_CHUNK == 0:
+                    SC = _add_token_dot(SC, S, C_t, col)
+                else:
+                    SC = _add_token_dot_chunked(SC, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row + t * s_C_t,
+                                                s_C_n, t < T, col, BLOCK_N, STREAM_CHUNK)
                 if not BC_PRE:
                     bc_w = _add_token_dot(bc_w, B_wnf, C_t, col)
                     bc_h = _add_token_dot(bc_h, B_hn, C_t, col)
@@ -516,6 +547,7 @@ def mamba2_verify(
         BLOCK_M=BLOCK_M, BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP,
         PER_TOKEN=cfg["reduce"] == "token", BC_PRE=bc_pre,
         STREAM=cfg["nonflush"] == "stream", BLOCK_N=max(16, next_pow2(N)),
+        STREAM_CHUNK=min(cfg["stream_chunk"], max(16, next_pow2(N))) if cfg["nonflush"] == "stream" else 0,
         IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg),
     )

@@ -556,6 +556,20 @@ def test_launch_variants_match_sequential_recurrence(device, tmp_path, monkeypat
     assert h.flushes >= 2, f"{h.tag()} the stream must cross flushes, saw {h.flushes}"
 
 
+@pytest.mark.parametrize("variant", ["stream_chunk: 16", "stream_chunk: 32, bc: inline", "stream_chunk: 16, reduce: bcast"])
+def test_stream_chunk_matches_sequential_recurrence(device, tmp_path, monkeypatch, variant):
+    """``stream_chunk``: a non-flush row's per-token dots summed over column chunks first (N 40: chunks of 16 with a
+    partial and a fully masked one, or 32 with a partial one; beside bc inline and reduce bcast, which the stream
+    path's per-token loop runs under too), the same stream checks, flushes included."""
+    f = tmp_path / "cfg.yaml"
+    f.write_text("mamba2_verify:\n  default: {nonflush: stream, " + variant + "}\n")
+    monkeypatch.setenv(common.ENV_CONFIG_FILE, str(f))
+    h = SpecHarness(device, ODD, 2, 4, F32, BF16, n_req=2)
+    for _ in range(10):
+        h.step()
+    assert h.flushes >= 2, f"{h.tag()} the stream must cross flushes, saw {h.flushes}"
+
+
 @pytest.mark.slow  # a launch-config choice (the packaged limit, 1, is what the other tests run)
 def test_inline_bc_max_batch_keeps_small_batches_in_one_launch(device, tmp_path, monkeypatch):
     """bc: pre with inline_bc_max_batch: a batch above the limit launches the B·C pre-kernel, a batch
