@@ -377,12 +377,18 @@ def check_resume_env(run: Dict) -> None:
         print(f"python -m eval.ab: warning: --resume: {what} not checked (the record's: {was}, now: {now})",
               file=sys.stderr, flush=True)
 
-    now_sglang, was_sglang = dist_version("sglang"), run.get("sglang_version", "not recorded (an older record)")
-    if now_sglang is None or was_sglang is None or "sglang_version" not in run:
-        warn("the SGLang version", "unknown" if was_sglang is None else was_sglang, now_sglang or "unknown")
-    elif now_sglang != was_sglang:
-        raise ValueError(f"the run started with SGLang {was_sglang}, this interpreter has SGLang {now_sglang}: its "
-                         "arms would not compare; start a fresh run instead")
+    def same(what: str, key: str, now, differ: str) -> None:
+        """The record's ``key`` against this call's value: a refusal when they differ, a warning when either is
+        unknown or the record has no such field."""
+        was = run.get(key)
+        if key not in run or was is None or now is None:
+            warn(what, "not recorded (an older record)" if key not in run else "unknown" if was is None else was,
+                 "unknown" if now is None else now)
+        elif now != was:
+            raise ValueError(differ.format(was=was, now=now) + "; start a fresh run instead")
+
+    same("the SGLang version", "sglang_version", dist_version("sglang"),
+         "the run started with SGLang {was}, this interpreter has SGLang {now}: its arms would not compare")
     prefix = "SGLANG_REPLAYSSM_"
     now_env = {k: v for k, v in recorded_env(dict(os.environ)).items() if k.startswith(prefix)}
     if not isinstance(run.get("env_inherited"), dict):
@@ -397,12 +403,8 @@ def check_resume_env(run: Dict) -> None:
 
             raise ValueError(f"the run started with {show(was_env)}, this environment has {show(now_env)}: its "
                              f"{prefix}* settings differ; start a fresh run instead")
-    now_n, was_n = visible_gpus(), run.get("visible_gpus", "not recorded (an older record)")
-    if now_n is None or was_n is None or "visible_gpus" not in run:
-        warn("the visible GPU count", "unknown" if was_n is None else was_n, "unknown" if now_n is None else now_n)
-    elif now_n != was_n:
-        raise ValueError(f"the run started with {was_n} visible GPU(s), this host has {now_n}: its arms would not "
-                         "compare; start a fresh run instead")
+    same("the visible GPU count", "visible_gpus", visible_gpus(),
+         "the run started with {was} visible GPU(s), this host has {now}: its arms would not compare")
 
 
 def resume_args(args, parser: argparse.ArgumentParser, argv: Optional[List[str]] = None) -> tuple:

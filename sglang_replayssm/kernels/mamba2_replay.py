@@ -123,8 +123,8 @@ LAUNCH_DEFAULTS = {
         # registers per thread (0: no cap). The flush branch (tensor-core rebuild) sets the kernel's register
         # count, so a cap buys the non-flush rows resident warps at the cost of spills on the flush branch
         "maxnreg": maxnreg_param(0),
-        # the cap of the batches within inline_bc_max_batch (-1: maxnreg). Batch 1 lost to a cap that wins at 32
-        # and 256: 6.6 against 5.5 µs uncapped with the same chunk loop (eval/results/kernel-variants-h200/regcap/)
+        # the cap of the batches within inline_bc_max_batch (-1: maxnreg): batch 1 lost to a cap that wins at 32
+        # and 256 (eval/results/kernel-variants-h200/regcap/)
         "inline_maxnreg": maxnreg_param(-1, inherit=True),
     }),
 }

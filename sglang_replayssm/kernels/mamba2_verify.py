@@ -104,11 +104,10 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     # conditional stores keep the next chunk's loads behind them) or "stream" (the whole [BLOCK_M, N]
     # tile in one read, all loads in flight together, as the decode kernel's output-only read)
     "nonflush": choice_param("stream", NONFLUSH_MODES),
-    # with nonflush "stream": the per-token dots S_ck·C_s of a non-flush row sum the tile's
-    # column chunks of this width element-wise first and reduce once per token (0: one reduction over the whole
-    # row). A [rows, 32] chunk is laid out 4 rows x 8 lanes, so a token's reduction takes 3 shuffle rounds over
-    # 8 rows a thread instead of 5 over all 32 rows (offline sm_90a: 640 -> 96 SHFL for 4 tokens of a 32 x 128
-    # fp32 tile); untimed candidate
+    # with nonflush "stream": the per-token dots S_ck·C_s of a non-flush row sum the tile's column chunks of this
+    # width element-wise first and reduce once per token (0: one reduction over the whole row). A [rows, 32] chunk
+    # is laid out 4 rows x 8 lanes, so a token's reduction shuffles across 8 lanes instead of 32; untimed candidate
+    # (offline analysis: eval/results/spec-variants-h200/README.md, round 7)
     "stream_chunk": block_param(0, 16, also=(0,), what=" (0: off)"),
 })
 
