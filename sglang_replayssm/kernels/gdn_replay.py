@@ -115,8 +115,7 @@ import triton.language as tl
 
 from .common import L2NORM_EPS, SOFTPLUS_THRESHOLD, interpreting, launch_config, next_pow2, softplus, suffix_sum_excl
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, register_cap, register_family
-from .common import block_param, choice_param, count_param, dot_precision_param, flag_param, maxnreg_param
-from .common import warps_param
+from .common import block_param, choice_param, count_param, dot_precision_param, maxnreg_param, warps_param
 
 __all__ = ["gdn_replay_decode", "gdn_launch_params", "GDN_DEFAULT_LAUNCH", "GDN_LAUNCH_CHOICES"]
 
@@ -145,10 +144,6 @@ GDN_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_decode", {
     # streams the tile and a flush row re-reads it (_gdn_replay_decode_kchunk_kernel); num_stages pipelines the
     # chunk loop
     "BKC": block_param(0, 16, also=(0,), what=" (0: the whole tile)"),
-    # 1 (the K-chunked kernel only, BKC > 0 or inline_BKC > 0): a flush row's second pass loads each chunk's tile
-    # (and with flush "dot" its cached keys) one chunk ahead; untimed candidate
-    # (eval/results/kernel-variants-h200/regcap/)
-    "flush_prefetch": flag_param(0),
     # K chunk for the small batches of inline_scores_max_batch (-1: BKC; 0: the whole-tile kernel). Batch 1 is
     # fastest on the whole tile (eval/results/kernel-variants-h200/kchunk/)
     "inline_BKC": block_param(-1, 16, also=(-1, 0), what=" (-1: BKC, 0: the whole tile)"),
@@ -542,7 +537,7 @@ def _gdn_replay_decode_kchunk_kernel(
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, LP: tl.constexpr, NUM_STAGES: tl.constexpr,
     USE_L2NORM: tl.constexpr, PRE_SCORES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, CAST_BITS: tl.constexpr, FLUSH_PREFETCH: tl.constexpr,
+    SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, CAST_BITS: tl.constexpr,
 ):
     """The decode step of ``_gdn_replay_decode_kernel`` (same math, same writes) with the checkpoint
     tile streamed in K chunks of BKC columns (launch option ``BKC`` > 0): the output pass accumulates
@@ -627,30 +622,15 @@ def _gdn_replay_decode_kchunk_kernel(
 
     if is_flush:
         # S_{w-1} = e^G S_ck + sum_j c_j d_j k^_j^T, then alpha S_{w-1} + d_w k^T, chunk by chunk
-        if FLUSH_PREFETCH:  # each chunk's tile and key loads issued one chunk ahead
-            s_nxt = tl.load(p_tile, mask=mask_v[:, None] & (o_c < K)[None, :], other=0)
-            kr_nxt = tl.load(k_head + o_j[:, None] * stride_k2 + o_c[None, :],
-                             mask=valid[:, None] & (o_c < K)[None, :], other=0)
         for kc in tl.range(0, K, BKC, num_stages=NUM_STAGES):
             mask_c = (kc + o_c) < K
             p_s = p_tile + kc
-            if FLUSH_PREFETCH:
-                s = s_nxt.to(tl.float32)
-                kr_cur = kr_nxt
-                mask_n = (kc + BKC + o_c) < K
-                s_nxt = tl.load(p_s + BKC, mask=mask_v[:, None] & mask_n[None, :], other=0)
-                kr_nxt = tl.load(k_head + o_j[:, None] * stride_k2 + (kc + BKC + o_c)[None, :],
-                                 mask=valid[:, None] & mask_n[None, :], other=0)
-            else:
-                s = tl.load(p_s, mask=mask_v[:, None] & mask_c[None, :], other=0).to(tl.float32)
+            s = tl.load(p_s, mask=mask_v[:, None] & mask_c[None, :], other=0).to(tl.float32)
             k_c = tl.load(k_row + kc + o_c, mask=mask_c, other=0).to(tl.float32) * rk
             if L > 1:
                 if FLUSH == "dot":
-                    if FLUSH_PREFETCH:
-                        kr_c = kr_cur.to(tl.float32)
-                    else:
-                        kr_c = tl.load(k_head + o_j[:, None] * stride_k2 + (kc + o_c)[None, :],
-                                       mask=valid[:, None] & mask_c[None, :], other=0).to(tl.float32)
+                    kr_c = tl.load(k_head + o_j[:, None] * stride_k2 + (kc + o_c)[None, :],
+                                   mask=valid[:, None] & mask_c[None, :], other=0).to(tl.float32)
                     s_prev = eG * s + tl.dot(d_hist * (c * rn)[None, :], kr_c, input_precision=DOT_PRECISION)
                 else:
                     s_prev = _replay_state_rank1_raw(eG * s, c * rn, k_head + kc, stride_k2, d_head, stride_d2, o_v,
@@ -846,8 +826,7 @@ def gdn_replay_decode(
                   CAST_BITS=cfg["cast"] == "bits" or interpreting(),
                   num_warps=num_warps, num_stages=cfg["num_stages"], **register_cap(cfg))
     if BKC:
-        _gdn_replay_decode_kchunk_kernel[grid](*args, BKC=min(BKC, BK), FLUSH_PREFETCH=bool(cfg["flush_prefetch"]),
-                                               **common)
+        _gdn_replay_decode_kchunk_kernel[grid](*args, BKC=min(BKC, BK), **common)
     else:
         _gdn_replay_decode_kernel[grid](*args, **common)
     return out

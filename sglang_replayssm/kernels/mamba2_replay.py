@@ -113,13 +113,8 @@ LAUNCH_DEFAULTS = {
         "inline_bc_max_batch": count_param(1),
         # 1: non-flush rows issue the checkpoint tile's load (and, inline, the B window's) before the
         # Δ / x ring loads and their weights, so the state's HBM round trip overlaps that dependent
-        # chain (eval/results/kernel-variants-h200/ round 2). Flush rows are unchanged (except with
-        # flush_prefetch, below: their first rebuild chunk is loaded up front too).
+        # chain (eval/results/kernel-variants-h200/ round 2). Flush rows are unchanged.
         "state_first": flag_param(1),
-        # 1: a flush row loads each rebuild chunk one chunk ahead, and (state_first) its first chunk before the
-        # window chain; only with flush_unroll 0 (an unrolled loop issues every chunk's load up front already:
-        # no effect there); untimed candidate (kernel-variants-h200/regcap/)
-        "flush_prefetch": flag_param(0),
         # registers per thread (0: no cap). The flush branch (tensor-core rebuild) sets the kernel's register
         # count, so a cap buys the non-flush rows resident warps at the cost of spills on the flush branch
         "maxnreg": maxnreg_param(0),
@@ -203,12 +198,11 @@ def _rebuild_state(S_ck, total_decay, x_win, B_win, s, DOT_PRECISION: tl.constex
 
 
 @triton.jit
-def _load_state_chunk(st_base, s_st_p, s_st_n, offs_m, mask_m, N, n0, live, BLOCK_NC: tl.constexpr):
-    """Checkpoint columns n0..n0+BLOCK_NC [BLOCK_M, BLOCK_NC] in the state dtype (zeros past N or where not
-    ``live``)."""
+def _load_state_chunk(st_base, s_st_p, s_st_n, offs_m, mask_m, N, n0, BLOCK_NC: tl.constexpr):
+    """Checkpoint columns n0..n0+BLOCK_NC [BLOCK_M, BLOCK_NC] in the state dtype (zeros past N)."""
     offs_c = n0 + tl.arange(0, BLOCK_NC)
     return tl.load(st_base + offs_m[:, None] * s_st_p + offs_c[None, :] * s_st_n,
-                   mask=mask_m[:, None] & (offs_c < N)[None, :] & live, other=0.0)
+                   mask=mask_m[:, None] & (offs_c < N)[None, :], other=0.0)
 
 
 @triton.jit
@@ -217,9 +211,10 @@ def _rebuild_chunk(y, n0, st_base, s_st_p, s_st_n, offs_m, mask_m, N, B_row, s_B
                    DOT_PRECISION: tl.constexpr, BLOCK_NC: tl.constexpr):
     """State columns n0..n0+BLOCK_NC: S = e^{AΛ} S_ck + x_win @ (s ⊙ B_win); stored on flush.
 
-    Returns y + S·C over these columns.
+    Returns y + S·C over these columns. The load and the rebuild stay two helpers: merged into one body, the
+    sm_90a build's instruction order changes (offline PTX and SASS).
     """
-    S = _load_state_chunk(st_base, s_st_p, s_st_n, offs_m, mask_m, N, n0, True, BLOCK_NC)
+    S = _load_state_chunk(st_base, s_st_p, s_st_n, offs_m, mask_m, N, n0, BLOCK_NC)
     return _rebuild_loaded_chunk(y, S, n0, st_base, s_st_p, s_st_n, offs_m, mask_m, N, B_row, s_B_n, C_row, s_C_n,
                                  Br_base, s_Br_l, s_Br_n, offs_w, w, decay, x_win, s_w, is_flush,
                                  DOT_PRECISION, BLOCK_NC)
@@ -308,7 +303,7 @@ def _mamba2_replay_kernel(
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NC: tl.constexpr, WIN: tl.constexpr,
-    FLUSH_UNROLL: tl.constexpr, INLINE_BC: tl.constexpr, STATE_FIRST: tl.constexpr, FLUSH_PREFETCH: tl.constexpr,
+    FLUSH_UNROLL: tl.constexpr, INLINE_BC: tl.constexpr, STATE_FIRST: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     # scalar offsets in int64: free at this scale, and no int32 product can overflow
@@ -356,8 +351,6 @@ def _mamba2_replay_kernel(
             if INLINE_BC:
                 B_pre = _load_B_window_row(Br_base, s_Br_l, s_Br_n, B_ptr + row * s_B_b + g * s_B_g, s_B_n,
                                            offs_w, offs_n, mask_n & (w != L - 1), w)
-            if FLUSH_PREFETCH:  # a flush row's first rebuild chunk, before the window chain too
-                S_c0 = _load_state_chunk(st_base, s_st_p, s_st_n, offs_m, mask_m, N, 0, w == L - 1, BLOCK_NC)
         delta_win = _load_window_delta(dtr_base, s_dtr_l, offs_w, w, w, delta_cur)
         s_w, decay = _window_weights(delta_win, A, offs_w, w)
         x_win = _load_x_window(xr_base, s_xr_l, s_xr_p, offs_m, mask_m, offs_w, w, w, x_cur)
@@ -372,20 +365,6 @@ def _mamba2_replay_kernel(
                                        B_ptr + row * s_B_b + g * s_B_g, s_B_n, C_ptr + row * s_C_b + g * s_C_g, s_C_n,
                                        Br_base, s_Br_l, s_Br_n, offs_w, w, decay, x_win, s_w, is_flush,
                                        DOT_PRECISION, BLOCK_NC)
-            elif FLUSH_PREFETCH:
-                # each chunk's load is issued one chunk ahead (two chunks in flight per program)
-                if STATE_FIRST:
-                    S_nxt = S_c0
-                else:
-                    S_nxt = _load_state_chunk(st_base, s_st_p, s_st_n, offs_m, mask_m, N, 0, True, BLOCK_NC)
-                for n0 in range(0, N, BLOCK_NC):
-                    S_cur = S_nxt
-                    S_nxt = _load_state_chunk(st_base, s_st_p, s_st_n, offs_m, mask_m, N, n0 + BLOCK_NC, True,
-                                              BLOCK_NC)
-                    y = _rebuild_loaded_chunk(y, S_cur, n0, st_base, s_st_p, s_st_n, offs_m, mask_m, N,
-                                              B_ptr + row * s_B_b + g * s_B_g, s_B_n, C_ptr + row * s_C_b + g * s_C_g,
-                                              s_C_n, Br_base, s_Br_l, s_Br_n, offs_w, w, decay, x_win, s_w, is_flush,
-                                              DOT_PRECISION, BLOCK_NC)
             else:
                 for n0 in range(0, N, BLOCK_NC):
                     y = _rebuild_chunk(y, n0, st_base, s_st_p, s_st_n, offs_m, mask_m, N,
@@ -623,7 +602,7 @@ def mamba2_replay_decode(
         DT_SOFTPLUS=bool(dt_softplus),
         DOT_PRECISION=cfg["dot_precision"],
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_NC=BLOCK_NC, WIN=WIN, FLUSH_UNROLL=bool(cfg["flush_unroll"]),
-        INLINE_BC=inline_bc, STATE_FIRST=bool(cfg["state_first"]), FLUSH_PREFETCH=bool(cfg["flush_prefetch"]),
+        INLINE_BC=inline_bc, STATE_FIRST=bool(cfg["state_first"]),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg, inline_bc),
     )
     return out

@@ -84,7 +84,7 @@ REDUCE_MODES = ("bcast", "token")
 BC_MODES = ("inline", "pre")
 NONFLUSH_MODES = ("chunked", "stream")
 
-# Built-in launch parameters: the fastest measured on the H200 (eval/results/spec-variants-h200/, rounds 1-2).
+# Built-in launch parameters: the fastest measured on the H200 (eval/results/spec-variants-h200/, rounds 1-2 and 7).
 MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", {
     "BLOCK_M": block_param(32, 16),
     "BLOCK_NC": block_param(32, 16),
@@ -105,10 +105,10 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     # tile in one read, all loads in flight together, as the decode kernel's output-only read)
     "nonflush": choice_param("stream", NONFLUSH_MODES),
     # with nonflush "stream": the per-token dots S_ck·C_s of a non-flush row sum the tile's column chunks of this
-    # width element-wise first and reduce once per token (0: one reduction over the whole row). A [rows, 32] chunk
-    # is laid out 4 rows x 8 lanes, so a token's reduction shuffles across 8 lanes instead of 32; untimed candidate
-    # (offline analysis: eval/results/spec-variants-h200/README.md, round 7)
-    "stream_chunk": block_param(0, 16, also=(0,), what=" (0: off)"),
+    # width element-wise first and reduce once per token (0: one reduction over the whole row). A [rows, 16] chunk
+    # is spread over fewer lanes than a whole row, so a token's reduction takes fewer shuffle rounds
+    # (eval/results/spec-variants-h200/, round 7: chunks of 16 won over 0 and 32)
+    "stream_chunk": block_param(16, 16, also=(0,), what=" (0: off)"),
 })
 
 @triton.jit

@@ -1003,12 +1003,6 @@ KCHUNK_EDGE_CASES = {  # name: (Sim geometry overrides, launch entries, state, u
     # the packaged fp32 entry's dot flush with the score pre-kernel, partial last chunk; and a bf16 state
     "partial-dot-pre": (dict(K=48, V=80), dict(BV=32, BKC=32, flush="dot"), "s32-a16b", True),
     "bf16-state-dot": (dict(K=64, V=64), dict(BV=32, BKC=16, flush="dot"), "s16b-a16b", True),
-    # flush_prefetch: the flush pass's tile and key chunks loaded one chunk ahead (partial last chunk; rank-1 too)
-    "prefetch-partial-dot": (dict(K=48, V=80), dict(BV=32, BKC=32, flush="dot", flush_prefetch=1), "s32-a16b", True),
-    "prefetch-rank1": (dict(K=64, V=64), dict(BV=32, BKC=16, flush_prefetch=1), "s32-a32", True),
-    # one chunk (K 20 in a chunk clamped to BK = 32: the prefetch past K fully masked) and a bf16 state
-    "prefetch-one-chunk": (dict(K=20, V=24), dict(BV=16, BKC=128, flush="dot", flush_prefetch=1), "s32-a16b", True),
-    "prefetch-bf16-state": (dict(K=64, V=64), dict(BV=32, BKC=32, flush="dot", flush_prefetch=1), "s16b-a16b", True),
 }
 
 
@@ -1067,7 +1061,8 @@ def test_k_chunked_tile_agrees_with_the_whole_tile(device, seed, tmp_path, monke
                                        ("{BKC: 32, flush: rank1_fold}", "flush must be one of"),
                                        ("{BKC: 32, prefetch: 1}", "unknown parameter 'prefetch'"),
                                        ("{BKC: 32, l2_hints: 1}", "unknown parameter 'l2_hints'"),
-                                       ("{v_tiles: 2}", "unknown parameter 'v_tiles'")])
+                                       ("{v_tiles: 2}", "unknown parameter 'v_tiles'"),
+                                       ("{BKC: 32, flush_prefetch: 1}", "unknown parameter 'flush_prefetch'")])
 def test_k_chunk_config_is_checked(tmp_path, monkeypatch, entry, msg):
     f = tmp_path / "cfg.yaml"
     body = entry if entry.startswith("{") else "{" + entry + "}"

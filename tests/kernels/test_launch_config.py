@@ -22,22 +22,22 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # losing options were removed and the winners became the built-in defaults), less the removed parameters
 # (prefetch 0, l2_hints 0, v_tiles 1 everywhere). Batch 1 against larger batches is in the inline_* entries.
 # ----------------------------------------------------------------------------------
-GDN_WHOLE_TILE = {"BKC": 0, "BV": 16, "cast": "bits", "dot_precision": "tf32x3", "flush": "rank1", "flush_prefetch": 0,
-                  "inline_BKC": -1, "inline_BV": 0, "inline_num_warps": 0, "inline_scores_max_batch": 1, "maxnreg": 0,
-                  "num_stages": 1, "num_warps": 1, "scores": "pre", "scores_num_warps": 1}
+GDN_WHOLE_TILE = {"BKC": 0, "BV": 16, "cast": "bits", "dot_precision": "tf32x3", "flush": "rank1", "inline_BKC": -1,
+                  "inline_BV": 0, "inline_num_warps": 0, "inline_scores_max_batch": 1, "maxnreg": 0, "num_stages": 1,
+                  "num_warps": 1, "scores": "pre", "scores_num_warps": 1}
 GDN_BF16 = dict(GDN_WHOLE_TILE, BV=32, cast="cvt", inline_BV=16)
 GDN_KCHUNK = dict(GDN_WHOLE_TILE, BKC=32, BV=32, flush="dot", inline_BKC=0, inline_BV=16, inline_num_warps=2)
 GDN_VERIFY = {"BV": 16, "dot_precision": "tf32x3", "flush": "rank1", "inline_scores_max_batch": 1, "maxnreg": 168,
               "num_stages": 1, "num_warps": 1, "reduce": "token", "scores": "pre", "scores_num_warps": 1}
-MAMBA2 = {"BLOCK_M": 32, "BLOCK_NC": 64, "bc_num_warps": 2, "dot_precision": "tf32x3", "flush_prefetch": 0,
-          "flush_unroll": 1, "inline_bc_max_batch": 1, "inline_maxnreg": -1, "maxnreg": 0, "num_stages": 1,
-          "num_warps": 1, "state_first": 1}
+MAMBA2 = {"BLOCK_M": 32, "BLOCK_NC": 64, "bc_num_warps": 2, "dot_precision": "tf32x3", "flush_unroll": 1,
+          "inline_bc_max_batch": 1, "inline_maxnreg": -1, "maxnreg": 0, "num_stages": 1, "num_warps": 1,
+          "state_first": 1}
 # register caps above batch 1 for the Nemotron-H geometries (kernel-variants-h200/regcap)
 MAMBA2_FP32 = dict(MAMBA2, BLOCK_NC=32, flush_unroll=0, maxnreg=168, inline_maxnreg=0)
 MAMBA2_BF16 = dict(MAMBA2, BLOCK_NC=32, flush_unroll=0, maxnreg=128, inline_maxnreg=0)
 MAMBA2_VERIFY = {"BLOCK_M": 32, "BLOCK_NC": 32, "bc": "pre", "bc_num_warps": 1, "dot_precision": "tf32x3",
                  "inline_bc_max_batch": 1, "maxnreg": 0, "nonflush": "stream", "num_stages": 1, "num_warps": 1,
-                 "reduce": "token", "stream_chunk": 0}
+                 "reduce": "token", "stream_chunk": 16}
 
 GDN_GEOMS = ["HV32_HK16_K128_V128", "HV64_HK16_K128_V128", "HV16_HK16_K128_V128", "HV4_HK2_K32_V32"]
 MAMBA2_GEOMS = ["H128_P64_N128_G8", "H256_P64_N128_G8", "H4_P16_N16_G2"]
@@ -168,6 +168,11 @@ def test_malformed_files(tmp_path, text, match):
     ("gdn_decode:\n  default: {prefetch: 1}\n", r"unknown parameter 'prefetch'"),
     ("gdn_decode:\n  default: {l2_hints: 3}\n", r"unknown parameter 'l2_hints'"),
     ("gdn_decode:\n  default: {v_tiles: 2}\n", r"unknown parameter 'v_tiles'"),
+    # timed on the H200, lost and removed (eval/results/kernel-variants-h200/regcap/, round 3)
+    ("gdn_decode:\n  HV32_HK16_K128_V128_L16_Sfp32: {BKC: 32, flush_prefetch: 1}\n",
+     r"\[gdn_decode\]\[HV32_HK16_K128_V128_L16_Sfp32\]: unknown parameter 'flush_prefetch'; accepted: \["),
+    ("mamba2_output_only:\n  H128_P64_N128_G8_L16_Sfp32: {flush_unroll: 0, flush_prefetch: 1}\n",
+     r"\[mamba2_output_only\]\[H128_P64_N128_G8_L16_Sfp32\]: unknown parameter 'flush_prefetch'; accepted: \["),
     # values
     ("gdn_decode:\n  default: {BV: 24}\n", r"\[gdn_decode\]\[default\]: BV must be a power of two >= 1, got 24"),
     ("gdn_decode:\n  default: {BV: -16}\n", r"BV must be a power of two >= 1, got -16"),

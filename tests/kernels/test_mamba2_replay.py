@@ -515,32 +515,16 @@ def config_file(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("entry", ["{BLOCK_M: 32, num_warps: 2, BLOCK_NC: 16, flush_unroll: 1}",
                                    "{BLOCK_M: 64, dot_precision: ieee, BLOCK_NC: 16, flush_unroll: 0, num_stages: 2}",
-                                   "{BLOCK_M: 64, num_warps: 2, BLOCK_NC: 32, flush_unroll: 0, maxnreg: 128}",
-                                   "{BLOCK_NC: 16, flush_unroll: 0, flush_prefetch: 1}",
-                                   "{BLOCK_NC: 16, flush_unroll: 0, flush_prefetch: 1, state_first: 0}"],
-                         ids=["unrolled", "loop-ieee", "loop-capped", "loop-prefetch", "loop-prefetch-late"])
+                                   "{BLOCK_M: 64, num_warps: 2, BLOCK_NC: 32, flush_unroll: 0, maxnreg: 128}"],
+                         ids=["unrolled", "loop-ieee", "loop-capped"])
 def test_launch_config_partial_blocks(device, config_file, entry):
     """P=80 over 3 P-blocks (last one partial; or 2 of 64), N=40 over 16-column rebuild chunks (last one
     partial, and with the unrolled loop one fully masked), both flush-loop forms, ieee dot, a register cap (on the
-    GPU only: the interpreter takes none), the loop with each chunk loaded one ahead (first chunk before the window
-    chain, or not)."""
+    GPU only: the interpreter takes none)."""
     H, P, N, G = 4, 80, 40, 2
     config_file(f"mamba2_output_only:\n  {geometry_key(H, P, N, G, 4)}: {entry}\n")
     h = Harness(device, (H, P, N, G), 4, F32, F32, n_req=2)
     for _ in range(10):
-        h.step([0, 1])
-
-
-@pytest.mark.parametrize("N,L,prec", [(8, 4, (BF16, BF16)), (16, 1, (F32, BF16)), (32, 4, (F32, F32))],
-                         ids=["N8-bf16-state", "N16-L1", "N32-two-chunks"])
-def test_flush_prefetch_short_rows(device, config_file, N, L, prec):
-    """flush_prefetch when a row holds one rebuild chunk or less (N 8 and 16 over 16-column chunks: the prefetch
-    past the row is fully masked), two chunks, L = 1 (every step flushes) and a bf16 state."""
-    H, P, G = 4, 16, 2
-    config_file(f"mamba2_output_only:\n  {geometry_key(H, P, N, G, L)}: "
-                "{BLOCK_NC: 16, flush_unroll: 0, flush_prefetch: 1}\n")
-    h = Harness(device, (H, P, N, G), L, *prec, n_req=2)
-    for _ in range(2 * L + 2):
         h.step([0, 1])
 
 
@@ -610,6 +594,10 @@ def test_bad_launch_config_raises(device, config_file):
         h.step([0])
     config_file("mamba2_output_only:\n  default: {BLOCK_K: 24}\n")
     with pytest.raises(ValueError, match="unknown parameter 'BLOCK_K'"):
+        h.step([0])
+    # timed on the H200, lost and removed (eval/results/kernel-variants-h200/regcap/, round 3)
+    config_file("mamba2_output_only:\n  default: {flush_unroll: 0, flush_prefetch: 1}\n")
+    with pytest.raises(ValueError, match="unknown parameter 'flush_prefetch'"):
         h.step([0])
 
 
