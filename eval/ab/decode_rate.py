@@ -1,8 +1,13 @@
 """SGLang's own decode rate beside the client's, and the "client-path bound" flag (issue 24).
 
 The scheduler logs a ``Decode batch, #running-req: N, ... gen throughput (token/s): X`` line every 40 decode
-steps.  The decode rate of a bench run is the median X of the lines its server wrote during the run (the log
-between two byte offsets) whose N is at least 90% of the run's full batch: the engine decoding a full batch.
+steps; X is the tokens of those steps over the wall time since the previous ``Decode batch`` line.  The decode
+rate of a bench run is the median X of the lines its server wrote during the run (the log between two byte
+offsets) whose N is at least 90% of the run's full batch: the engine decoding a full batch.  A line whose window
+held a prefill (a ``Prefill batch`` line since the previous decode line), and the run's first decode line (its
+window began before the run), time more than decoding and are left out; only where no other full-batch line is
+left are they used, and the record says so.  With long outputs the median sheds them anyway; a short one (a
+speculative run decodes 256 tokens in about 85 steps: two lines a wave, one after the wave's prefills) does not.
 The full batch is the run's concurrency, or the server's max running requests where that is lower (a run at
 concurrency 256 on a server that admits 102 decodes 102 at a time).
 
@@ -31,6 +36,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 # "Decode batch [123], ..." when SGLang logs forward iterations
 DECODE_LINE = re.compile(r"Decode batch(?: \[\d+\])?, #running-req: (\d+),.*?gen throughput \(token/s\): ([0-9.]+)")
+# a scheduler prefill line, or a decode line (as DECODE_LINE): in log order for decode_only_lines
+_EVENT = re.compile(r"(Prefill batch(?: \[\d+\])?, )|" + DECODE_LINE.pattern)
 FULL_BATCH_FRACTION = 0.9    # a log line counts as a full batch from this share of the run's batch up
 CLIENT_PATH_TOLERANCE = 0.10  # |client full-batch rate / decode rate - 1| above this flags the run
 
@@ -38,6 +45,21 @@ CLIENT_PATH_TOLERANCE = 0.10  # |client full-batch rate / decode rate - 1| above
 def decode_lines(text: str) -> List[Tuple[int, float]]:
     """(running requests, gen throughput tok/s) of every scheduler ``Decode batch`` line in ``text``."""
     return [(int(m.group(1)), float(m.group(2))) for m in DECODE_LINE.finditer(text)]
+
+
+def decode_only_lines(text: str) -> List[Tuple[int, float]]:
+    """:func:`decode_lines` without the lines whose window held a prefill (a ``Prefill batch`` line since the
+    previous ``Decode batch`` line) and without the first decode line of ``text`` (its window began before it)."""
+    out: List[Tuple[int, float]] = []
+    seen_decode = prefill_since = False
+    for m in _EVENT.finditer(text):
+        if m.group(1):  # a prefill
+            prefill_since = True
+            continue
+        if seen_decode and not prefill_since:
+            out.append((int(m.group(2)), float(m.group(3))))
+        seen_decode, prefill_since = True, False
+    return out
 
 
 def read_log(path: Path) -> str:
@@ -130,13 +152,20 @@ def rates(log_text: str, bench: Optional[Dict[str, Any]], batch: int, cap: Optio
     workload that prefills while it decodes, e.g. shared-prefix): no flag, the reason recorded instead."""
     full = full_batch(batch, cap)
     lines = decode_lines(log_text)
-    decode, n = full_batch_rate(lines, full)
+    decode, n = full_batch_rate(decode_only_lines(log_text), full)
+    _, n_any = full_batch_rate(lines, full)
+    fallback = decode is None and n_any > 0
+    if fallback:  # every full-batch line held a prefill or opened the run: the rate is theirs, and said so
+        decode, n = full_batch_rate(lines, full)
     client_fb = client_full_batch_rate(bench, full)
     ratio, bound = check(client_fb, decode)
     out = {"client_tok_s": (bench or {}).get("output_throughput"), "client_full_batch_tok_s": client_fb,
            "client_rate_from": client_rate_source(bench), "decode_tok_s": decode, "decode_lines": n,
-           "decode_lines_all": len(lines), "full_batch": full,
+           "decode_lines_full_batch": n_any, "decode_lines_all": len(lines), "full_batch": full,
            "min_running": min_full_batch(full), "client_to_decode": ratio, "client_path_bound": bound}
+    if fallback:
+        out["decode_rate_note"] = ("no full-batch decode line without a prefill in its window: the rate is the "
+                                   "median of all full-batch lines and includes prefill time")
     if not judge:
         out.update(client_path_bound=None, client_path_not_judged=NOT_JUDGED)
     return out

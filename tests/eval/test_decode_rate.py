@@ -87,11 +87,43 @@ def test_a_server_capped_below_the_concurrency_decodes_its_cap_as_the_full_batch
     assert decode_rate.rates(EXCERPT, bench, 512)["decode_tok_s"] is None  # no cap known: never filled
     r = decode_rate.rates(EXCERPT, bench, 512, cap=240)
     assert r["full_batch"] == 240 and r["min_running"] == 216
-    assert r["decode_tok_s"] == pytest.approx((15810.60 + 15913.24) / 2) and r["decode_lines"] == 6
+    # the four clean 256 lines and the 240 one; the line right after the prefills is left out
+    assert r["decode_tok_s"] == pytest.approx(15913.24) and r["decode_lines"] == 5
+    assert r["decode_lines_full_batch"] == 6 and "decode_rate_note" not in r
     assert r["client_full_batch_tok_s"] == pytest.approx(240e3 / 16.0)
     # a cap above the concurrency (or none, or nonsense) leaves the concurrency the full batch
     for cap in (1000, None, 0, "x"):
         assert decode_rate.rates(EXCERPT, bench, 256, cap=cap)["full_batch"] == 256
+
+
+# eval/results/e2e-h200/spec-nemotron-h-8b-streamchunk (NEXTN, accept 3 of 4, 128 in / 256 out, batch 256, two
+# waves): about 85 decode steps a request, so two decode lines a wave, the first after the wave's prefills
+SPEC_EXCERPT = """\
+[2026-12-03 15:35:43] Prefill batch, #new-seq: 256, #new-token: 32768, #cached-token: 0, full token usage: 0.01, mamba usage: 1.00, #running-req: 0, #queue-req: 0, cuda graph: False, input throughput (token/s): 20000.00
+[2026-12-03 15:35:44] Decode batch, #running-req: 256, #full token: 54784, full token usage: 0.01, mamba num: 256, mamba usage: 1.00, accept len: 3.00, accept rate: 0.67, cuda graph: True, gen throughput (token/s): 3077.90, #queue-req: 0
+[2026-12-03 15:35:46] Decode batch, #running-req: 256, #full token: 85504, full token usage: 0.02, mamba num: 256, mamba usage: 1.00, accept len: 3.00, accept rate: 0.67, cuda graph: True, gen throughput (token/s): 15128.81, #queue-req: 0
+[2026-12-03 15:35:49] Prefill batch, #new-seq: 256, #new-token: 32768, #cached-token: 0, full token usage: 0.01, mamba usage: 1.00, #running-req: 0, #queue-req: 0, cuda graph: False, input throughput (token/s): 20000.00
+[2026-12-03 15:35:50] Decode batch, #running-req: 256, #full token: 40855, full token usage: 0.01, mamba num: 256, mamba usage: 1.00, accept len: 3.00, accept rate: 0.67, cuda graph: True, gen throughput (token/s): 6304.06, #queue-req: 0
+[2026-12-03 15:35:52] Decode batch, #running-req: 256, #full token: 71575, full token usage: 0.02, mamba num: 256, mamba usage: 1.00, accept len: 3.00, accept rate: 0.67, cuda graph: True, gen throughput (token/s): 15074.77, #queue-req: 0
+"""
+
+
+def test_decode_lines_after_a_prefill_are_left_out():
+    # all four lines are at the full batch; the median of all four (10.7k) mixed in the two waves' prefills
+    assert decode_rate.full_batch_rate(decode_rate.decode_lines(SPEC_EXCERPT), 256)[0] == \
+        pytest.approx((6304.06 + 15074.77) / 2)
+    assert decode_rate.decode_only_lines(SPEC_EXCERPT) == [(256, 15128.81), (256, 15074.77)]
+    r = decode_rate.rates(SPEC_EXCERPT, {"output_throughput": 9210.8, "median_itl_ms": 17.0}, 256)
+    assert r["decode_tok_s"] == pytest.approx((15128.81 + 15074.77) / 2)
+    assert (r["decode_lines"], r["decode_lines_full_batch"], r["decode_lines_all"]) == (2, 4, 4)
+    assert r["client_path_bound"] is False and "decode_rate_note" not in r
+    # a run's first decode line has no known start (the window began before the run): left out too
+    assert decode_rate.decode_only_lines(SPEC_EXCERPT.splitlines()[2] + "\n") == []
+    # no clean full-batch line at all: every full-batch line is used, and the record says the rate holds prefills
+    tainted = "\n".join(SPEC_EXCERPT.splitlines()[:2]) + "\n"
+    r2 = decode_rate.rates(tainted, {"output_throughput": 9210.8, "median_itl_ms": 17.0}, 256)
+    assert r2["decode_tok_s"] == pytest.approx(3077.90) and "prefill" in r2["decode_rate_note"]
+    assert decode_rate.rates("", {"median_itl_ms": 17.0}, 256)["decode_tok_s"] is None
 
 
 def test_a_workload_that_prefills_while_it_decodes_is_not_judged():
