@@ -474,16 +474,19 @@ def _eagle(setup: Dict[str, Any]) -> bool:
     return str(setup.get("spec") or "").lower() in EAGLE_SPECS
 
 
-def _spec_decode_rates(ours: Dict[str, Any], stock: Optional[Dict[str, Any]], bs) -> Dict[str, Any]:
-    """SGLang's own decode rate at a full batch (its scheduler log) of the replay and the stock spec arm at batch
-    ``bs``, the batch each was read at (a server's running cap where that is below ``bs``) and whether the client
-    path bounded the run (eval/ab/decode_rate.py)."""
+def _spec_decode_rates(ours: Dict[str, Any], stock: Optional[Dict[str, Any]], bs,
+                       nospec: Optional[Dict[str, Any]] = None, same_run: bool = True) -> Dict[str, Any]:
+    """SGLang's own decode rate at a full batch (its scheduler log) of the replay arm, the stock spec arm and the
+    run's own stock non-spec arm at batch ``bs``, the batch each was read at (a server's running cap where that is
+    below ``bs``) and whether the client path bounded the run (eval/ab/decode_rate.py); and the replay arm's
+    decode rate over the non-spec arm's (``spec_vs_stock_nonspec_decode``: same run only, None otherwise)."""
     out = {}
-    for name, arm in (("staged", ours), ("stock", stock)):
+    for name, arm in (("staged", ours), ("stock", stock), ("stock_nonspec", nospec if same_run else None)):
         r = ((arm or {}).get("rates") or {}).get(bs) or {}
         out[f"{name}_decode_tok_s"] = r.get("decode_tok_s")
         out[f"{name}_decode_full_batch"] = r.get("full_batch")
         out[f"{name}_client_path_bound"] = r.get("client_path_bound")
+    out["spec_vs_stock_nonspec_decode"] = report.ratio(out["staged_decode_tok_s"], out["stock_nonspec_decode_tok_s"])
     return out
 
 
@@ -531,7 +534,7 @@ def spec_speed(results, eagle: bool = False) -> List[Dict[str, Any]]:
                          "max_running_staged": ours["max_running_requests"],
                          "max_running_stock": stock["max_running_requests"] if stock else None,
                          "capacity_ratio": cap, "file": ours["file"], "started": started,
-                         **_spec_decode_rates(ours, stock, bs),
+                         **_spec_decode_rates(ours, stock, bs, nospec, same_run),
                          "stock_nonspec_file": nospec["file"] if nospec else None, "nonspec_same_run": same_run})
     for r in rows:
         r["latest_for"] = []
@@ -596,6 +599,10 @@ def spec_summary(results, eagle: bool = False) -> Dict[str, Any]:
         return min(vals) if vals else None
 
     by_model = {k: {r["model"]: r[k] for r in real256 if k in r["latest_for"]} for k in SPEED_KEYS}
+    # SGLang's decode rates of the rows the non-spec ratio reads (the client's ratio also holds the prefills)
+    by_model["spec_vs_stock_nonspec_decode"] = {r["model"]: r["spec_vs_stock_nonspec_decode"] for r in real256
+                                               if "spec_vs_stock_nonspec" in r["latest_for"]
+                                               and r.get("spec_vs_stock_nonspec_decode") is not None}
     summary = {"spec_vs_stock_spec_bs256": worst("spec_vs_stock_spec"),
                "spec_vs_stock_nonspec_bs256": worst("spec_vs_stock_nonspec"),
                "capacity_ratio": worst("capacity_ratio"),
@@ -770,6 +777,7 @@ def write_spec(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
               report.fmt(r["stock_nonspec_tok_s"], 0) + ("" if r.get("nonspec_same_run", True) or
                                                           r["stock_nonspec_tok_s"] is None else " (other run)"),
               report.fmt(r["spec_vs_stock_spec"], 3), report.fmt(r["spec_vs_stock_nonspec"], 3),
+              report.fmt(r.get("spec_vs_stock_nonspec_decode"), 3),
               f"{report.fmt(r['capacity_ratio'], 2)} ({r.get('max_running_staged')} / {r.get('max_running_stock')})"
               if r["capacity_ratio"] is not None else "—",
               ", ".join(SHORT[k] for k in r.get("latest_for", [])) or "—"]
@@ -779,8 +787,9 @@ def write_spec(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
         _source_section(doc),
         ("Summary", report.markdown_kv({k: v for k, v in s.items() if k not in ("targets", "bs256_by_model")})),
         ("Batch 256 by model (the run each ratio is read from: `targets read` below)",
-         report.markdown_table(["model"] + list(SPEED_KEYS),
-                               [[m] + [report.fmt(s["bs256_by_model"][k].get(m), 3) for k in SPEED_KEYS]
+         report.markdown_table(["model"] + list(SPEED_KEYS) + ["spec_vs_stock_nonspec_decode"],
+                               [[m] + [report.fmt(s["bs256_by_model"].get(k, {}).get(m), 3)
+                                       for k in SPEED_KEYS + ("spec_vs_stock_nonspec_decode",)]
                                 for m in dict.fromkeys(m for v in s["bs256_by_model"].values() for m in v)])),
         ("Targets (the lowest over the real geometries, each model's latest run that measured the ratio)",
          report.markdown_table(["metric", "measured", "target"], tgt)),
@@ -788,7 +797,8 @@ def write_spec(doc: Dict[str, Any], out_dir: Path) -> List[Path]:
          "each target reads each model's latest run that measured it, preferring a same-run non-spec baseline "
          "(`targets read`); superseded runs are earlier code or launch configs, kept as history)",
          report.markdown_table(["model", "run started", "folder", "batch", "replay spec", "stock spec", "stock non-spec", "vs stock spec",
-                                "vs stock non-spec", "capacity ratio (max running)", "targets read"], speed)
+                                "vs stock non-spec", "vs non-spec, SGLang's decode rates (same run)",
+                                "capacity ratio (max running)", "targets read"], speed)
          if speed else "not run yet"),
         ("Runs", report.markdown_table(["model", "arms", "simulated accept", "accept length",
                                         "mismatches (same simulated acceptance)", "max |Δlogprob|",

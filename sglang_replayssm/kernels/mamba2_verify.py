@@ -105,10 +105,10 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     # tile in one read, all loads in flight together, as the decode kernel's output-only read)
     "nonflush": choice_param("stream", NONFLUSH_MODES),
     # with nonflush "stream": the per-token dots S_ck·C_s of a non-flush row sum the tile's column chunks of this
-    # width element-wise first and reduce once per token (0: one reduction over the whole row). A [rows, 16] chunk
-    # is spread over fewer lanes than a whole row, so a token's reduction takes fewer shuffle rounds
-    # (eval/results/spec-variants-h200/, round 7: chunks of 16 won over 0 and 32)
-    "stream_chunk": block_param(16, 16, also=(0,), what=" (0: off)"),
+    # width element-wise first and reduce once per token. A [rows, 16] chunk is spread over fewer lanes than a
+    # whole row, so a token's reduction takes fewer shuffle rounds (eval/results/spec-variants-h200/, round 7:
+    # 16 won over 32 and over one reduction across the whole row, which is removed)
+    "stream_chunk": block_param(16, 16),
 })
 
 @triton.jit
@@ -273,15 +273,13 @@ def _mamba2_verify_kernel(
     B_row = B_ptr + row * s_B_b + g * s_B_g
     C_row = C_ptr + row * s_C_b + g * s_C_g
     if STREAM:
-        # non-flush rows: one streaming read of the whole [BLOCK_M, N] S_ck tile (all loads issued together,
-        # as the decode kernel does); flush rows take the chunked fold below
+        # non-flush rows: one streaming read of the whole [BLOCK_M, N] S_ck tile, in column chunks of STREAM_CHUNK
+        # summed element-wise per token (all loads issued together, as the decode kernel does); flush rows take the
+        # chunked fold below
         run_chunks = is_flush
         if no_flush:
             offs_nf = tl.arange(0, BLOCK_N)
             mask_nf = offs_nf < N
-            if STREAM_CHUNK == 0:
-                S = tl.load(st_base + offs_m[:, None] * s_st_p + offs_nf[None, :] * s_st_n,
-                            mask=mask_m[:, None] & mask_nf[None, :], other=0.0).to(tl.float32)
             bf_mask = mask_t[:, None] & mask_nf[None, :]
             if BC_PRE:
                 bf_mask = bf_mask & write_B
@@ -292,14 +290,11 @@ def _mamba2_verify_kernel(
                 B_wnf = B_wn.to(tl.float32)
             for t in tl.static_range(TP):
                 col = (offs_t == t)[None, :]
-                if STREAM_CHUNK == 0 or not BC_PRE:
+                if not BC_PRE:
                     C_t = tl.load(C_row + t * s_C_t + offs_nf * s_C_n, mask=mask_nf & (t < T),
                                   other=0.0).to(tl.float32)
-                if STREAM_CHUNK == 0:
-                    SC = _add_token_dot(SC, S, C_t, col)
-                else:
-                    SC = _add_token_dot_chunked(SC, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row + t * s_C_t,
-                                                s_C_n, t < T, col, BLOCK_N, STREAM_CHUNK)
+                SC = _add_token_dot_chunked(SC, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row + t * s_C_t,
+                                            s_C_n, t < T, col, BLOCK_N, STREAM_CHUNK)
                 if not BC_PRE:
                     bc_w = _add_token_dot(bc_w, B_wnf, C_t, col)
                     bc_h = _add_token_dot(bc_h, B_hn, C_t, col)
