@@ -371,3 +371,32 @@ def launch_config(family: str, key, defaults: Optional[Dict[str, Any]] = None,
                 _check_entry(family, entry, defaults, f"launch config {f} [{family}][{k}]")
                 out.update(entry)
     return out
+
+
+@triton.jit
+def write_flush_first_rank(order, write_pos, stride_wp, n_rows, i_n, w, L: tl.constexpr, FF: tl.constexpr):
+    """order[rank] = i_n, rank being row i_n's place with the flush rows (ring full: w >= L - 1) first, each group
+    in row order (launch option ``flush_first_max_batch`` of the decode kernels; FF: a power of two >= n_rows;
+    ``w``: row i_n's write position). Written by a pre-kernel's (row, 0) programs for the decode kernel's
+    :func:`flush_first_row`."""
+    o = tl.arange(0, FF)
+    in_b = o < n_rows
+    ws = tl.load(write_pos + o * stride_wp, mask=in_b, other=0).to(tl.int32)
+    fl = (in_b & (ws >= L - 1)).to(tl.int32)
+    before = (o < i_n).to(tl.int32)
+    n_fl = tl.sum(fl, 0)
+    if w >= L - 1:
+        rank = tl.sum(fl * before, 0)
+    else:
+        rank = n_fl + tl.sum((1 - fl) * in_b.to(tl.int32) * before, 0)
+    tl.store(order + rank, i_n.to(tl.int32))
+
+
+@triton.jit
+def flush_first_row(order):
+    """The batch row of this decode program when its grid is (tiles, heads, ranks) (launch option
+    ``flush_first_max_batch``): order[rank], written by the pre-kernel with the flush rows first
+    (:func:`write_flush_first_rank`). The GPU starts blocks in grid order, so the long flush programs start first
+    and the short ones fill in behind them. (Without the option the kernels read (row, head) from the grid's
+    second and third axes inline, the same build as before the option.)"""
+    return tl.load(order + tl.program_id(2)).to(tl.int64)

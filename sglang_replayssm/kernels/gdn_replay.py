@@ -114,6 +114,7 @@ import triton
 import triton.language as tl
 
 from .common import L2NORM_EPS, SOFTPLUS_THRESHOLD, interpreting, launch_config, next_pow2, softplus, suffix_sum_excl
+from .common import flush_first_row, write_flush_first_rank
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, register_cap, register_family
 from .common import block_param, choice_param, count_param, dot_precision_param, maxnreg_param, warps_param
 
@@ -153,6 +154,12 @@ GDN_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_decode", {
     # rounding of the 16-bit stores (out, d, state): "bits" (_cast_rtne's bit arithmetic) or "cvt" (the
     # GPU's cvt.rn: the same values, fewer instructions); the interpreter always uses "bits"
     "cast": choice_param("bits", _CAST_MODES),
+    # batches of at most this many rows start their flush rows' programs first (0: off). A flush program takes
+    # about twice a non-flush one; with only a few waves of programs per launch (batch 32: two), those that start
+    # last set the launch's end. The grid becomes (V tiles, v-heads, rows) and each program finds its row from the
+    # score pre-kernel's flush-first order (common.flush_first_row; only with scores "pre" above
+    # inline_scores_max_batch). Untimed candidate
+    "flush_first_max_batch": count_param(0),
 })
 # the string launch parameters that are speed choices (same results), for eval/tune_kernels.py
 GDN_LAUNCH_CHOICES: Dict[str, Tuple[str, ...]] = {"flush": _FLUSH_MODES, "scores": _SCORE_MODES,
@@ -288,9 +295,9 @@ def _replay_state_rank1_raw(s_prev, coef, k_head, stride_kl, d_head, stride_dl, 
 def _gdn_history_scores_kernel(
     qkv, k_ring, state_indices, write_pos, scores,
     scale, null_slot,
-    stride_idx, stride_wp, stride_qkv, stride_k0, stride_k1, stride_k2,
+    stride_idx, stride_wp, stride_qkv, stride_k0, stride_k1, stride_k2, order, n_rows,
     HK: tl.constexpr, K: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, LP: tl.constexpr,
-    USE_L2NORM: tl.constexpr, EPS: tl.constexpr,
+    USE_L2NORM: tl.constexpr, EPS: tl.constexpr, FF: tl.constexpr,
 ):
     """Per (row, k-head), once instead of once per (v-head, V tile): the scores of the
     cached keys against the current token, scores[row, hk] = (k^_j . q^, k^_j . k^,
@@ -299,6 +306,9 @@ def _gdn_history_scores_kernel(
     i_hk = tl.program_id(1)
     slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
     w = tl.load(write_pos + i_n * stride_wp).to(tl.int32)
+    if FF > 0:  # flush-first order for the decode kernel (flush_first_row), from the (row, 0) programs
+        if i_hk == 0:
+            write_flush_first_rank(order, write_pos, stride_wp, n_rows, i_n, w, L, FF)
     if (slot < 0) | (slot == null_slot):
         return
     w = tl.minimum(tl.maximum(w, 0), L - 1)
@@ -439,16 +449,20 @@ def _gdn_replay_decode_kernel(
     stride_d0, stride_d1, stride_d2,
     stride_k0, stride_k1, stride_k2,
     stride_g0, stride_g1,
-    stride_o0, stride_o1,
+    stride_o0, stride_o1, order,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, NUM_STAGES: tl.constexpr,
     USE_L2NORM: tl.constexpr, PRE_SCORES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, CAST_BITS: tl.constexpr,
+    SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, CAST_BITS: tl.constexpr, FF: tl.constexpr,
 ):
     # program: one V tile of BV rows of one (row, v-head)
     i_vp = tl.program_id(0)
-    i_n = tl.program_id(1).to(tl.int64)
-    i_hv = tl.program_id(2)
+    if FF == 0:
+        i_n = tl.program_id(1).to(tl.int64)
+        i_hv = tl.program_id(2)
+    else:  # flush rows first (launch option flush_first_max_batch): the grid is (V tiles, v-heads, ranks)
+        i_n = flush_first_row(order)
+        i_hv = tl.program_id(1)
     i_hk = i_hv // (HV // HK)
 
     slot, w, live = _row_cursor(state_indices, write_pos, i_n, stride_idx, stride_wp, null_slot, L)
@@ -533,11 +547,11 @@ def _gdn_replay_decode_kchunk_kernel(
     stride_d0, stride_d1, stride_d2,
     stride_k0, stride_k1, stride_k2,
     stride_g0, stride_g1,
-    stride_o0, stride_o1,
+    stride_o0, stride_o1, order,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, LP: tl.constexpr, NUM_STAGES: tl.constexpr,
     USE_L2NORM: tl.constexpr, PRE_SCORES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, CAST_BITS: tl.constexpr,
+    SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, CAST_BITS: tl.constexpr, FF: tl.constexpr,
 ):
     """The decode step of ``_gdn_replay_decode_kernel`` (same math, same writes) with the checkpoint
     tile streamed in K chunks of BKC columns (launch option ``BKC`` > 0): the output pass accumulates
@@ -546,8 +560,12 @@ def _gdn_replay_decode_kchunk_kernel(
     checkpoint chunk by chunk. Keys enter through their norms: q^ = q |q|^-1 scale, k^ = k |k|^-1,
     and the cached keys' 1/|k_j| (``rn``), so a chunk never needs a whole-row norm."""
     i_v = tl.program_id(0)
-    i_n = tl.program_id(1).to(tl.int64)
-    i_hv = tl.program_id(2)
+    if FF == 0:
+        i_n = tl.program_id(1).to(tl.int64)
+        i_hv = tl.program_id(2)
+    else:  # flush rows first (launch option flush_first_max_batch): the grid is (V tiles, v-heads, ranks)
+        i_n = flush_first_row(order)
+        i_hv = tl.program_id(1)
     i_hk = i_hv // (HV // HK)
 
     slot, w, live = _row_cursor(state_indices, write_pos, i_n, stride_idx, stride_wp, null_slot, L)
@@ -792,18 +810,22 @@ def gdn_replay_decode(
     BKC = cfg["inline_BKC"] if small and cfg["inline_BKC"] >= 0 else cfg["BKC"]
     num_warps = cfg["inline_num_warps"] if small and cfg["inline_num_warps"] else cfg["num_warps"]
     LP = max(16, next_pow2(max(L - 1, 1)))
-    grid = (triton.cdiv(V, BV), B, HV)
     null = -1 if null_slot is None else int(null_slot)
     use_l2 = bool(use_qk_l2norm)
     pre = cfg["scores"] == "pre" and L > 1 and not small
+    # flush rows first (their order written by the score pre-kernel, so only with it); 0: the rows in grid order
+    FF = max(16, next_pow2(B)) if pre and B <= cfg["flush_first_max_batch"] else 0
+    grid = (triton.cdiv(V, BV), HV, B) if FF else (triton.cdiv(V, BV), B, HV)
+    # per call (graph-safe); None without FF: no kernel parameter, the same build as without the option
+    order = torch.empty(B, dtype=torch.int32, device=dev) if FF else None
     if pre:  # per (row, k-head) scores of the cached keys; scratch is per call (graph-safe)
         scores = torch.empty(B * Hk * 3 * LP, dtype=torch.float32, device=dev)
         _gdn_history_scores_kernel[(B, Hk)](
             mixed_qkv, k_ring, state_indices, write_pos, scores,
             float(scale), null,
             state_indices.stride(0), write_pos.stride(0), mixed_qkv.stride(0),
-            k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
-            HK=Hk, K=K, L=L, BK=BK, LP=LP, USE_L2NORM=use_l2, EPS=L2NORM_EPS,
+            k_ring.stride(0), k_ring.stride(1), k_ring.stride(2), order, B if FF else None,
+            HK=Hk, K=K, L=L, BK=BK, LP=LP, USE_L2NORM=use_l2, EPS=L2NORM_EPS, FF=FF,
             num_warps=cfg["scores_num_warps"], num_stages=1,
         )
     else:
@@ -819,11 +841,11 @@ def gdn_replay_decode(
             d_ring.stride(0), d_ring.stride(1), d_ring.stride(2),
             k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
             g_ring.stride(0), g_ring.stride(1),
-            out3.stride(0), out3.stride(1))
+            out3.stride(0), out3.stride(1), order)
     common = dict(HK=Hk, HV=HV, K=K, V=V, L=L, BK=BK, BV=BV, LP=LP, NUM_STAGES=cfg["num_stages"],
                   USE_L2NORM=use_l2, PRE_SCORES=pre, FLUSH=cfg["flush"],
                   DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
-                  CAST_BITS=cfg["cast"] == "bits" or interpreting(),
+                  CAST_BITS=cfg["cast"] == "bits" or interpreting(), FF=FF,
                   num_warps=num_warps, num_stages=cfg["num_stages"], **register_cap(cfg))
     if BKC:
         _gdn_replay_decode_kchunk_kernel[grid](*args, BKC=min(BKC, BK), **common)

@@ -86,7 +86,7 @@ import triton.language as tl
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
 from .common import SOFTPLUS_THRESHOLD, config_keys, launch_config, next_pow2, softplus, suffix_sum_excl
 from .common import block_param, count_param, dot_precision_param, flag_param, maxnreg_param, register_cap
-from .common import register_family, warps_param
+from .common import flush_first_row, register_family, warps_param, write_flush_first_rank
 
 __all__ = [
     "mamba2_replay_decode",
@@ -121,6 +121,11 @@ LAUNCH_DEFAULTS = {
         # the cap of the batches within inline_bc_max_batch (-1: maxnreg): batch 1 lost to a cap that wins at 32
         # and 256 (eval/results/kernel-variants-h200/regcap/)
         "inline_maxnreg": maxnreg_param(-1, inherit=True),
+        # batches of at most this many rows start their flush rows' programs first (0: off): with few waves of
+        # programs per launch, the long flush programs that start last set the launch's end. The grid becomes
+        # (M tiles, heads, rows), each program reading its row from the flush-first order the B·C pre-kernel
+        # writes (common.flush_first_row; only above inline_bc_max_batch). Untimed candidate
+        "flush_first_max_batch": count_param(0),
     }),
 }
 
@@ -261,12 +266,16 @@ def _mamba2_bc_kernel(
     s_Br_s, s_Br_g, s_Br_l, s_Br_n,
     s_B_b, s_B_g, s_B_n,
     s_C_b, s_C_g, s_C_n,
-    s_bc_b, s_bc_g,
-    BLOCK_N: tl.constexpr, WIN: tl.constexpr,
+    s_bc_b, s_bc_g, order_ptr, n_rows,
+    BLOCK_N: tl.constexpr, WIN: tl.constexpr, FF: tl.constexpr,
 ):
-    """bc[row, g, j] = B_j · C_cur (fp32) for j <= w on non-flush rows."""
+    """bc[row, g, j] = B_j · C_cur (fp32) for j <= w on non-flush rows; with FF > 0 also the decode kernel's
+    flush-first order (common.write_flush_first_rank, from the (row, 0) programs)."""
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1).to(tl.int64)
+    if FF > 0:
+        if g == 0:
+            write_flush_first_rank(order_ptr, wpos_ptr, 1, n_rows, row, tl.load(wpos_ptr + row).to(tl.int32), L, FF)
     slot, w, live = _load_row_cursor(slot_ptr, wpos_ptr, row, null_slot, L)
     if live & (w < L - 1):
         offs_n = tl.arange(0, BLOCK_N)
@@ -299,16 +308,20 @@ def _mamba2_replay_kernel(
     s_z_b, s_z_h, s_z_p,
     s_dtb_h,
     s_o_b, s_o_h, s_o_p,
-    s_bc_b, s_bc_g,
+    s_bc_b, s_bc_g, order_ptr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NC: tl.constexpr, WIN: tl.constexpr,
-    FLUSH_UNROLL: tl.constexpr, INLINE_BC: tl.constexpr, STATE_FIRST: tl.constexpr,
+    FLUSH_UNROLL: tl.constexpr, INLINE_BC: tl.constexpr, STATE_FIRST: tl.constexpr, FF: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     # scalar offsets in int64: free at this scale, and no int32 product can overflow
-    row = tl.program_id(1).to(tl.int64)
-    h = tl.program_id(2).to(tl.int64)
+    if FF == 0:
+        row = tl.program_id(1).to(tl.int64)
+        h = tl.program_id(2).to(tl.int64)
+    else:  # flush rows first (launch option flush_first_max_batch): the grid is (M tiles, heads, ranks)
+        row = flush_first_row(order_ptr)
+        h = tl.program_id(1).to(tl.int64)
     g = h // heads_per_group
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < P
@@ -568,14 +581,18 @@ def mamba2_replay_decode(
     heads_per_group = H // G
 
     inline_bc = batch <= cfg["inline_bc_max_batch"]
+    # flush rows first (their order written by the B·C pre-kernel, so only with it); 0: the rows in grid order
+    FF = max(16, next_pow2(batch)) if not inline_bc and batch <= cfg["flush_first_max_batch"] else 0
+    # per call (graph-safe); None without FF: no kernel parameter, the same build as without the option
+    order = torch.empty(batch, dtype=torch.int32, device=dev) if FF else None
     if not inline_bc:
         bc = torch.empty((batch, G, WIN), dtype=torch.float32, device=dev)
         _mamba2_bc_kernel[(batch, G)](
             B_ring, B, C, state_indices, write_pos, bc,
             null_slot, N, L,
             *B_ring.stride(), *B.stride(), *C.stride(),
-            bc.stride(0), bc.stride(1),
-            BLOCK_N=BLOCK_N, WIN=WIN,
+            bc.stride(0), bc.stride(1), order, batch if FF else None,
+            BLOCK_N=BLOCK_N, WIN=WIN, FF=FF,
             num_warps=int(cfg["bc_num_warps"]),
         )
         s_bc_b, s_bc_g = bc.stride(0), bc.stride(1)
@@ -583,7 +600,7 @@ def mamba2_replay_decode(
         bc = dt_ring  # never read (INLINE_BC)
         s_bc_b = s_bc_g = 0
 
-    grid = (triton.cdiv(P, BLOCK_M), batch, H)
+    grid = (triton.cdiv(P, BLOCK_M), H, batch) if FF else (triton.cdiv(P, BLOCK_M), batch, H)
     _mamba2_replay_kernel[grid](
         state, x_ring, B_ring, dt_ring,
         x, dt, A, B, C,
@@ -597,12 +614,12 @@ def mamba2_replay_decode(
         *(z.stride() if z is not None else (0, 0, 0)),
         s_dtb_h,
         *out.stride(),
-        s_bc_b, s_bc_g,
+        s_bc_b, s_bc_g, order,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
         DT_SOFTPLUS=bool(dt_softplus),
         DOT_PRECISION=cfg["dot_precision"],
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_NC=BLOCK_NC, WIN=WIN, FLUSH_UNROLL=bool(cfg["flush_unroll"]),
-        INLINE_BC=inline_bc, STATE_FIRST=bool(cfg["state_first"]),
+        INLINE_BC=inline_bc, STATE_FIRST=bool(cfg["state_first"]), FF=FF,
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg, inline_bc),
     )
     return out

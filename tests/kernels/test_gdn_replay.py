@@ -1028,6 +1028,47 @@ def test_k_chunked_tile_edge_cases(device, seed, interp_launch, monkeypatch, cas
     assert len(launches) == L + 2, launches
 
 
+@pytest.mark.parametrize("bkc", [0, 32])
+def test_flush_first_order_writes_what_grid_order_writes(device, seed, tmp_path, monkeypatch, bkc):
+    """``flush_first_max_batch``: the programs of the flush rows start first (grid (V tiles, v-heads, ranks), each
+    program reading its row from the order the score pre-kernel wrote). Over 7 rows with two flush rows out of row
+    order, a padded row and a null-slot row, the outputs and every pool are bit-identical to the grid-order launch,
+    for the whole-tile and the K-chunked kernel; a batch above the limit, or scores computed inline (no
+    pre-kernel to write the order), keeps the grid order."""
+    L = 4
+    sim = _filled_ring_sim(device, seed, "s32-a16b", L)
+    kernel = "_gdn_replay_decode_kchunk_kernel" if bkc else "_gdn_replay_decode_kernel"
+    grids = _count_launches(monkeypatch, kernel)
+    for slot, w in {1: 0, 2: L - 1, 3: 1, 4: 2, 5: L - 1}.items():
+        sim.activate(slot)
+        sim.wpos[slot] = w
+    rows = [3, -1, 5, 1, 0, 2, 4]  # flush rows at batch positions 2 and 5; slot 0 is the null slot
+    x, a, b = sim.inputs(len(rows))
+    idx, wp = sim.index_tensors(rows)
+    before = {n: t.clone() for n, t in sim.bases.items()}
+    got = {}
+    for name, extra in (("grid", ""), ("flush-first", ", flush_first_max_batch: 7"),
+                        ("above-limit", ", flush_first_max_batch: 6"),
+                        ("inline", ", scores: inline"), ("inline-flush-first", ", scores: inline, flush_first_max_batch: 7")):
+        f = tmp_path / f"{name}.yaml"
+        f.write_text(f"gdn_decode:\n  default: {{BV: 32, BKC: {bkc}{extra}}}\n")
+        monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
+        bases = {n: t.clone() for n, t in before.items()}
+        got[name] = (sim.launch(gdn_replay_decode, x, a, b, idx, wp, bases, sim.new_out(len(rows), F32)), bases)
+    tiles = triton.cdiv(sim.V, 32)
+    in_order, flush_first = (tiles, len(rows), sim.HV), (tiles, sim.HV, len(rows))
+    assert grids == [in_order, flush_first, in_order, in_order, in_order], grids
+    out_ref, pools_ref = got["grid"]
+    flushed = sim.pools(pools_ref)["state"][5]
+    assert not torch.equal(bits(flushed), bits(sim.pools(before)["state"][5])), "no flush row wrote its state"
+    assert torch.isfinite(out_ref[[0, 2, 3, 5, 6]]).all() and torch.isnan(out_ref[[1, 4]]).all()
+    for name, ref in (("flush-first", "grid"), ("above-limit", "grid"), ("inline-flush-first", "inline")):
+        (out, pools), (out_ref, pools_ref) = got[name], got[ref]
+        assert torch.equal(bits(out), bits(out_ref)), f"{name}: outputs differ"
+        for n in pools:
+            assert torch.equal(bits(pools[n]), bits(pools_ref[n])), f"{name}: pool {n} differs"
+
+
 def test_k_chunked_tile_with_l1(device, seed, interp_launch, monkeypatch):
     """L = 1 (no ring: every step flushes) under BKC: the stock update on every step."""
     interp_launch(always=True, BV=16, BKC=16)

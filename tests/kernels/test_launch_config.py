@@ -22,8 +22,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # losing options were removed and the winners became the built-in defaults), less the removed parameters
 # (prefetch 0, l2_hints 0, v_tiles 1 everywhere). Batch 1 against larger batches is in the inline_* entries.
 # ----------------------------------------------------------------------------------
-GDN_WHOLE_TILE = {"BKC": 0, "BV": 16, "cast": "bits", "dot_precision": "tf32x3", "flush": "rank1", "inline_BKC": -1,
-                  "inline_BV": 0, "inline_num_warps": 0, "inline_scores_max_batch": 1, "maxnreg": 0, "num_stages": 1,
+GDN_WHOLE_TILE = {"BKC": 0, "BV": 16, "cast": "bits", "dot_precision": "tf32x3", "flush": "rank1",
+                  "flush_first_max_batch": 0, "inline_BKC": -1, "inline_BV": 0, "inline_num_warps": 0, "inline_scores_max_batch": 1, "maxnreg": 0, "num_stages": 1,
                   "num_warps": 1, "scores": "pre", "scores_num_warps": 1}
 GDN_BF16 = dict(GDN_WHOLE_TILE, BV=32, cast="cvt", inline_BV=16)
 GDN_KCHUNK = dict(GDN_WHOLE_TILE, BKC=32, BV=32, flush="dot", inline_BKC=0, inline_BV=16, inline_num_warps=2)
@@ -198,7 +198,10 @@ def test_malformed_files(tmp_path, text, match):
     ("mamba2_verify:\n  default: {nonflush: pipelined}\n", r"nonflush must be one of \('chunked', 'stream'\)"),
     ("mamba2_verify:\n  default: {bc: post}\n", r"bc must be one of \('inline', 'pre'\)"),
     # timed on the H200, lost and removed (eval/results/spec-variants-h200/README.md, round 6)
+    ("gdn_decode:\n  default: {flush_first_max_batch: -1}\n", r"flush_first_max_batch must be an int >= 0, got -1"),
     ("mamba2_verify:\n  default: {reduce: dot}\n", r"reduce must be one of \('bcast', 'token'\), got 'dot'"),
+    # one reduction over the whole row lost to chunks of 16 (spec-variants-h200/README.md, round 7): removed
+    ("mamba2_verify:\n  default: {stream_chunk: 0}\n", r"stream_chunk must be a power of two >= 16, got 0"),
     ("mamba2_output_only:\n  default: {BLOCK_NC: 48}\n", r"BLOCK_NC must be a power of two >= 16, got 48"),
     ("mamba2_output_only:\n  default: {num_warps: 3}\n", r"num_warps must be one of"),
     ("mamba2_output_only:\n  default: {bc_num_warps: 0}\n", r"bc_num_warps must be one of"),

@@ -578,6 +578,31 @@ def test_state_first_matches_the_oracle(device, config_file, monkeypatch, first,
     assert flags and all(f == (bool(first), bool(inline)) for f in flags), flags
 
 
+def test_flush_first_order_matches_the_oracle(device, config_file, monkeypatch):
+    """flush_first_max_batch: within the limit and above inline_bc_max_batch the grid is (M tiles, heads, rows) and
+    each program reads its row from the flush-first order the B·C pre-kernel wrote; the oracle holds through
+    flushes on every phase, desynchronised rows and padding rows (null, negative, at the flush position). A batch
+    above the limit, or within inline_bc_max_batch (no pre-kernel), keeps the rows in grid order."""
+    from sglang_replayssm.kernels import mamba2_replay as mr
+
+    config_file("mamba2_output_only:\n  default: {flush_first_max_batch: 4, inline_bc_max_batch: 1}\n")
+    grids = []
+    orig = mr._mamba2_replay_kernel
+    monkeypatch.setattr(mr, "_mamba2_replay_kernel", type("K", (), {
+        "__getitem__": lambda self, grid: (grids.append(grid), orig[grid])[1]})())
+    H, P = ODD[0], ODD[1]
+    h = Harness(device, ODD, 4, F32, F32, n_req=3)
+    h.step([0], pads=())  # batch 1: inline B·C, rows in grid order
+    h.step([1, 0])  # 4 rows: flush-first
+    for _ in range(6):  # 3 requests + 2 padding rows = 5 rows > 4: grid order
+        h.step([2, 0, 1])
+    for _ in range(5):  # 4 rows, every request's flush on its own phase: flush-first
+        h.step([2, 0, 1], pads=("null",), pad_wpos=3)
+    tiles = -(-P // 32)
+    want = [(tiles, 1, H), (tiles, H, 4)] + [(tiles, 5, H)] * 6 + [(tiles, H, 4)] * 5
+    assert grids == want, grids
+
+
 def test_bad_launch_config_raises(device, config_file):
     h = Harness(device, SMALL, 4, F32, F32, n_req=1)
     config_file("mamba2_output_only:\n  default: {BLOCK_M: 8}\n")
