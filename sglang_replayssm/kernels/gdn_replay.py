@@ -407,6 +407,19 @@ def _row_cursor(state_indices, write_pos, i_n, stride_idx, stride_wp, null_slot,
 
 
 @triton.jit
+def _row_and_head(order, FF: tl.constexpr):
+    """(batch row, v-head) of a decode program: the grid is (V tiles, rows, v-heads), or with FF > 0 (flush rows
+    first, launch option ``flush_first_max_batch``) (V tiles, v-heads, ranks), the row read from ``order``."""
+    if FF == 0:
+        i_n = tl.program_id(1).to(tl.int64)
+        i_hv = tl.program_id(2)
+    else:
+        i_n = flush_first_row(order)
+        i_hv = tl.program_id(1)
+    return i_n, i_hv
+
+
+@triton.jit
 def _chunk_dots(acc_q, acc_k, s, q_row, k_row, kc, o_c, K: tl.constexpr):
     """(acc_q + s q[kc:kc+BKC], acc_k + s k[kc:kc+BKC]) for one K chunk s [BV, BKC] of the checkpoint tile."""
     mask_c = (kc + o_c) < K
@@ -457,12 +470,7 @@ def _gdn_replay_decode_kernel(
 ):
     # program: one V tile of BV rows of one (row, v-head)
     i_vp = tl.program_id(0)
-    if FF == 0:
-        i_n = tl.program_id(1).to(tl.int64)
-        i_hv = tl.program_id(2)
-    else:  # flush rows first (launch option flush_first_max_batch): the grid is (V tiles, v-heads, ranks)
-        i_n = flush_first_row(order)
-        i_hv = tl.program_id(1)
+    i_n, i_hv = _row_and_head(order, FF)
     i_hk = i_hv // (HV // HK)
 
     slot, w, live = _row_cursor(state_indices, write_pos, i_n, stride_idx, stride_wp, null_slot, L)
@@ -560,12 +568,7 @@ def _gdn_replay_decode_kchunk_kernel(
     checkpoint chunk by chunk. Keys enter through their norms: q^ = q |q|^-1 scale, k^ = k |k|^-1,
     and the cached keys' 1/|k_j| (``rn``), so a chunk never needs a whole-row norm."""
     i_v = tl.program_id(0)
-    if FF == 0:
-        i_n = tl.program_id(1).to(tl.int64)
-        i_hv = tl.program_id(2)
-    else:  # flush rows first (launch option flush_first_max_batch): the grid is (V tiles, v-heads, ranks)
-        i_n = flush_first_row(order)
-        i_hv = tl.program_id(1)
+    i_n, i_hv = _row_and_head(order, FF)
     i_hk = i_hv // (HV // HK)
 
     slot, w, live = _row_cursor(state_indices, write_pos, i_n, stride_idx, stride_wp, null_slot, L)
