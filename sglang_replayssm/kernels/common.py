@@ -374,18 +374,18 @@ def launch_config(family: str, key, defaults: Optional[Dict[str, Any]] = None,
 
 
 @triton.jit
-def write_flush_first_rank(order, write_pos, stride_wp, n_rows, i_n, w, L: tl.constexpr, FF: tl.constexpr):
-    """order[rank] = i_n, rank being row i_n's place with the flush rows (ring full: w >= L - 1) first, each group
-    in row order (launch option ``flush_first_max_batch`` of the decode kernels; FF: a power of two >= n_rows;
-    ``w``: row i_n's write position). Written by a pre-kernel's (row, 0) programs for the decode kernel's
-    :func:`flush_first_row`."""
+def write_flush_first_rank(order, write_pos, stride_wp, n_rows, i_n, w, L, FF: tl.constexpr):
+    """order[rank] = i_n, rank being row i_n's place with the flush rows (ring full: max(w, 0) >= L - 1, i.e. the
+    kernels' clamped w == L - 1) first, each group in row order (launch option ``flush_first_max_batch`` of the
+    decode kernels; FF: a power of two >= n_rows; ``w``: row i_n's write position). Written by a pre-kernel's
+    (row, 0) programs for the decode kernel's :func:`flush_first_row`."""
     o = tl.arange(0, FF)
     in_b = o < n_rows
     ws = tl.load(write_pos + o * stride_wp, mask=in_b, other=0).to(tl.int32)
-    fl = (in_b & (ws >= L - 1)).to(tl.int32)
+    fl = (in_b & (tl.maximum(ws, 0) >= L - 1)).to(tl.int32)
     before = (o < i_n).to(tl.int32)
     n_fl = tl.sum(fl, 0)
-    if w >= L - 1:
+    if tl.maximum(w, 0) >= L - 1:
         rank = tl.sum(fl * before, 0)
     else:
         rank = n_fl + tl.sum((1 - fl) * in_b.to(tl.int32) * before, 0)

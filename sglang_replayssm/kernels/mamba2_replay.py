@@ -27,7 +27,8 @@ Two launches:
      µs, irrelevant under CUDA graphs) against re-reading [WIN, N] of B per program
      in the main kernel, which would double its load instructions (L2 hits, but the
      step is meant to be one streaming read of S_ck).
-  2. ``_mamba2_replay_kernel``, grid (cdiv(P, BLOCK_M), batch, H).  Non-flush rows:
+  2. ``_mamba2_replay_kernel``, grid (cdiv(P, BLOCK_M), batch, H) (with ``flush_first_max_batch``:
+     (cdiv(P, BLOCK_M), H, batch), the flush rows' programs first, in the order the pre-kernel wrote).  Non-flush rows:
      one streaming read of the S_ck tile [BLOCK_M, N] and
      y = e^{AΛ}·(S_ck·C) + Σ_j x_j (s_j bc_j), all element-wise in fp32, no P×N
      matrix is built.  Flush rows: S_w = e^{AΛ} S_ck + x_win[BLOCK_M, WIN] @
@@ -559,6 +560,8 @@ def mamba2_replay_decode(
         if t.dtype not in _INT_DTYPES:
             _err(f"{name} must be int32 or int64, got {t.dtype}")
         _check_shape(name, t, (batch,))
+        if batch > 1 and t.stride(0) != 1:  # the kernels read row r at ptr + r
+            _err(f"{name} must be contiguous, got stride {t.stride(0)}")
     if out is None:
         out = torch.empty_like(x)
     else:

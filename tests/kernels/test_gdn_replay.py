@@ -1028,40 +1028,63 @@ def test_k_chunked_tile_edge_cases(device, seed, interp_launch, monkeypatch, cas
     assert len(launches) == L + 2, launches
 
 
-@pytest.mark.parametrize("bkc", [0, 32])
-def test_flush_first_order_writes_what_grid_order_writes(device, seed, tmp_path, monkeypatch, bkc):
+@pytest.mark.parametrize("bkc,pads", [(0, 0), (32, 0), (32, 13)], ids=["whole-7", "kchunk-7", "kchunk-20"])
+def test_flush_first_order_writes_what_grid_order_writes(device, seed, tmp_path, monkeypatch, bkc, pads):
     """``flush_first_max_batch``: the programs of the flush rows start first (grid (V tiles, v-heads, ranks), each
     program reading its row from the order the score pre-kernel wrote). Over 7 rows with two flush rows out of row
-    order, a padded row and a null-slot row, the outputs and every pool are bit-identical to the grid-order launch,
-    for the whole-tile and the K-chunked kernel; a batch above the limit, or scores computed inline (no
-    pre-kernel to write the order), keeps the grid order."""
+    order, a null-slot row at a write position past the ring (a flush position once clamped) and a padded row at a
+    negative one (and, "-20", 13 more padded rows: an order wider than 16), the order is the flush rows then the
+    others, each in row order; the outputs and every pool are bit-identical to the grid-order launch, for the
+    whole-tile and the K-chunked kernel; a batch above the limit, or scores computed inline (no pre-kernel to write
+    the order), keeps the grid order."""
+    import sglang_replayssm.kernels.gdn_replay as mod
+
     L = 4
     sim = _filled_ring_sim(device, seed, "s32-a16b", L)
     kernel = "_gdn_replay_decode_kchunk_kernel" if bkc else "_gdn_replay_decode_kernel"
-    grids = _count_launches(monkeypatch, kernel)
+    real = getattr(mod, kernel)
+    grids, orders = [], []
+
+    class Recording:  # the launch grids, and the order each flush-first launch read
+        def __getitem__(self, grid):
+            grids.append(grid)
+
+            def launch(*args, **kw):
+                ret = real[grid](*args, **kw)
+                if kw["FF"]:
+                    orders.append(args[-1].cpu().tolist())
+                return ret
+            return launch
+
+    monkeypatch.setattr(mod, kernel, Recording())
     for slot, w in {1: 0, 2: L - 1, 3: 1, 4: 2, 5: L - 1}.items():
         sim.activate(slot)
         sim.wpos[slot] = w
-    rows = [3, -1, 5, 1, 0, 2, 4]  # flush rows at batch positions 2 and 5; slot 0 is the null slot
-    x, a, b = sim.inputs(len(rows))
+    sim.wpos[0], sim.wpos[-1] = L + 3, -2  # the null slot past the ring, the padded rows below it
+    rows = [3, -1, 5, 1, 0, 2, 4] + [-1] * pads  # flush: batch rows 2, 4 (null, clamped) and 5
+    B = len(rows)
+    x, a, b = sim.inputs(B)
     idx, wp = sim.index_tensors(rows)
     before = {n: t.clone() for n, t in sim.bases.items()}
     got = {}
-    for name, extra in (("grid", ""), ("flush-first", ", flush_first_max_batch: 7"),
-                        ("above-limit", ", flush_first_max_batch: 6"),
-                        ("inline", ", scores: inline"), ("inline-flush-first", ", scores: inline, flush_first_max_batch: 7")):
+    for name, extra in (("grid", ""), ("flush-first", f", flush_first_max_batch: {B}"),
+                        ("above-limit", f", flush_first_max_batch: {B - 1}"),
+                        ("inline", ", scores: inline"),
+                        ("inline-flush-first", f", scores: inline, flush_first_max_batch: {B}")):
         f = tmp_path / f"{name}.yaml"
         f.write_text(f"gdn_decode:\n  default: {{BV: 32, BKC: {bkc}{extra}}}\n")
         monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
         bases = {n: t.clone() for n, t in before.items()}
-        got[name] = (sim.launch(gdn_replay_decode, x, a, b, idx, wp, bases, sim.new_out(len(rows), F32)), bases)
+        got[name] = (sim.launch(gdn_replay_decode, x, a, b, idx, wp, bases, sim.new_out(B, F32)), bases)
     tiles = triton.cdiv(sim.V, 32)
-    in_order, flush_first = (tiles, len(rows), sim.HV), (tiles, sim.HV, len(rows))
+    in_order, flush_first = (tiles, B, sim.HV), (tiles, sim.HV, B)
     assert grids == [in_order, flush_first, in_order, in_order, in_order], grids
+    assert orders == [[2, 4, 5, 0, 1, 3, 6] + list(range(7, B))], orders
     out_ref, pools_ref = got["grid"]
     flushed = sim.pools(pools_ref)["state"][5]
     assert not torch.equal(bits(flushed), bits(sim.pools(before)["state"][5])), "no flush row wrote its state"
-    assert torch.isfinite(out_ref[[0, 2, 3, 5, 6]]).all() and torch.isnan(out_ref[[1, 4]]).all()
+    live = [0, 2, 3, 5, 6]
+    assert torch.isfinite(out_ref[live]).all() and torch.isnan(out_ref[[r for r in range(B) if r not in live]]).all()
     for name, ref in (("flush-first", "grid"), ("above-limit", "grid"), ("inline-flush-first", "inline")):
         (out, pools), (out_ref, pools_ref) = got[name], got[ref]
         assert torch.equal(bits(out), bits(out_ref)), f"{name}: outputs differ"

@@ -586,10 +586,23 @@ def test_flush_first_order_matches_the_oracle(device, config_file, monkeypatch):
     from sglang_replayssm.kernels import mamba2_replay as mr
 
     config_file("mamba2_output_only:\n  default: {flush_first_max_batch: 4, inline_bc_max_batch: 1}\n")
-    grids = []
+    grids, orders = [], []
     orig = mr._mamba2_replay_kernel
-    monkeypatch.setattr(mr, "_mamba2_replay_kernel", type("K", (), {
-        "__getitem__": lambda self, grid: (grids.append(grid), orig[grid])[1]})())
+
+    class Recording:  # the grids; each flush-first launch's order against its write positions
+        def __getitem__(self, grid):
+            grids.append(grid)
+
+            def launch(*args, **kw):
+                ret = orig[grid](*args, **kw)
+                if kw["FF"]:  # args: ..., slot_ptr (13), wpos_ptr (14), ...; L (19); the order last
+                    w, L = args[14].cpu().tolist(), args[19]
+                    flush = [r for r in range(len(w)) if max(w[r], 0) >= L - 1]
+                    orders.append((args[-1].cpu().tolist(), flush + [r for r in range(len(w)) if r not in flush]))
+                return ret
+            return launch
+
+    monkeypatch.setattr(mr, "_mamba2_replay_kernel", Recording())
     H, P = ODD[0], ODD[1]
     h = Harness(device, ODD, 4, F32, F32, n_req=3)
     h.step([0], pads=())  # batch 1: inline B·C, rows in grid order
@@ -601,6 +614,8 @@ def test_flush_first_order_matches_the_oracle(device, config_file, monkeypatch):
     tiles = -(-P // 32)
     want = [(tiles, 1, H), (tiles, H, 4)] + [(tiles, 5, H)] * 6 + [(tiles, H, 4)] * 5
     assert grids == want, grids
+    assert len(orders) == 6 and all(got == want for got, want in orders), orders
+    assert any(want[0] != 0 for _, want in orders), "no launch put a flush row ahead of row 0"
 
 
 def test_bad_launch_config_raises(device, config_file):
@@ -706,6 +721,8 @@ def test_validation_raises_value_error(device):
         ("state_indices", a["state_indices"].float(), {}),
         ("state_indices", a["state_indices"][:1], {}),
         ("write_pos", torch.zeros(batch + 1, dtype=torch.int32, device=device), {}),
+        ("write_pos", torch.zeros(2 * batch, dtype=torch.int32, device=device)[::2], {}),  # the kernels need stride 1
+        ("state_indices", torch.tensor([1, 0, 2, 0], dtype=torch.int32, device=device)[::2], {}),
         ("x", a["x"].to(torch.int32), {}),
         (None, None, {"D": torch.randn(H + 1, device=device)}),
         (None, None, {"z": torch.randn(batch, H, P + 1, device=device)}),
