@@ -560,8 +560,8 @@ def mamba2_replay_decode(
         if t.dtype not in _INT_DTYPES:
             _err(f"{name} must be int32 or int64, got {t.dtype}")
         _check_shape(name, t, (batch,))
-        if batch > 1 and t.stride(0) != 1:  # the kernels read row r at ptr + r
-            _err(f"{name} must be contiguous, got stride {t.stride(0)}")
+    # the kernels read row r at ptr + r: a strided view is copied (one small copy; the server's are contiguous)
+    state_indices, write_pos = state_indices.contiguous(), write_pos.contiguous()
     if out is None:
         out = torch.empty_like(x)
     else:
