@@ -493,6 +493,8 @@ def mamba2_verify(
             _err(f"{name} must be int32 or int64, got {named[name].dtype}")
     for name in ("wp", "origin", "flush"):
         _check_shape(name, named[name], (S_slots,))
+    # the kernels read row r and slot s at ptr + r / ptr + s: strided views are copied (a no-op when contiguous)
+    state_indices, wp, origin, flush = (t.contiguous() for t in (state_indices, wp, origin, flush))
     if out is None:
         out = torch.empty_like(x)
     else:

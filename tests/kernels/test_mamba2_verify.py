@@ -383,6 +383,25 @@ def _call(a, **kw):
     return mamba2_verify(*[a[k] for k in order], **kw)
 
 
+def test_strided_index_and_cursor_views_read_the_right_entries(device):
+    """state_indices and the slot cursors as strided views (every other element of a longer tensor, zeros between):
+    the same outputs as contiguous copies (the kernel reads row r and slot s at ptr + r / ptr + s; the wrapper makes
+    them contiguous). Random inputs, slot 2 at ring position 3 with its origin at 1."""
+    g = torch.Generator().manual_seed(3)
+    a = {k: (torch.randn(v.shape, generator=g).to(v.dtype).to(device) if v.is_floating_point() else v)
+         for k, v in _args(device).items()}
+    a["A"] = -a["A"].abs()
+    a["state_indices"] = torch.tensor([2, 1], dtype=torch.int32, device=device)
+    a["wp"] = torch.tensor([0, 2, 3], dtype=torch.int32, device=device)
+    a["origin"] = torch.tensor([0, 0, 1], dtype=torch.int32, device=device)
+    wide = {k: torch.stack([a[k], torch.zeros_like(a[k])], 1).reshape(-1)[::2]
+            for k in ("state_indices", "wp", "origin", "flush")}
+    assert all(t.stride(0) == 2 for t in wide.values())
+    b = dict(a, **wide)
+    out_a, out_b = _call(a), _call(b)
+    assert torch.isfinite(out_a).all() and torch.equal(out_a, out_b)
+
+
 @pytest.mark.parametrize("name,bad,match", [
     ("x", lambda a: a["x"][:, :, :, :8], "x must have shape"),
     ("x_ring", lambda a: a["x_ring"][:, :, :3], "ring length"),
