@@ -5,8 +5,8 @@
 #   GIT_COMMIT=<sha, a literal from the development machine> OUT=<dir> bash eval/gpu_spec_variants.sh \
 #       [name='<yaml mapping of mamba2_verify / gdn_verify defaults>' ...] [-- <bench_spec flags>]
 # Without variants: the packaged configs alone (earlier rounds, chosen offline with eval/verify_sass.py, and their
-# H200 times: eval/results/spec-variants-h200/, kernel-variants-h200/; the open, untimed candidates and the commands
-# that time them: spec-variants-h200/README.md round 7, kernel-variants-h200/regcap/README.md round 3).
+# H200 times: eval/results/spec-variants-h200/, kernel-variants-h200/; the open, untimed candidate and the command
+# that times it: kernel-variants-h200/README.md, "Flush programs first across all heads").
 # Writes spec-<name>.{json,md,png,log} per variant, packed into $OUT/spec-variants.tgz (the device tool
 # brings back at most 8 files), then $OUT/h200-picked.yaml (eval/pick_verify_config.py: the
 # packaged file with each verify family's fastest correct variant) and a copy in .replayssm-picked.yaml at the
@@ -42,8 +42,8 @@ if [ ${#variants[@]} -eq 0 ]; then
   # The packaged file alone (a run-to-run reference; open candidates are named on the command line). The options
   # that lost on the H200 were removed from the kernels (standard decode: GDN `prefetch`, `l2_hints`, `rank1_fold`,
   # `v_tiles`, `flush_prefetch`, the Mamba2 state_and_output route and `flush_prefetch`; verify: GDN and Mamba2
-  # `reduce: dot`, GDN `flush: split`); their results stay under eval/results/kernel-variants-h200/ and
-  # spec-variants-h200/. Name variants on the command line to time new ones.
+  # `reduce: dot`, GDN `flush: split`, Mamba2 `stream_chunk: 0`); their results stay under
+  # eval/results/kernel-variants-h200/ and spec-variants-h200/. Name variants on the command line to time new ones.
   variants=("packaged=")
   if [ "$BENCH" = kernels ] && [ ${#flags[@]} -eq 0 ]; then flags=(--quick --family gdn --dtypes fp32 --time-budget-s 60); fi
 fi

@@ -155,9 +155,9 @@ GDN_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_decode", {
     # GPU's cvt.rn: the same values, fewer instructions); the interpreter always uses "bits"
     "cast": choice_param("bits", _CAST_MODES),
     # batches of at most this many rows start their flush rows' programs first (0: off). A flush step takes
-    # about twice a non-flush one; with only a few waves of programs per launch (batch 32: two), those that start
-    # last set the launch's end. The grid becomes (V tiles, v-heads, rows) and each program finds its row from the
-    # score pre-kernel's flush-first order (common.flush_first_row; only with scores "pre" above
+    # about twice a non-flush one; with only a few waves of programs per launch (batch 32: two to three), those
+    # that start last set the launch's end. The grid becomes (V tiles, v-heads, rows) and each program finds its
+    # row from the score pre-kernel's flush-first order (common.flush_first_row; only with scores "pre" above
     # inline_scores_max_batch). Untimed candidate
     "flush_first_max_batch": count_param(0),
 })

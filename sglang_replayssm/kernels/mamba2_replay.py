@@ -274,10 +274,10 @@ def _mamba2_bc_kernel(
     flush-first order (common.write_flush_first_rank, from the (row, 0) programs)."""
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1).to(tl.int64)
-    if FF > 0:
-        if g == 0:
-            write_flush_first_rank(order_ptr, wpos_ptr, 1, n_rows, row, tl.load(wpos_ptr + row).to(tl.int32), L, FF)
     slot, w, live = _load_row_cursor(slot_ptr, wpos_ptr, row, null_slot, L)
+    if FF > 0:
+        if g == 0:  # w is clamped to [0, L-1]: the same group as the raw write position
+            write_flush_first_rank(order_ptr, wpos_ptr, 1, n_rows, row, w, L, FF)
     if live & (w < L - 1):
         offs_n = tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
