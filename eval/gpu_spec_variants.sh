@@ -5,8 +5,7 @@
 #   GIT_COMMIT=<sha, a literal from the development machine> OUT=<dir> bash eval/gpu_spec_variants.sh \
 #       [name='<yaml mapping of mamba2_verify / gdn_verify defaults>' ...] [-- <bench_spec flags>]
 # Without variants: the packaged configs alone (earlier rounds, chosen offline with eval/verify_sass.py, and their
-# H200 times: eval/results/spec-variants-h200/, kernel-variants-h200/; the open, untimed candidate and the command
-# that times it: kernel-variants-h200/README.md, "Flush programs first across all heads").
+# H200 times: eval/results/spec-variants-h200/, kernel-variants-h200/).
 # Writes spec-<name>.{json,md,png,log} per variant, packed into $OUT/spec-variants.tgz (the device tool
 # brings back at most 8 files), then $OUT/h200-picked.yaml (eval/pick_verify_config.py: the
 # packaged file with each verify family's fastest correct variant) and a copy in .replayssm-picked.yaml at the

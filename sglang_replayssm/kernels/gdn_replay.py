@@ -158,7 +158,7 @@ GDN_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_decode", {
     # about twice a non-flush one; with only a few waves of programs per launch (batch 32: two to three), those
     # that start last set the launch's end. The grid becomes (V tiles, v-heads, rows) and each program finds its
     # row from the score pre-kernel's flush-first order (common.flush_first_row; only with scores "pre" above
-    # inline_scores_max_batch). Untimed candidate
+    # inline_scores_max_batch). Off by default; on in the H200 file's Qwen entries (kernel-variants-h200/mixed-order/)
     "flush_first_max_batch": count_param(0),
 })
 # the string launch parameters that are speed choices (same results), for eval/tune_kernels.py

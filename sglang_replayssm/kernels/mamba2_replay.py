@@ -125,7 +125,8 @@ LAUNCH_DEFAULTS = {
         # batches of at most this many rows start their flush rows' programs first (0: off): with few waves of
         # programs per launch, the long flush programs that start last set the launch's end. The grid becomes
         # (M tiles, heads, rows), each program reading its row from the flush-first order the B·C pre-kernel
-        # writes (common.flush_first_row; only above inline_bc_max_batch). Untimed candidate
+        # writes (common.flush_first_row; only above inline_bc_max_batch). Off by default; on in the H200 file's
+        # Nemotron-H entries (kernel-variants-h200/mixed-order/)
         "flush_first_max_batch": count_param(0),
     }),
 }
