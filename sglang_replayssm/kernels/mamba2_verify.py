@@ -66,8 +66,8 @@ import triton.language as tl
 
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
 from .common import suffix_sum_excl
-from .common import (block_param, choice_param, config_keys, count_param, dot_precision_param, launch_config,
-                     maxnreg_param, next_pow2, register_cap, register_family, warps_param)
+from .common import (block_param, choice_param, config_keys, count_param, dot_precision_param, flag_param,
+                     launch_config, maxnreg_param, next_pow2, register_cap, register_family, warps_param)
 from .mamba2_replay import _delta_from_raw, _head_param
 from .spec_tree import _tree_ancestor_mask, check_parents_arg
 
@@ -82,7 +82,7 @@ REDUCE_MODES = ("bcast", "token")
 # "pre"    -- once per (row, group) by ``_mamba2_verify_bc_kernel`` into an fp32 scratch
 #             [batch, G, WH + TP, TP] that the main kernel reads.
 BC_MODES = ("inline", "pre")
-NONFLUSH_MODES = ("chunked", "stream")
+NONFLUSH_MODES = ("chunked", "stream", "pipe")
 
 # Built-in launch parameters: the fastest measured on the H200 (eval/results/spec-variants-h200/, rounds 1-2 and 7).
 MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", {
@@ -109,6 +109,13 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     # whole row, so a token's reduction takes fewer shuffle rounds (eval/results/spec-variants-h200/, round 7:
     # 16 won over 32 and over one reduction across the whole row, which is removed)
     "stream_chunk": block_param(16, 16),
+    # with nonflush "pipe": non-flush rows read their S_ck tile in column chunks of pipe_chunk through a software
+    # pipeline of pipe_stages (Triton's cp.async pipeliner: the chunks in flight sit in shared memory, not in
+    # registers), accumulating every token's products element-wise and reducing once at the end
+    "pipe_chunk": block_param(16, 4),
+    "pipe_stages": count_param(3, 1),
+    # flush rows' N-chunk loop: 1 unrolled (static), 0 a runtime loop (fewer live registers, as the decode kernel's)
+    "flush_unroll": flag_param(1),
 })
 
 @triton.jit
@@ -132,6 +139,23 @@ def _add_token_dot_chunked(acc, st_base, s_st_p, s_st_n, offs_m, mask_m, N, c_ro
         c_c = tl.load(c_row + offs_c * s_c_n, mask=mask_c & live, other=0.0).to(tl.float32)
         part += S_c * c_c[None, :]
     return acc + tl.where(col, tl.sum(part, 1)[:, None], 0.0)
+
+
+@triton.jit
+def _state_dots_pipelined(st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row, s_C_t, s_C_n, offs_t, mask_t,
+                          BLOCK_N: tl.constexpr, CH: tl.constexpr, STAGES: tl.constexpr):
+    """``S_ck · C_s`` for every token s ([BLOCK_M, TP]): the tile's column chunks of width CH in a software-pipelined
+    loop, each token's products summed element-wise over the chunks ([TP, BLOCK_M, CH]) and reduced once."""
+    acc = tl.zeros([offs_t.shape[0], offs_m.shape[0], CH], dtype=tl.float32)
+    for c in tl.range(0, BLOCK_N // CH, num_stages=STAGES):
+        offs_c = c * CH + tl.arange(0, CH)
+        mask_c = offs_c < N
+        S_c = tl.load(st_base + offs_m[:, None] * s_st_p + offs_c[None, :] * s_st_n,
+                      mask=mask_m[:, None] & mask_c[None, :], other=0.0).to(tl.float32)
+        C_c = tl.load(C_row + offs_t[:, None] * s_C_t + offs_c[None, :] * s_C_n,
+                      mask=mask_t[:, None] & mask_c[None, :], other=0.0).to(tl.float32)
+        acc += S_c[None, :, :] * C_c[:, None, :]
+    return tl.trans(tl.sum(acc, 2))
 
 
 @triton.jit
@@ -179,6 +203,57 @@ def _mamba2_verify_bc_kernel(
     tl.store(base + (WH + offs_t)[:, None] * TP + offs_t[None, :], bc_w)
 
 
+@triton.jit
+def _verify_chunk(c, SC, bc_h, bc_w, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row, s_C_t, s_C_n, offs_t, mask_t, T,
+                  B_row, s_B_t, s_B_n, write_B, Br_base, s_Br_r, s_Br_n, phys_k, valid_k, phys_t, is_flush, no_flush,
+                  wp, decay_end, x_hist, s_hist, DOT_PRECISION: tl.constexpr, BLOCK_NC: tl.constexpr,
+                  TP: tl.constexpr, PER_TOKEN: tl.constexpr, BC_PRE: tl.constexpr):
+    """State columns c·BLOCK_NC .. of one program: on a flush row the history folded into the checkpoint chunk
+    (stored), then the chunk's per-token dots S·C_s (and B·C_s unless the pre-kernel made them); the window's B
+    chunk goes to the ring. Returns (SC, bc_h, bc_w)."""
+    offs_n = c * BLOCK_NC + tl.arange(0, BLOCK_NC)
+    mask_n = offs_n < N
+    st_ptrs = st_base + offs_m[:, None] * s_st_p + offs_n[None, :] * s_st_n
+    st_mask = mask_m[:, None] & mask_n[None, :]
+    S = tl.load(st_ptrs, mask=st_mask, other=0.0).to(tl.float32)
+    if (not PER_TOKEN) and (not BC_PRE):
+        C_w = tl.load(C_row + offs_t[:, None] * s_C_t + offs_n[None, :] * s_C_n,
+                      mask=mask_t[:, None] & mask_n[None, :], other=0.0).to(tl.float32)  # [TP, NC]
+    b_mask = mask_t[:, None] & mask_n[None, :]
+    if BC_PRE:
+        b_mask = b_mask & write_B
+    B_w = tl.load(B_row + offs_t[:, None] * s_B_t + offs_n[None, :] * s_B_n, mask=b_mask, other=0.0)  # [TP, NC]
+    h_mask = valid_k[:, None] & mask_n[None, :]
+    if BC_PRE:
+        h_mask = h_mask & is_flush
+    B_h = tl.load(Br_base + phys_k[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
+                  mask=h_mask, other=0.0).to(tl.float32)  # [WH, NC]
+    if is_flush:
+        S = decay_end * S + tl.dot(x_hist, B_h * s_hist[:, None], input_precision=DOT_PRECISION)
+        if wp > 0:
+            tl.store(st_ptrs, S.to(st_base.dtype.element_ty), mask=st_mask)
+    if PER_TOKEN or BC_PRE:
+        B_wf = B_w.to(tl.float32)
+        for t in tl.static_range(TP):
+            col = (offs_t == t)[None, :]
+            C_t = tl.load(C_row + t * s_C_t + offs_n * s_C_n, mask=mask_n & (t < T), other=0.0).to(tl.float32)
+            SC = _add_token_dot(SC, S, C_t, col)
+            if not BC_PRE:  # the group-shared dots, unless the pre-kernel made them
+                bc_w = _add_token_dot(bc_w, B_wf, C_t, col)
+                if no_flush:
+                    bc_h = _add_token_dot(bc_h, B_h, C_t, col)
+    else:
+        B_wf = B_w.to(tl.float32)
+        if no_flush:
+            bc_h += tl.sum(B_h[:, None, :] * C_w[None, :, :], 2)
+        SC += tl.sum(S[:, None, :] * C_w[None, :, :], 2)
+        bc_w += tl.sum(B_wf[:, None, :] * C_w[None, :, :], 2)
+    if write_B:
+        tl.store(Br_base + phys_t[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
+                 B_w.to(Br_base.dtype.element_ty), mask=mask_t[:, None] & mask_n[None, :])
+    return SC, bc_h, bc_w
+
+
 def verify_geometry_key(H: int, P: int, N: int, G: int, R: int, T: int) -> str:
     return f"H{H}_P{P}_N{N}_G{G}_R{R}_T{T}"
 
@@ -208,7 +283,7 @@ def _mamba2_verify_kernel(
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_NC: tl.constexpr, N_CHUNKS: tl.constexpr, WH: tl.constexpr, TP: tl.constexpr,
     PER_TOKEN: tl.constexpr, BC_PRE: tl.constexpr, STREAM: tl.constexpr, BLOCK_N: tl.constexpr,
-    STREAM_CHUNK: tl.constexpr,
+    STREAM_CHUNK: tl.constexpr, PIPE_CH: tl.constexpr, PIPE_STAGES: tl.constexpr, FLUSH_UNROLL: tl.constexpr,
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -288,13 +363,17 @@ def _mamba2_verify_kernel(
                 B_hn = tl.load(Br_base + phys_k[:, None] * s_Br_r + offs_nf[None, :] * s_Br_n,
                                mask=valid_k[:, None] & mask_nf[None, :], other=0.0).to(tl.float32)
                 B_wnf = B_wn.to(tl.float32)
+            if PIPE_CH > 0:
+                SC = _state_dots_pipelined(st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row, s_C_t, s_C_n, offs_t,
+                                           mask_t, BLOCK_N, PIPE_CH, PIPE_STAGES)
             for t in tl.static_range(TP):
                 col = (offs_t == t)[None, :]
                 if not BC_PRE:
                     C_t = tl.load(C_row + t * s_C_t + offs_nf * s_C_n, mask=mask_nf & (t < T),
                                   other=0.0).to(tl.float32)
-                SC = _add_token_dot_chunked(SC, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row + t * s_C_t,
-                                            s_C_n, t < T, col, BLOCK_N, STREAM_CHUNK)
+                if PIPE_CH == 0:
+                    SC = _add_token_dot_chunked(SC, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row + t * s_C_t,
+                                                s_C_n, t < T, col, BLOCK_N, STREAM_CHUNK)
                 if not BC_PRE:
                     bc_w = _add_token_dot(bc_w, B_wnf, C_t, col)
                     bc_h = _add_token_dot(bc_h, B_hn, C_t, col)
@@ -304,47 +383,18 @@ def _mamba2_verify_kernel(
     else:
         run_chunks = True  # every row, N chunk by N chunk
     if run_chunks:
-        for c in tl.static_range(N_CHUNKS):
-            offs_n = c * BLOCK_NC + tl.arange(0, BLOCK_NC)
-            mask_n = offs_n < N
-            st_ptrs = st_base + offs_m[:, None] * s_st_p + offs_n[None, :] * s_st_n
-            st_mask = mask_m[:, None] & mask_n[None, :]
-            S = tl.load(st_ptrs, mask=st_mask, other=0.0).to(tl.float32)
-            if (not PER_TOKEN) and (not BC_PRE):
-                C_w = tl.load(C_row + offs_t[:, None] * s_C_t + offs_n[None, :] * s_C_n,
-                              mask=mask_t[:, None] & mask_n[None, :], other=0.0).to(tl.float32)  # [TP, NC]
-            b_mask = mask_t[:, None] & mask_n[None, :]
-            if BC_PRE:
-                b_mask = b_mask & write_B
-            B_w = tl.load(B_row + offs_t[:, None] * s_B_t + offs_n[None, :] * s_B_n, mask=b_mask, other=0.0)  # [TP, NC]
-            h_mask = valid_k[:, None] & mask_n[None, :]
-            if BC_PRE:
-                h_mask = h_mask & is_flush
-            B_h = tl.load(Br_base + phys_k[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
-                          mask=h_mask, other=0.0).to(tl.float32)  # [WH, NC]
-            if is_flush:
-                S = decay_end * S + tl.dot(x_hist, B_h * s_hist[:, None], input_precision=DOT_PRECISION)
-                if wp > 0:
-                    tl.store(st_ptrs, S.to(state_ptr.dtype.element_ty), mask=st_mask)
-            if PER_TOKEN or BC_PRE:
-                B_wf = B_w.to(tl.float32)
-                for t in tl.static_range(TP):
-                    col = (offs_t == t)[None, :]
-                    C_t = tl.load(C_row + t * s_C_t + offs_n * s_C_n, mask=mask_n & (t < T), other=0.0).to(tl.float32)
-                    SC = _add_token_dot(SC, S, C_t, col)
-                    if not BC_PRE:  # the group-shared dots, unless the pre-kernel made them
-                        bc_w = _add_token_dot(bc_w, B_wf, C_t, col)
-                        if no_flush:
-                            bc_h = _add_token_dot(bc_h, B_h, C_t, col)
-            else:
-                B_wf = B_w.to(tl.float32)
-                if no_flush:
-                    bc_h += tl.sum(B_h[:, None, :] * C_w[None, :, :], 2)
-                SC += tl.sum(S[:, None, :] * C_w[None, :, :], 2)
-                bc_w += tl.sum(B_wf[:, None, :] * C_w[None, :, :], 2)
-            if write_B:
-                tl.store(Br_base + phys_t[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
-                         B_w.to(Br_ptr.dtype.element_ty), mask=mask_t[:, None] & mask_n[None, :])
+        if FLUSH_UNROLL:
+            for c in tl.static_range(N_CHUNKS):
+                SC, bc_h, bc_w = _verify_chunk(
+                    c, SC, bc_h, bc_w, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row, s_C_t, s_C_n, offs_t, mask_t,
+                    T, B_row, s_B_t, s_B_n, write_B, Br_base, s_Br_r, s_Br_n, phys_k, valid_k, phys_t, is_flush,
+                    no_flush, wp, decay_end, x_hist, s_hist, DOT_PRECISION, BLOCK_NC, TP, PER_TOKEN, BC_PRE)
+        else:  # a runtime loop: one chunk's registers live at a time
+            for c in range(0, N_CHUNKS):
+                SC, bc_h, bc_w = _verify_chunk(
+                    c, SC, bc_h, bc_w, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row, s_C_t, s_C_n, offs_t, mask_t,
+                    T, B_row, s_B_t, s_B_n, write_B, Br_base, s_Br_r, s_Br_n, phys_k, valid_k, phys_t, is_flush,
+                    no_flush, wp, decay_end, x_hist, s_hist, DOT_PRECISION, BLOCK_NC, TP, PER_TOKEN, BC_PRE)
 
     if BC_PRE:
         bc_base = bc_ptr + row * s_bc_b + g * s_bc_g
@@ -542,8 +592,10 @@ def mamba2_verify(
         DT_SOFTPLUS=bool(dt_softplus), DOT_PRECISION=cfg["dot_precision"],
         BLOCK_M=BLOCK_M, BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP,
         PER_TOKEN=cfg["reduce"] == "token", BC_PRE=bc_pre,
-        STREAM=cfg["nonflush"] == "stream", BLOCK_N=max(16, next_pow2(N)),
+        STREAM=cfg["nonflush"] in ("stream", "pipe"), BLOCK_N=max(16, next_pow2(N)),
         STREAM_CHUNK=min(cfg["stream_chunk"], max(16, next_pow2(N))) if cfg["nonflush"] == "stream" else 0,
+        PIPE_CH=min(cfg["pipe_chunk"], max(16, next_pow2(N))) if cfg["nonflush"] == "pipe" else 0,
+        PIPE_STAGES=int(cfg["pipe_stages"]), FLUSH_UNROLL=bool(cfg["flush_unroll"]),
         IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg),
     )

@@ -589,6 +589,23 @@ def test_stream_chunk_matches_sequential_recurrence(device, tmp_path, monkeypatc
     assert h.flushes >= 2, f"{h.tag()} the stream must cross flushes, saw {h.flushes}"
 
 
+@pytest.mark.parametrize("variant", ["nonflush: pipe", "nonflush: pipe, pipe_chunk: 8, pipe_stages: 2, bc: inline",
+                                     "nonflush: pipe, flush_unroll: 0, reduce: bcast",
+                                     "nonflush: chunked, flush_unroll: 0, bc: inline"])
+def test_pipe_and_flush_loop_match_sequential_recurrence(device, tmp_path, monkeypatch, variant):
+    """``nonflush: pipe`` (a non-flush row's S_ck tile read in a software-pipelined loop of column chunks, every
+    token's products summed element-wise, reduced once; N 40: chunks of 16 with a partial and a fully masked one, or
+    of 8) and ``flush_unroll: 0`` (the N-chunk loop of flush rows as a runtime loop), beside bc inline and reduce
+    bcast: the same stream checks, flushes included."""
+    f = tmp_path / "cfg.yaml"
+    f.write_text("mamba2_verify:\n  default: {" + variant + "}\n")
+    monkeypatch.setenv(common.ENV_CONFIG_FILE, str(f))
+    h = SpecHarness(device, ODD, 3, 4, F32, BF16, n_req=2)
+    for _ in range(10):
+        h.step()
+    assert h.flushes >= 2, f"{h.tag()} the stream must cross flushes, saw {h.flushes}"
+
+
 @pytest.mark.slow  # a launch-config choice (the packaged limit, 1, is what the other tests run)
 def test_inline_bc_max_batch_keeps_small_batches_in_one_launch(device, tmp_path, monkeypatch):
     """bc: pre with inline_bc_max_batch: a batch above the limit launches the B·C pre-kernel, a batch
