@@ -232,11 +232,17 @@ def steady_decode_rates(log: Path) -> Dict[int, float]:
     """SGLang's own decode throughput at a full batch, per batch size: the median "gen throughput" of the
     scheduler's ``Decode batch`` log lines (one per 40 decode steps) that report exactly that many running
     requests. Unlike bench_serving's output tokens/s it leaves out the prefill steps, the ramp up and down and
-    the client's gaps between waves of requests, which cost both servers the same seconds."""
-    vals: Dict[int, List[float]] = {}
-    for n, x in decode_rate.decode_lines(decode_rate.read_log(log)):
-        vals.setdefault(n, []).append(x)
-    return {bs: statistics.median(v) for bs, v in vals.items()}
+    the client's gaps between waves of requests, which cost both servers the same seconds. As eval.ab reads a run
+    (eval/ab/decode_rate.py): lines whose window held a prefill, and the log's first line, are left out, unless no
+    other line reports that batch."""
+    text = decode_rate.read_log(log)
+    clean: Dict[int, List[float]] = {}
+    every: Dict[int, List[float]] = {}
+    for n, x in decode_rate.decode_only_lines(text):
+        clean.setdefault(n, []).append(x)
+    for n, x in decode_rate.decode_lines(text):
+        every.setdefault(n, []).append(x)
+    return {bs: statistics.median(clean.get(bs) or v) for bs, v in every.items()}
 
 
 def arm_decode_rate(recorded: Optional[Dict[str, Any]], bench: Optional[Dict[str, Any]], steady: Optional[float],
@@ -289,7 +295,9 @@ def capped_decode_rate(result_file: Path, arm: Dict[str, Any], bs: Any) -> Optio
     lg = _server_log(Path(result_file), arm.get("label", ""))
     if lg is None:
         return None
-    return decode_rate.full_batch_rate(decode_rate.decode_lines(decode_rate.read_log(lg)), cap)[0]
+    text = decode_rate.read_log(lg)  # as steady_decode_rates: lines without a prefill in their window, if any
+    clean = decode_rate.full_batch_rate(decode_rate.decode_only_lines(text), cap)[0]
+    return clean if clean is not None else decode_rate.full_batch_rate(decode_rate.decode_lines(text), cap)[0]
 
 
 def _shared_prefix(res: Dict[str, Any]) -> bool:
