@@ -575,28 +575,17 @@ def test_launch_variants_match_sequential_recurrence(device, tmp_path, monkeypat
     assert h.flushes >= 2, f"{h.tag()} the stream must cross flushes, saw {h.flushes}"
 
 
-@pytest.mark.parametrize("variant", ["stream_chunk: 16", "stream_chunk: 32, bc: inline", "stream_chunk: 16, reduce: bcast"])
-def test_stream_chunk_matches_sequential_recurrence(device, tmp_path, monkeypatch, variant):
-    """``stream_chunk``: a non-flush row's per-token dots summed over column chunks first (N 40: chunks of 16 with a
-    partial and a fully masked one, or 32 with a partial one; beside bc inline and reduce bcast, which the stream
-    path's per-token loop runs under too), the same stream checks, flushes included."""
-    f = tmp_path / "cfg.yaml"
-    f.write_text("mamba2_verify:\n  default: {nonflush: stream, " + variant + "}\n")
-    monkeypatch.setenv(common.ENV_CONFIG_FILE, str(f))
-    h = SpecHarness(device, ODD, 2, 4, F32, BF16, n_req=2)
-    for _ in range(10):
-        h.step()
-    assert h.flushes >= 2, f"{h.tag()} the stream must cross flushes, saw {h.flushes}"
-
-
-@pytest.mark.parametrize("variant", ["nonflush: pipe", "nonflush: pipe, pipe_chunk: 8, pipe_stages: 2, bc: inline",
+@pytest.mark.parametrize("variant", ["nonflush: stream, stream_chunk: 16", "nonflush: stream, stream_chunk: 32, bc: inline",
+                                     "nonflush: stream, stream_chunk: 16, reduce: bcast", "nonflush: pipe",
+                                     "nonflush: pipe, pipe_chunk: 8, pipe_stages: 2, bc: inline",
                                      "nonflush: pipe, flush_unroll: 0, reduce: bcast",
                                      "nonflush: chunked, flush_unroll: 0, bc: inline"])
-def test_pipe_and_flush_loop_match_sequential_recurrence(device, tmp_path, monkeypatch, variant):
-    """``nonflush: pipe`` (a non-flush row's S_ck tile read in a software-pipelined loop of column chunks, every
-    token's products summed element-wise, reduced once; N 40: chunks of 16 with a partial and a fully masked one, or
-    of 8) and ``flush_unroll: 0`` (the N-chunk loop of flush rows as a runtime loop), beside bc inline and reduce
-    bcast: the same stream checks, flushes included."""
+def test_nonflush_reads_and_flush_loop_match_sequential_recurrence(device, tmp_path, monkeypatch, variant):
+    """How a non-flush row reads its S_ck tile -- ``stream_chunk`` (per-token dots summed over column chunks first)
+    or ``nonflush: pipe`` (a software-pipelined loop of column chunks, every token's products summed element-wise,
+    reduced once) -- on N 40 (chunks of 16 with a partial and a fully masked one, 32 with a partial one, or 8),
+    and ``flush_unroll: 0`` (the flush rows' N-chunk loop at run time), beside bc inline and reduce bcast, which
+    these paths run under too: the same stream checks, flushes included."""
     f = tmp_path / "cfg.yaml"
     f.write_text("mamba2_verify:\n  default: {" + variant + "}\n")
     monkeypatch.setenv(common.ENV_CONFIG_FILE, str(f))
