@@ -116,6 +116,9 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     "pipe_stages": count_param(3, 1),
     # flush rows' N-chunk loop: 1 unrolled (static), 0 a runtime loop (fewer live registers, as the decode kernel's)
     "flush_unroll": flag_param(1),
+    # with flush_unroll 0: software-pipeline stages of that loop (1: none; more: the next chunks' checkpoint, ring and
+    # window loads are issued before this chunk's checkpoint store; chunks never overlap, so nothing is read stale)
+    "flush_stages": count_param(1, 1),
 })
 
 @triton.jit
@@ -284,6 +287,7 @@ def _mamba2_verify_kernel(
     BLOCK_M: tl.constexpr, BLOCK_NC: tl.constexpr, N_CHUNKS: tl.constexpr, WH: tl.constexpr, TP: tl.constexpr,
     PER_TOKEN: tl.constexpr, BC_PRE: tl.constexpr, STREAM: tl.constexpr, BLOCK_N: tl.constexpr,
     STREAM_CHUNK: tl.constexpr, PIPE_CH: tl.constexpr, PIPE_STAGES: tl.constexpr, FLUSH_UNROLL: tl.constexpr,
+    FLUSH_STAGES: tl.constexpr,
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -390,7 +394,7 @@ def _mamba2_verify_kernel(
                     T, B_row, s_B_t, s_B_n, write_B, Br_base, s_Br_r, s_Br_n, phys_k, valid_k, phys_t, is_flush,
                     no_flush, wp, decay_end, x_hist, s_hist, DOT_PRECISION, BLOCK_NC, TP, PER_TOKEN, BC_PRE)
         else:  # a runtime loop: one chunk's registers live at a time
-            for c in range(0, N_CHUNKS):
+            for c in tl.range(0, N_CHUNKS, num_stages=FLUSH_STAGES):
                 SC, bc_h, bc_w = _verify_chunk(
                     c, SC, bc_h, bc_w, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row, s_C_t, s_C_n, offs_t, mask_t,
                     T, B_row, s_B_t, s_B_n, write_B, Br_base, s_Br_r, s_Br_n, phys_k, valid_k, phys_t, is_flush,
@@ -596,6 +600,7 @@ def mamba2_verify(
         STREAM_CHUNK=min(cfg["stream_chunk"], max(16, next_pow2(N))) if cfg["nonflush"] == "stream" else 0,
         PIPE_CH=min(cfg["pipe_chunk"], max(16, next_pow2(N))) if cfg["nonflush"] == "pipe" else 0,
         PIPE_STAGES=int(cfg["pipe_stages"]), FLUSH_UNROLL=bool(cfg["flush_unroll"]),
+        FLUSH_STAGES=int(cfg["flush_stages"]),
         IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg),
     )
