@@ -82,7 +82,7 @@ REDUCE_MODES = ("bcast", "token")
 # "pre"    -- once per (row, group) by ``_mamba2_verify_bc_kernel`` into an fp32 scratch
 #             [batch, G, WH + TP, TP] that the main kernel reads.
 BC_MODES = ("inline", "pre")
-NONFLUSH_MODES = ("chunked", "stream", "pipe")
+NONFLUSH_MODES = ("chunked", "stream")
 
 # Built-in launch parameters: the fastest measured on the H200 (eval/results/spec-variants-h200/, rounds 1-2 and 7).
 MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", {
@@ -109,16 +109,12 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     # whole row, so a token's reduction takes fewer shuffle rounds (eval/results/spec-variants-h200/, round 7:
     # 16 won over 32 and over one reduction across the whole row, which is removed)
     "stream_chunk": block_param(16, 16),
-    # with nonflush "pipe": non-flush rows read their S_ck tile in column chunks of pipe_chunk through a software
-    # pipeline of pipe_stages (Triton's cp.async pipeliner: the chunks in flight sit in shared memory, not in
-    # registers), accumulating every token's products element-wise and reducing once at the end
-    "pipe_chunk": block_param(16, 4),
-    "pipe_stages": count_param(3, 1),
-    # flush rows' N-chunk loop: 1 unrolled (static), 0 a runtime loop (fewer live registers, as the decode kernel's)
-    "flush_unroll": flag_param(1),
+    # flush rows' N-chunk loop: 1 unrolled (static), 0 a runtime loop (no spills, as the decode kernel's)
+    "flush_unroll": flag_param(0),
     # with flush_unroll 0: software-pipeline stages of that loop (1: none; more: the next chunks' checkpoint, ring and
-    # window loads are issued before this chunk's checkpoint store; chunks never overlap, so nothing is read stale)
-    "flush_stages": count_param(1, 1),
+    # window loads are issued before this chunk's checkpoint store; chunks never overlap, so nothing is read stale).
+    # Runtime loop in 2 stages: round 8 of eval/results/spec-variants-h200/ (flush step 1117 -> 1028 us at fp32)
+    "flush_stages": count_param(2, 1),
 })
 
 @triton.jit
@@ -142,23 +138,6 @@ def _add_token_dot_chunked(acc, st_base, s_st_p, s_st_n, offs_m, mask_m, N, c_ro
         c_c = tl.load(c_row + offs_c * s_c_n, mask=mask_c & live, other=0.0).to(tl.float32)
         part += S_c * c_c[None, :]
     return acc + tl.where(col, tl.sum(part, 1)[:, None], 0.0)
-
-
-@triton.jit
-def _state_dots_pipelined(st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row, s_C_t, s_C_n, offs_t, mask_t,
-                          BLOCK_N: tl.constexpr, CH: tl.constexpr, STAGES: tl.constexpr):
-    """``S_ck · C_s`` for every token s ([BLOCK_M, TP]): the tile's column chunks of width CH in a software-pipelined
-    loop, each token's products summed element-wise over the chunks ([TP, BLOCK_M, CH]) and reduced once."""
-    acc = tl.zeros([offs_t.shape[0], offs_m.shape[0], CH], dtype=tl.float32)
-    for c in tl.range(0, BLOCK_N // CH, num_stages=STAGES):
-        offs_c = c * CH + tl.arange(0, CH)
-        mask_c = offs_c < N
-        S_c = tl.load(st_base + offs_m[:, None] * s_st_p + offs_c[None, :] * s_st_n,
-                      mask=mask_m[:, None] & mask_c[None, :], other=0.0).to(tl.float32)
-        C_c = tl.load(C_row + offs_t[:, None] * s_C_t + offs_c[None, :] * s_C_n,
-                      mask=mask_t[:, None] & mask_c[None, :], other=0.0).to(tl.float32)
-        acc += S_c[None, :, :] * C_c[:, None, :]
-    return tl.trans(tl.sum(acc, 2))
 
 
 @triton.jit
@@ -286,7 +265,7 @@ def _mamba2_verify_kernel(
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_NC: tl.constexpr, N_CHUNKS: tl.constexpr, WH: tl.constexpr, TP: tl.constexpr,
     PER_TOKEN: tl.constexpr, BC_PRE: tl.constexpr, STREAM: tl.constexpr, BLOCK_N: tl.constexpr,
-    STREAM_CHUNK: tl.constexpr, PIPE_CH: tl.constexpr, PIPE_STAGES: tl.constexpr, FLUSH_UNROLL: tl.constexpr,
+    STREAM_CHUNK: tl.constexpr, FLUSH_UNROLL: tl.constexpr,
     FLUSH_STAGES: tl.constexpr,
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr,
 ):
@@ -367,17 +346,13 @@ def _mamba2_verify_kernel(
                 B_hn = tl.load(Br_base + phys_k[:, None] * s_Br_r + offs_nf[None, :] * s_Br_n,
                                mask=valid_k[:, None] & mask_nf[None, :], other=0.0).to(tl.float32)
                 B_wnf = B_wn.to(tl.float32)
-            if PIPE_CH > 0:
-                SC = _state_dots_pipelined(st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row, s_C_t, s_C_n, offs_t,
-                                           mask_t, BLOCK_N, PIPE_CH, PIPE_STAGES)
             for t in tl.static_range(TP):
                 col = (offs_t == t)[None, :]
                 if not BC_PRE:
                     C_t = tl.load(C_row + t * s_C_t + offs_nf * s_C_n, mask=mask_nf & (t < T),
                                   other=0.0).to(tl.float32)
-                if PIPE_CH == 0:
-                    SC = _add_token_dot_chunked(SC, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row + t * s_C_t,
-                                                s_C_n, t < T, col, BLOCK_N, STREAM_CHUNK)
+                SC = _add_token_dot_chunked(SC, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row + t * s_C_t,
+                                            s_C_n, t < T, col, BLOCK_N, STREAM_CHUNK)
                 if not BC_PRE:
                     bc_w = _add_token_dot(bc_w, B_wnf, C_t, col)
                     bc_h = _add_token_dot(bc_h, B_hn, C_t, col)
@@ -596,10 +571,9 @@ def mamba2_verify(
         DT_SOFTPLUS=bool(dt_softplus), DOT_PRECISION=cfg["dot_precision"],
         BLOCK_M=BLOCK_M, BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP,
         PER_TOKEN=cfg["reduce"] == "token", BC_PRE=bc_pre,
-        STREAM=cfg["nonflush"] in ("stream", "pipe"), BLOCK_N=max(16, next_pow2(N)),
+        STREAM=cfg["nonflush"] == "stream", BLOCK_N=max(16, next_pow2(N)),
         STREAM_CHUNK=min(cfg["stream_chunk"], max(16, next_pow2(N))) if cfg["nonflush"] == "stream" else 0,
-        PIPE_CH=min(cfg["pipe_chunk"], max(16, next_pow2(N))) if cfg["nonflush"] == "pipe" else 0,
-        PIPE_STAGES=int(cfg["pipe_stages"]), FLUSH_UNROLL=bool(cfg["flush_unroll"]),
+        FLUSH_UNROLL=bool(cfg["flush_unroll"]),
         FLUSH_STAGES=int(cfg["flush_stages"]),
         IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg),
