@@ -66,8 +66,8 @@ import triton.language as tl
 
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
 from .common import suffix_sum_excl
-from .common import (block_param, choice_param, config_keys, count_param, dot_precision_param, flag_param,
-                     launch_config, maxnreg_param, next_pow2, register_cap, register_family, warps_param)
+from .common import (block_param, choice_param, config_keys, count_param, dot_precision_param, launch_config,
+                     maxnreg_param, next_pow2, register_cap, register_family, warps_param)
 from .mamba2_replay import _delta_from_raw, _head_param
 from .spec_tree import _tree_ancestor_mask, check_parents_arg
 
@@ -109,11 +109,9 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     # whole row, so a token's reduction takes fewer shuffle rounds (eval/results/spec-variants-h200/, round 7:
     # 16 won over 32 and over one reduction across the whole row, which is removed)
     "stream_chunk": block_param(16, 16),
-    # flush rows' N-chunk loop: 1 unrolled (static), 0 a runtime loop (no spills, as the decode kernel's)
-    "flush_unroll": flag_param(0),
-    # with flush_unroll 0: software-pipeline stages of that loop (1: none; more: the next chunks' checkpoint, ring and
-    # window loads are issued before this chunk's checkpoint store; chunks never overlap, so nothing is read stale).
-    # Runtime loop in 2 stages: round 8 of eval/results/spec-variants-h200/ (flush step 1117 -> 1028 us at fp32)
+    # software-pipeline stages of the N-chunk loop, a runtime loop (1: none; more: the next chunks' checkpoint, ring
+    # and window loads are issued before this chunk's checkpoint store; chunks never overlap, so nothing is read
+    # stale). 2 won over the loop unrolled, which is removed (eval/results/spec-variants-h200/, round 8)
     "flush_stages": count_param(2, 1),
 })
 
@@ -265,8 +263,7 @@ def _mamba2_verify_kernel(
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_NC: tl.constexpr, N_CHUNKS: tl.constexpr, WH: tl.constexpr, TP: tl.constexpr,
     PER_TOKEN: tl.constexpr, BC_PRE: tl.constexpr, STREAM: tl.constexpr, BLOCK_N: tl.constexpr,
-    STREAM_CHUNK: tl.constexpr, FLUSH_UNROLL: tl.constexpr,
-    FLUSH_STAGES: tl.constexpr,
+    STREAM_CHUNK: tl.constexpr, FLUSH_STAGES: tl.constexpr,
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -361,19 +358,12 @@ def _mamba2_verify_kernel(
                          B_wn.to(Br_ptr.dtype.element_ty), mask=mask_t[:, None] & mask_nf[None, :])
     else:
         run_chunks = True  # every row, N chunk by N chunk
-    if run_chunks:
-        if FLUSH_UNROLL:
-            for c in tl.static_range(N_CHUNKS):
-                SC, bc_h, bc_w = _verify_chunk(
-                    c, SC, bc_h, bc_w, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row, s_C_t, s_C_n, offs_t, mask_t,
-                    T, B_row, s_B_t, s_B_n, write_B, Br_base, s_Br_r, s_Br_n, phys_k, valid_k, phys_t, is_flush,
-                    no_flush, wp, decay_end, x_hist, s_hist, DOT_PRECISION, BLOCK_NC, TP, PER_TOKEN, BC_PRE)
-        else:  # a runtime loop: one chunk's registers live at a time
-            for c in tl.range(0, N_CHUNKS, num_stages=FLUSH_STAGES):
-                SC, bc_h, bc_w = _verify_chunk(
-                    c, SC, bc_h, bc_w, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row, s_C_t, s_C_n, offs_t, mask_t,
-                    T, B_row, s_B_t, s_B_n, write_B, Br_base, s_Br_r, s_Br_n, phys_k, valid_k, phys_t, is_flush,
-                    no_flush, wp, decay_end, x_hist, s_hist, DOT_PRECISION, BLOCK_NC, TP, PER_TOKEN, BC_PRE)
+    if run_chunks:  # a runtime loop (one chunk's registers live at a time), software-pipelined FLUSH_STAGES deep
+        for c in tl.range(0, N_CHUNKS, num_stages=FLUSH_STAGES):
+            SC, bc_h, bc_w = _verify_chunk(
+                c, SC, bc_h, bc_w, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row, s_C_t, s_C_n, offs_t, mask_t,
+                T, B_row, s_B_t, s_B_n, write_B, Br_base, s_Br_r, s_Br_n, phys_k, valid_k, phys_t, is_flush,
+                no_flush, wp, decay_end, x_hist, s_hist, DOT_PRECISION, BLOCK_NC, TP, PER_TOKEN, BC_PRE)
 
     if BC_PRE:
         bc_base = bc_ptr + row * s_bc_b + g * s_bc_g
@@ -573,7 +563,6 @@ def mamba2_verify(
         PER_TOKEN=cfg["reduce"] == "token", BC_PRE=bc_pre,
         STREAM=cfg["nonflush"] == "stream", BLOCK_N=max(16, next_pow2(N)),
         STREAM_CHUNK=min(cfg["stream_chunk"], max(16, next_pow2(N))) if cfg["nonflush"] == "stream" else 0,
-        FLUSH_UNROLL=bool(cfg["flush_unroll"]),
         FLUSH_STAGES=int(cfg["flush_stages"]),
         IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg),

@@ -577,14 +577,13 @@ def test_launch_variants_match_sequential_recurrence(device, tmp_path, monkeypat
 
 @pytest.mark.parametrize("variant", ["nonflush: stream, stream_chunk: 16", "nonflush: stream, stream_chunk: 32, bc: inline",
                                      "nonflush: stream, stream_chunk: 16, reduce: bcast",
-                                     "flush_unroll: 1", "flush_unroll: 0, flush_stages: 1, reduce: bcast",
+                                     "flush_stages: 1, reduce: bcast",
                                      "nonflush: chunked, flush_stages: 3, bc: inline"])
 def test_nonflush_reads_and_flush_loop_match_sequential_recurrence(device, tmp_path, monkeypatch, variant):
     """How a non-flush row reads its S_ck tile (``stream_chunk``: per-token dots summed over column chunks first, on
-    N 40: chunks of 16 with a partial and a fully masked one, or 32 with a partial one) and how flush rows run their
-    N-chunk loop (``flush_unroll`` 1: unrolled; 0: at run time, ``flush_stages`` software-pipelining it on a GPU,
-    which the interpreter does not model), beside bc inline and reduce bcast: the same stream checks, flushes
-    included."""
+    N 40: chunks of 16 with a partial and a fully masked one, or 32 with a partial one) and the flush rows' N-chunk
+    loop (``flush_stages``: its software pipeline on a GPU, which the interpreter does not model), beside bc inline
+    and reduce bcast: the same stream checks, flushes included."""
     f = tmp_path / "cfg.yaml"
     f.write_text("mamba2_verify:\n  default: {" + variant + "}\n")
     monkeypatch.setenv(common.ENV_CONFIG_FILE, str(f))
