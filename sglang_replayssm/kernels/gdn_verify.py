@@ -166,6 +166,14 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     "inline_scores_max_batch": count_param(1),
     # register cap of the main kernel (0: none): fewer registers, more resident warps (ignored by the interpreter)
     "maxnreg": maxnreg_param(168),
+    # value tiles of BV rows per program (1: one tile a program): a program loops over v_loop tiles of one
+    # (row, v-head), computing what the value rows share (gates, q^/k^, scores, the substitution's scalars) once
+    "v_loop": count_param(1, 1),
+    # software-pipelining depth of that loop (Triton's num_stages for it; 1: none)
+    "v_stages": count_param(1, 1),
+    # with v_loop > 1: a value tile is held as k_parts slices of its K row, so fewer lanes share a row's dot
+    # products (v_loop > 1 always reduces per token and folds a flush with rank-1 updates)
+    "k_parts": block_param(2),
 })
 
 
@@ -455,6 +463,243 @@ def _gdn_verify_kernel(
              mask=mask_vt)
 
 
+@triton.jit
+def _token_coeffs(i, o_t, beta, g_win, kk, kq, anc, TP: tl.constexpr, IS_TREE: tl.constexpr):
+    """Window token i's scalars of the forward substitution: beta_i, e^{Gamma_i}, the row
+    a[j] = beta_i e^{Gamma_i - Gamma_j} (k^_j . k^_i) (j < i) and w[j] = e^{Gamma_i - Gamma_j} (k^_j . q^_i)."""
+    sel = o_t == i
+    col = sel[None, :]
+    beta_i = tl.sum(tl.where(sel, beta, 0.0), axis=0)
+    if IS_TREE:
+        on_path = tl.sum(tl.where(col, anc, 0.0), axis=1) > 0.5
+        cw, e_gam = _history_weights(tl.where(on_path, g_win, 0.0), i + 1, TP)
+        cw = tl.where(on_path, cw, 0.0)
+    else:
+        cw, e_gam = _history_weights(tl.where(o_t <= i, g_win, 0.0), i + 1, TP)
+    kk_i = tl.sum(tl.where(col, kk, 0.0), axis=1)
+    kq_i = tl.sum(tl.where(col, kq, 0.0), axis=1)
+    return beta_i, e_gam, tl.where(o_t < i, beta_i * cw * kk_i, 0.0), cw * kq_i
+
+
+@triton.jit
+def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row, stride_x1,
+                    out_row, stride_o1, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw, org, w, R,
+                    q3, k3, hq, hk, eG, c, den, beta, coef_e, coef_a, coef_w,
+                    V: tl.constexpr, T: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr,
+                    FOLD: tl.constexpr, USE_L2NORM: tl.constexpr):
+    """One value tile (BV rows) of a (row, v-head) in ``v_loop``, held as [BV, KS, KW] (the K row cut in KS
+    parts of KW: fewer lanes share a row's K, so its dot products take fewer shuffles): the checkpoint tile
+    (folded and stored on a flush row, ``FOLD``), the window's dots against it, the forward substitution (its
+    per-token scalars computed once per program), and the tile's out and ring d."""
+    o_v = v0 + tl.arange(0, BV)
+    mask_v = o_v < V
+    offs = o_v[:, None, None] * stride_s2 + o_k3[None, :, :]  # [BV, KS, KW]
+    mask3 = mask_v[:, None, None] & mask_k3[None, :, :]
+    s = tl.load(s_head + offs, mask=mask3, other=0).to(tl.float32)
+    d_hist = tl.load(d_head + ph[None, :] * stride_d2 + o_v[:, None], mask=mask_v[:, None] & valid[None, :],
+                     other=0).to(tl.float32)
+    if FOLD:
+        s = eG * s
+        for j in range(0, w):  # exact fp32 rank-1 updates (k_j re-read: L1-resident; its norm from den)
+            p_j = (org + j) % R
+            sel_j = o_j == j
+            c_j = tl.sum(tl.where(sel_j, c, 0.0), axis=0)
+            d_j = tl.load(d_head + p_j * stride_d2 + o_v, mask=mask_v, other=0).to(tl.float32)
+            k_j = tl.load(k_head + p_j * stride_k2 + o_k3, mask=mask_k3, other=0).to(tl.float32)
+            if USE_L2NORM:
+                k_j = k_j / tl.sum(tl.where(sel_j, den, 0.0), axis=0)
+            s += (c_j * d_j)[:, None, None] * k_j[None, :, :]
+        s_st = _cast_rtne(s, s_head.dtype.element_ty)
+        tl.store(s_head + offs, s_st, mask=mask3)
+        s = s_st.to(tl.float32)  # the window runs on the stored checkpoint, with an empty history
+    s_q = tl.zeros([BV, TP], dtype=tl.float32)
+    s_k = tl.zeros([BV, TP], dtype=tl.float32)
+    for i in tl.static_range(TP):
+        sel = o_t == i
+        col = sel[None, :]
+        q_i = tl.sum(tl.where(sel[:, None, None], q3, 0.0), axis=0)  # [KS, KW]
+        k_i = tl.sum(tl.where(sel[:, None, None], k3, 0.0), axis=0)
+        sq_i = tl.sum(tl.sum(s * q_i[None, :, :], axis=1), axis=1)  # [BV]
+        sk_i = tl.sum(tl.sum(s * k_i[None, :, :], axis=1), axis=1)
+        if not FOLD:
+            hq_i = tl.sum(tl.where(col, hq, 0.0), axis=1)  # [LP]
+            hk_i = tl.sum(tl.where(col, hk, 0.0), axis=1)
+            sq_i = eG * sq_i + tl.sum(d_hist * (c * hq_i)[None, :], axis=1)
+            sk_i = eG * sk_i + tl.sum(d_hist * (c * hk_i)[None, :], axis=1)
+        s_q = tl.where(col, sq_i[:, None], s_q)
+        s_k = tl.where(col, sk_i[:, None], s_k)
+    d_win = tl.zeros([BV, TP], dtype=tl.float32)
+    o_win = tl.zeros([BV, TP], dtype=tl.float32)
+    for i in tl.static_range(T):
+        sel = o_t == i
+        col = sel[None, :]
+        beta_i = tl.sum(tl.where(sel, beta, 0.0), axis=0)
+        e_gam = tl.sum(tl.where(sel, coef_e, 0.0), axis=0)
+        a_row = tl.sum(tl.where(sel[:, None], coef_a, 0.0), axis=0)
+        w_row = tl.sum(tl.where(sel[:, None], coef_w, 0.0), axis=0)
+        v_i = tl.load(v_row + i * stride_x1 + o_v, mask=mask_v, other=0).to(tl.float32)
+        r_i = beta_i * (v_i - e_gam * tl.sum(tl.where(col, s_k, 0.0), axis=1))
+        d_i = r_i - tl.sum(d_win * a_row[None, :], axis=1)
+        d_win = tl.where(col, d_i[:, None], d_win)
+        o_i = e_gam * tl.sum(tl.where(col, s_q, 0.0), axis=1) + tl.sum(d_win * w_row[None, :], axis=1)
+        o_win = tl.where(col, o_i[:, None], o_win)
+    mask_vt = mask_v[:, None] & mask_t[None, :]
+    tl.store(out_row + o_t[None, :] * stride_o1 + o_v[:, None], _cast_rtne(o_win, out_row.dtype.element_ty),
+             mask=mask_vt)
+    tl.store(d_head + pw[None, :] * stride_d2 + o_v[:, None], _cast_rtne(d_win, d_head.dtype.element_ty),
+             mask=mask_vt)
+
+
+@triton.jit
+def _gdn_verify_vloop_kernel(
+    qkv, a, b, A_log, dt_bias,
+    state, d_ring, k_ring, g_ring,
+    state_indices, wp, origin, flush, out, sc, parents,
+    scale, null_slot,
+    stride_idx, stride_wp, stride_org, stride_fl,
+    stride_x0, stride_x1,
+    stride_a0, stride_a1, stride_b0, stride_b1,
+    stride_s0, stride_s1, stride_s2,
+    stride_d0, stride_d1, stride_d2,
+    stride_k0, stride_k1, stride_k2,
+    stride_g0, stride_g1, stride_g2,
+    stride_o0, stride_o1, stride_o2,
+    stride_sc0, stride_sc1, stride_p0, stride_p1,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr, T: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, TP: tl.constexpr,
+    USE_L2NORM: tl.constexpr, ROUND_BETA: tl.constexpr, FLUSH_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, PER_TOKEN: tl.constexpr, SCORES_PRE: tl.constexpr,
+    IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, VL: tl.constexpr, V_STAGES: tl.constexpr, KS: tl.constexpr,
+):
+    """``v_loop`` > 1: the math of :func:`_gdn_verify_kernel`, one program per VL value tiles of a (row, v-head).
+    What does not depend on the value rows (gates, q^/k^, key scores, Gram, the substitution's per-token
+    scalars, a flush's key norms) is computed once per program; the tiles run in a loop."""
+    i_v = tl.program_id(0)
+    i_n = tl.program_id(1).to(tl.int64)
+    i_hv = tl.program_id(2)
+    i_hk = i_hv // (HV // HK)
+
+    slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
+    if (slot < 0) | (slot == null_slot):
+        return  # padded / null row: nothing is written
+    w = tl.load(wp + slot * stride_wp).to(tl.int32)
+    org = tl.load(origin + slot * stride_org).to(tl.int32)
+    is_flush = tl.load(flush + slot * stride_fl) != 0
+    w = tl.minimum(tl.maximum(w, 0), R - T)  # memory safety only (the commit rule keeps w + T <= R)
+    org = tl.minimum(tl.maximum(org, 0), R - 1)
+    fold = is_flush & (w > 0)  # a flush of an empty history is a verify from the checkpoint
+
+    o_k = tl.arange(0, BK)
+    mask_k = o_k < K
+    o_j = tl.arange(0, LP)
+    valid = o_j < w
+    ph = (org + o_j) % R
+    o_t = tl.arange(0, TP)
+    mask_t = o_t < T
+    pw = (org + w + o_t) % R
+
+    s_head = state + slot * stride_s0 + i_hv * stride_s1
+    d_head = d_ring + slot * stride_d0 + i_hv * stride_d1
+    k_head = k_ring + slot * stride_k0 + i_hk * stride_k1
+    g_head = g_ring + slot * stride_g0 + i_hv * stride_g1
+    x_row = qkv + i_n * stride_x0
+    v_row = x_row + 2 * HK * K + i_hv * V
+    out_row = out + i_n * stride_o0 + i_hv * stride_o2
+
+    g_hist = tl.load(g_head + ph * stride_g2, mask=valid, other=0.0)
+    mask_tk = mask_t[:, None] & mask_k[None, :]
+    q_win = tl.load(x_row + o_t[:, None] * stride_x1 + i_hk * K + o_k[None, :], mask=mask_tk, other=0)
+    k_raw = tl.load(x_row + o_t[:, None] * stride_x1 + HK * K + i_hk * K + o_k[None, :], mask=mask_tk, other=0)
+    a_win = tl.load(a + i_n * stride_a0 + o_t * stride_a1 + i_hv, mask=mask_t, other=0)
+    b_win = tl.load(b + i_n * stride_b0 + o_t * stride_b1 + i_hv, mask=mask_t, other=0)
+    A_log_val = tl.load(A_log + i_hv)
+    dt_bias_val = tl.load(dt_bias + i_hv)
+
+    g_win, beta_r = _gdn_gate(a_win, b_win, A_log_val, dt_bias_val, SOFTPLUS_THRESHOLD)
+    g_win = tl.where(mask_t, g_win, 0.0)
+    if ROUND_BETA:
+        beta = beta_r
+    else:
+        beta = tl.sigmoid(b_win.to(tl.float32))
+    if i_v == 0:
+        tl.store(g_head + pw * stride_g2, g_win, mask=mask_t)
+        if i_hv % (HV // HK) == 0:
+            tl.store(k_head + pw[:, None] * stride_k2 + o_k[None, :], k_raw.to(k_head.dtype.element_ty),
+                     mask=mask_tk)
+    q_hat = _normalise_rows(q_win, USE_L2NORM, EPS) * scale  # [TP, BK] fp32
+    k_hat = _normalise_rows(k_raw, USE_L2NORM, EPS)
+    c, eG = _history_weights(g_hist, w, LP)
+    # the window's q^, k^ again as [TP, KS, KW] (K cut in KS parts), the form the value tiles take
+    KW: tl.constexpr = BK // KS
+    o_k3 = tl.arange(0, KS)[:, None] * KW + tl.arange(0, KW)[None, :]
+    mask_k3 = o_k3 < K
+    mask_tk3 = mask_t[:, None, None] & mask_k3[None, :, :]
+    q3 = tl.load(x_row + o_t[:, None, None] * stride_x1 + i_hk * K + o_k3[None, :, :], mask=mask_tk3,
+                 other=0).to(tl.float32)
+    k3 = tl.load(x_row + o_t[:, None, None] * stride_x1 + HK * K + i_hk * K + o_k3[None, :, :], mask=mask_tk3,
+                 other=0).to(tl.float32)
+    if USE_L2NORM:
+        q3 = q3 / tl.sqrt(tl.sum(tl.sum(q3 * q3, axis=2), axis=1) + EPS)[:, None, None]
+        k3 = k3 / tl.sqrt(tl.sum(tl.sum(k3 * k3, axis=2), axis=1) + EPS)[:, None, None]
+    q3 = q3 * scale
+
+    # key scores of the history (verify rows) and the window Gram, once per program
+    hq = tl.zeros([LP, TP], dtype=tl.float32)
+    hk = tl.zeros([LP, TP], dtype=tl.float32)
+    den = tl.full([LP], 1.0, dtype=tl.float32)  # a flush's history key norms sqrt(|k_j|^2 + eps)
+    if SCORES_PRE:
+        sc_base = sc + i_n * stride_sc0 + i_hk * stride_sc1
+        hq = tl.load(sc_base + o_j[:, None] * TP + o_t[None, :])
+        hk = tl.load(sc_base + (LP + o_j)[:, None] * TP + o_t[None, :])
+        kk = tl.load(sc_base + (2 * LP + o_t)[:, None] * TP + o_t[None, :])
+        kq = tl.load(sc_base + (2 * LP + TP + o_t)[:, None] * TP + o_t[None, :])
+    else:
+        if not is_flush:
+            hq, hk = _history_key_scores(k_head, stride_k2, org, w, R, q_hat, k_hat, o_j, o_k, mask_k,
+                                         LP, TP, USE_L2NORM, EPS)
+        kk = tl.zeros([TP, TP], dtype=tl.float32)
+        kq = tl.zeros([TP, TP], dtype=tl.float32)
+        for i in tl.static_range(TP):
+            sel = o_t == i
+            q_i = tl.sum(tl.where(sel[:, None], q_hat, 0.0), axis=0)
+            k_i = tl.sum(tl.where(sel[:, None], k_hat, 0.0), axis=0)
+            kk, kq = _gram_column(kk, kq, k_hat, q_i, k_i, sel[None, :])
+    if USE_L2NORM:
+        if fold:
+            for j in range(0, w):
+                k_j = tl.load(k_head + ((org + j) % R) * stride_k2 + o_k, mask=mask_k, other=0).to(tl.float32)
+                den = tl.where(o_j == j, tl.sqrt(tl.sum(k_j * k_j) + EPS), den)
+
+    if IS_TREE:
+        anc = _tree_ancestor_mask(parents + i_n * stride_p0, stride_p1, T, TP, LOG_TP)
+    else:
+        anc = kk  # unused
+    # the forward substitution's per-token scalars: row i of coef_a / coef_w, entry i of coef_e
+    coef_e = tl.zeros([TP], dtype=tl.float32)
+    coef_a = tl.zeros([TP, TP], dtype=tl.float32)
+    coef_w = tl.zeros([TP, TP], dtype=tl.float32)
+    for i in tl.static_range(T):
+        beta_i, e_gam, a_row, w_row = _token_coeffs(i, o_t, beta, g_win, kk, kq, anc, TP, IS_TREE)
+        row = (o_t == i)[:, None]
+        coef_e = tl.where(o_t == i, e_gam, coef_e)
+        coef_a = tl.where(row, a_row[None, :], coef_a)
+        coef_w = tl.where(row, w_row[None, :], coef_w)
+
+    v_base = i_v * (VL * BV)
+    if fold:
+        for vi in tl.range(0, VL, num_stages=V_STAGES):
+            _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
+                            stride_x1, out_row, stride_o1, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw, org, w, R,
+                            q3, k3, hq, hk, eG, c, den, beta, coef_e, coef_a, coef_w,
+                            V, T, BV, TP, True, USE_L2NORM)
+    else:
+        for vi in tl.range(0, VL, num_stages=V_STAGES):
+            _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
+                            stride_x1, out_row, stride_o1, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw, org, w, R,
+                            q3, k3, hq, hk, eG, c, den, beta, coef_e, coef_a, coef_w,
+                            V, T, BV, TP, False, USE_L2NORM)
+
+
 # ----------------------------------------------------------------------------------
 # wrapper
 # ----------------------------------------------------------------------------------
@@ -469,6 +714,9 @@ def gdn_verify_launch_params(HV: int, Hk: int, K: int, V: int, R: int, T: int, s
     cfg = _CFG_CACHE.get(ck)
     if cfg is None:
         cfg = launch_config("gdn_verify", keys)  # entries checked against the registration above
+        if cfg["v_loop"] > 1 and (cfg["reduce"] != "token" or cfg["flush"] != "rank1"):
+            raise ValueError(f"gdn_verify: v_loop > 1 needs reduce: token and flush: rank1, got reduce: "
+                             f"{cfg['reduce']}, flush: {cfg['flush']} ({config_file()})")
         _CFG_CACHE[ck] = cfg
     return cfg
 
@@ -619,8 +867,11 @@ def gdn_verify(
         )
     else:
         sc = out  # never read
-    grid = (triton.cdiv(V, BV), B, HV)
-    _gdn_verify_kernel[grid](
+    VL = min(cfg["v_loop"], triton.cdiv(V, BV))
+    kernel = _gdn_verify_kernel if VL == 1 else _gdn_verify_vloop_kernel
+    loop_args = {} if VL == 1 else dict(VL=VL, V_STAGES=cfg["v_stages"], KS=min(cfg["k_parts"], BK))
+    grid = (triton.cdiv(V, BV * VL), B, HV)
+    kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias,
         state, d_ring, k_ring, g_ring,
         state_indices, wp, origin, flush, out, sc, state_indices if parents is None else parents,
@@ -641,7 +892,7 @@ def gdn_verify(
         IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
         DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        **register_cap(cfg),
+        **loop_args, **register_cap(cfg),
     )
     return out
 
