@@ -209,6 +209,7 @@ def main(argv=None) -> int:
     ap.add_argument("--window", type=int, default=4, help="verify window T")
     ap.add_argument("--history", type=int, default=16, help="history block (ring R = history + T)")
     ap.add_argument("--trips", type=float, default=7.5, help="trip count assumed for runtime loops")
+    ap.add_argument("--state-dtype", choices=("fp32", "bf16", "fp16"), default="fp32", help="checkpoint dtype")
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None, help="Markdown report (table, and measured times with --measured)")
     ap.add_argument("--measured", default=None,
@@ -218,6 +219,9 @@ def main(argv=None) -> int:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("eval.verify_sass compiles for sm_90a: unset TRITON_INTERPRET", file=sys.stderr)
         return 2
+    import torch
+
+    state_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.state_dtype]
     families = ("mamba2", "gdn") if args.family == "all" else (args.family,)
     results: List[Dict[str, Any]] = []
     for fam in families:
@@ -229,9 +233,10 @@ def main(argv=None) -> int:
                     continue
                 spec = rest
             name, cfg = parse_variant(spec, base)
-            results.append(analyse(fam, name, cfg, args.window, args.history,
+            results.append(analyse(fam, name, cfg, args.window, args.history, state_dtype=state_dtype,
                                    dump=Path(args.dump) if args.dump else None, trips=args.trips))
-    header = f"verify kernels, T={args.window}, history {args.history}, state fp32, act bf16, sm_90a offline"
+    header = (f"verify kernels, T={args.window}, history {args.history}, state {args.state_dtype}, act bf16, "
+              "sm_90a offline")
     if args.md:
         Path(args.md).write_text(markdown(header, results, args.measured))
     import triton

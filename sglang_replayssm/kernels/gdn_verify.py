@@ -174,6 +174,10 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     # with v_loop > 1: a value tile is held as k_parts slices of its K row, so fewer lanes share a row's dot
     # products (v_loop > 1 always reduces per token and folds a flush with rank-1 updates)
     "k_parts": block_param(2),
+    # with v_loop > 1: batches of fewer rows still launch one value tile per program (too few programs to loop)
+    "v_loop_min_batch": count_param(64),
+    # with v_loop > 1: software-pipelining depth of a flush row's rank-1 fold loop (1: none)
+    "fold_stages": count_param(1, 1),
 })
 
 
@@ -484,9 +488,9 @@ def _token_coeffs(i, o_t, beta, g_win, kk, kq, anc, TP: tl.constexpr, IS_TREE: t
 @triton.jit
 def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row, stride_x1,
                     out_row, stride_o1, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw, org, w, R,
-                    q3, k3, hq, hk, eG, c, den, beta, coef_e, coef_a, coef_w,
+                    q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w,
                     V: tl.constexpr, T: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr,
-                    FOLD: tl.constexpr, USE_L2NORM: tl.constexpr):
+                    FOLD: tl.constexpr, FOLD_STAGES: tl.constexpr):
     """One value tile (BV rows) of a (row, v-head) in ``v_loop``, held as [BV, KS, KW] (the K row cut in KS
     parts of KW: fewer lanes share a row's K, so its dot products take fewer shuffles): the checkpoint tile
     (folded and stored on a flush row, ``FOLD``), the window's dots against it, the forward substitution (its
@@ -500,15 +504,14 @@ def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2,
                      other=0).to(tl.float32)
     if FOLD:
         s = eG * s
-        for j in range(0, w):  # exact fp32 rank-1 updates (k_j re-read: L1-resident; its norm from den)
+        # fp32 rank-1 updates c_j d_j k^_j^T with the key's norm folded into the coefficient: cd_j = c_j / |k_j|
+        # (the raw k_j re-read per tile: L1/L2-resident)
+        for j in tl.range(0, w, num_stages=FOLD_STAGES):
             p_j = (org + j) % R
-            sel_j = o_j == j
-            c_j = tl.sum(tl.where(sel_j, c, 0.0), axis=0)
+            cd_j = tl.sum(tl.where(o_j == j, cd, 0.0), axis=0)
             d_j = tl.load(d_head + p_j * stride_d2 + o_v, mask=mask_v, other=0).to(tl.float32)
             k_j = tl.load(k_head + p_j * stride_k2 + o_k3, mask=mask_k3, other=0).to(tl.float32)
-            if USE_L2NORM:
-                k_j = k_j / tl.sum(tl.where(sel_j, den, 0.0), axis=0)
-            s += (c_j * d_j)[:, None, None] * k_j[None, :, :]
+            s += (cd_j * d_j)[:, None, None] * k_j[None, :, :]
         s_st = _cast_rtne(s, s_head.dtype.element_ty)
         tl.store(s_head + offs, s_st, mask=mask3)
         s = s_st.to(tl.float32)  # the window runs on the stored checkpoint, with an empty history
@@ -570,6 +573,7 @@ def _gdn_verify_vloop_kernel(
     USE_L2NORM: tl.constexpr, ROUND_BETA: tl.constexpr, FLUSH_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, PER_TOKEN: tl.constexpr, SCORES_PRE: tl.constexpr,
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, VL: tl.constexpr, V_STAGES: tl.constexpr, KS: tl.constexpr,
+    FOLD_STAGES: tl.constexpr,
 ):
     """``v_loop`` > 1: the math of :func:`_gdn_verify_kernel`, one program per VL value tiles of a (row, v-head).
     What does not depend on the value rows (gates, q^/k^, key scores, Gram, the substitution's per-token
@@ -646,7 +650,7 @@ def _gdn_verify_vloop_kernel(
     # key scores of the history (verify rows) and the window Gram, once per program
     hq = tl.zeros([LP, TP], dtype=tl.float32)
     hk = tl.zeros([LP, TP], dtype=tl.float32)
-    den = tl.full([LP], 1.0, dtype=tl.float32)  # a flush's history key norms sqrt(|k_j|^2 + eps)
+    cd = c  # a flush's fold coefficients c_j / sqrt(|k_j|^2 + eps)
     if SCORES_PRE:
         sc_base = sc + i_n * stride_sc0 + i_hk * stride_sc1
         hq = tl.load(sc_base + o_j[:, None] * TP + o_t[None, :])
@@ -668,7 +672,7 @@ def _gdn_verify_vloop_kernel(
         if fold:
             for j in range(0, w):
                 k_j = tl.load(k_head + ((org + j) % R) * stride_k2 + o_k, mask=mask_k, other=0).to(tl.float32)
-                den = tl.where(o_j == j, tl.sqrt(tl.sum(k_j * k_j) + EPS), den)
+                cd = tl.where(o_j == j, cd / tl.sqrt(tl.sum(k_j * k_j) + EPS), cd)
 
     if IS_TREE:
         anc = _tree_ancestor_mask(parents + i_n * stride_p0, stride_p1, T, TP, LOG_TP)
@@ -690,14 +694,14 @@ def _gdn_verify_vloop_kernel(
         for vi in tl.range(0, VL, num_stages=V_STAGES):
             _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
                             stride_x1, out_row, stride_o1, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw, org, w, R,
-                            q3, k3, hq, hk, eG, c, den, beta, coef_e, coef_a, coef_w,
-                            V, T, BV, TP, True, USE_L2NORM)
+                            q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w,
+                            V, T, BV, TP, True, FOLD_STAGES)
     else:
         for vi in tl.range(0, VL, num_stages=V_STAGES):
             _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
                             stride_x1, out_row, stride_o1, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw, org, w, R,
-                            q3, k3, hq, hk, eG, c, den, beta, coef_e, coef_a, coef_w,
-                            V, T, BV, TP, False, USE_L2NORM)
+                            q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w,
+                            V, T, BV, TP, False, FOLD_STAGES)
 
 
 # ----------------------------------------------------------------------------------
@@ -867,9 +871,10 @@ def gdn_verify(
         )
     else:
         sc = out  # never read
-    VL = min(cfg["v_loop"], triton.cdiv(V, BV))
+    VL = min(cfg["v_loop"], triton.cdiv(V, BV)) if B >= cfg["v_loop_min_batch"] else 1
     kernel = _gdn_verify_kernel if VL == 1 else _gdn_verify_vloop_kernel
-    loop_args = {} if VL == 1 else dict(VL=VL, V_STAGES=cfg["v_stages"], KS=min(cfg["k_parts"], BK))
+    loop_args = {} if VL == 1 else dict(VL=VL, V_STAGES=cfg["v_stages"], KS=min(cfg["k_parts"], BK),
+                                          FOLD_STAGES=cfg["fold_stages"])
     grid = (triton.cdiv(V, BV * VL), B, HV)
     kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias,

@@ -795,9 +795,10 @@ VARIANTS = {"bcast-inline": dict(reduce="bcast", scores="inline", num_warps=4),
             "token-inline": dict(reduce="token", scores="inline"), "bcast-pre": dict(reduce="bcast", scores="pre"),
             "token-pre": dict(reduce="token", scores="pre", scores_num_warps=2),
             "token-pre-dotflush": dict(reduce="token", scores="pre", flush="dot"),
-            "vloop-pre": dict(reduce="token", scores="pre", v_loop=2),
-            "vloop-inline-stages": dict(reduce="token", scores="inline", v_loop=4, v_stages=2, k_parts=4),
-            "vloop-whole-k": dict(reduce="token", scores="pre", v_loop=2, k_parts=1)}
+            "vloop-pre": dict(reduce="token", scores="pre", v_loop=2, v_loop_min_batch=1),
+            "vloop-inline-stages": dict(reduce="token", scores="inline", v_loop=4, v_stages=2, k_parts=4,
+                                        fold_stages=2, v_loop_min_batch=1),
+            "vloop-whole-k": dict(reduce="token", scores="pre", v_loop=2, k_parts=1, v_loop_min_batch=1)}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -818,13 +819,35 @@ def test_launch_variants_match_reference_and_oracle(device, seed, launch, prec, 
 def test_v_loop_odd_geometry_masked_tiles(device, seed, launch, v_loop):
     """v_loop at V = 40, K = 24 with BV = 16: a program's last tiles are part or wholly past V (masked), the
     prologue's scalars serve every tile; verify and flush rows, padded and null rows, fp32 and bf16 states."""
-    launch(always=True, BV=16, v_loop=v_loop, v_stages=2)
+    launch(always=True, BV=16, v_loop=v_loop, v_stages=2, fold_stages=2, v_loop_min_batch=6)
     for sd, ad in (PRECISIONS["s32-a32"], PRECISIONS["s16b-a16b"]):
         sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, Bh=6, T=3, **small_geom(Hk=2, HV=4, K=24, V=40, n_slots=7))
         for s, (w, o) in {1: (3, 7), 2: (6, 5), 3: (0, 4), 5: (4, 0)}.items():
             sim.seed_history(s, w, o)
         sim.step([1, -1, 2, 3, 0, 5], out_dtype=F32 if sd == F32 else ad, commit=False)
         assert sim.flushes == 2
+
+
+def test_v_loop_min_batch_keeps_small_batches_one_tile_a_program(device, seed, launch, monkeypatch):
+    """v_loop with v_loop_min_batch: a batch of fewer rows launches the one-tile-a-program kernel, a batch at the
+    limit the looping one; both match the reference and oracle."""
+    launch(always=True, BV=16, v_loop=2, v_loop_min_batch=5)
+    launches = []
+    for name in ("_gdn_verify_kernel", "_gdn_verify_vloop_kernel"):
+        orig = getattr(gv, name)
+        monkeypatch.setattr(gv, name, type("K", (), {"__getitem__": lambda self, grid, n=name, o=orig: (
+            launches.append((n, grid)), o[grid])[1]})())
+    sim = Sim(device, seed, state_dtype=F32, act_dtype=F32, Bh=4, T=3, **small_geom(Hk=2, HV=4, n_slots=7))
+    for s in (1, 2, 3, 5):
+        sim.activate(s)
+    for _ in range(6):  # 5 rows: the loop, one program per (row, v-head)
+        sim.step([1, -1, 2, 3, 5])
+    assert launches and all(n == "_gdn_verify_vloop_kernel" and g[0] == 1 for n, g in launches), launches
+    launches.clear()
+    for _ in range(6):  # 4 rows: one tile a program
+        sim.step([1, 2, 0, 5])
+    assert launches and all(n == "_gdn_verify_kernel" and g[0] == 2 for n, g in launches), launches
+    assert sim.flushes >= 2
 
 
 @pytest.mark.slow  # the launch-config grid: the GPU run's (each variant's CPU test is the one above)
