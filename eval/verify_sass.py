@@ -1,7 +1,8 @@
 """Offline sm_90a build of the speculative-verify kernels: registers, spills, SASS counts per variant.
 
-No GPU is needed: ``mamba2_verify`` / ``gdn_verify`` are called on small CPU tensors of a real
-geometry with their Triton kernel swapped for a recorder, so the launch arguments, constexprs
+No GPU is needed: ``mamba2_verify`` / ``gdn_verify`` are called on CPU tensors of a real geometry
+(a batch of 64 rows: the launches of large batches, e.g. GDN's ``v_loop`` kernel) with their Triton
+kernel swapped for a recorder, so the launch arguments, constexprs
 and launch options are the ones the wrapper passes on a GPU; each launch is compiled offline
 for ``GPUTarget("cuda", 90, 64)`` and inspected with the ptxas / nvdisasm bundled with Triton
 (the machinery of :mod:`eval.gdn_sass`).  Use it to compare launch-config variants (e.g.
@@ -48,8 +49,8 @@ PRE_KERNELS = {"mamba2": ("_mamba2_verify_bc_kernel",), "gdn": ("_gdn_verify_sco
 # one-read non-flush path (the issue model cannot see its gain: more loads in flight, not fewer instructions),
 # and Mamba2's per-token reductions over wider column chunks (stream_chunk 32: lost in round 7)
 DEFAULT_VARIANTS = ("packaged:", "mamba2/sc32:stream_chunk=32", "mamba2/w2:num_warps=2", "mamba2/w4:num_warps=4",
-                    "mamba2/nc64:BLOCK_NC=64", "mamba2/chunked:nonflush=chunked", "gdn/dot224:flush=dot,maxnreg=224",
-                    "gdn/dot255:flush=dot,maxnreg=0", "gdn/cap184:maxnreg=184")
+                    "mamba2/nc64:BLOCK_NC=64", "mamba2/chunked:nonflush=chunked", "gdn/dot224:flush=dot,maxnreg=224,v_loop=1",
+                    "gdn/dot255:flush=dot,maxnreg=0,v_loop=1", "gdn/cap184:maxnreg=184,v_loop=1")
 
 
 def packaged_config(family: str) -> Dict[str, Any]:
@@ -98,7 +99,7 @@ def _call_gdn(geom, T, hist, state_dtype, act_dtype, batch):
 
 
 def capture(family: str, config: Dict[str, Any], geom: Dict[str, int], T: int, hist: int, state_dtype, act_dtype,
-            batch: int = 4) -> Dict[str, Any]:
+            batch: int = 64) -> Dict[str, Any]:
     """The verify launches (kernel name -> fn, grid, args, kwargs) the wrapper makes under ``config``."""
     import yaml
 

@@ -98,6 +98,15 @@ The history scores
 are recomputed by every V tile and every v-head of a k-head group (a per-(row,
 k-head) pre-kernel, as in standard decode, would remove that redundancy).
 
+``v_loop`` > 1 (the built-in default from ``v_loop_min_batch`` rows up; smaller batches keep
+the grid above): grid ``(cdiv(V, BV * v_loop), B, HV)``, each program runs the per-(row,
+v-head) prologue once -- gates, q^/k^, key scores, Gram, the forward substitution's
+per-token scalars and, on a flush row, the history keys' norms -- and then loops over its
+v_loop value tiles (software-pipelined ``v_stages`` deep; a flush row's rank-1 fold loop
+``fold_stages`` deep), holding each tile as [BV, k_parts, K / k_parts] so that fewer lanes
+share a row's dot products (fewer shuffles).  Same math, same bytes; a flush row's fold
+coefficient c_j / |k_j| carries the key's norm instead of normalising k_j element-wise.
+
 Numerics
 --------
 Every reduction and every element-wise product is fp32 on CUDA cores (no tensor
@@ -115,7 +124,9 @@ checkpoints <= 2e-6 (|S| <~ 5); the fork's GDN spec tests allow atol 2e-3 (its U
 kernel re-rounds the checkpoint to the activation dtype).
 The built-in launch parameters are the fastest measured on the H200 (one warp, ``reduce: token``,
 ``scores: pre`` above batch 1, a 168-register cap: eval/results/spec-variants-h200/ rounds 1-2;
-4 warps with the broadcast reduction and inline scores, the earlier defaults, were the slowest).
+4 warps with the broadcast reduction and inline scores, the earlier defaults, were the slowest;
+from 64 rows up, ``v_loop`` 8 with k_parts 2, v_stages 2, fold_stages 2 and no register cap:
+round 9).
 
 Launch parameters: ``common.launch_config("gdn_verify", key)`` (the family registered below,
 chain and tree alike) with key ``HV{HV}_HK{Hk}_K{K}_V{V}_R{R}_T{T}``.  The wrapper does no host sync
@@ -145,7 +156,8 @@ _FLUSH_MODES = ("rank1", "dot")
 _REDUCE_MODES = ("bcast", "token")
 _SCORES_MODES = ("inline", "pre")
 # Built-in launch parameters: the fastest measured on the H200 (eval/results/spec-variants-h200/, rounds 1-2: one warp,
-# T two-dimensional reductions, key scores in a pre-kernel except at batch 1, a 168-register cap for 12 warps per SM).
+# T two-dimensional reductions, key scores in a pre-kernel except at batch 1, a 168-register cap for 12 warps per SM;
+# round 9: from 64 rows up, the looping kernel, 8 value tiles a program, uncapped).
 # Register use, offline ptxas for sm_90a (Qwen3-Next geometry, rank-1 flush): BV >= 32 or 1 warp hits 255 registers
 # without a cap.
 GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
@@ -168,16 +180,18 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     "maxnreg": maxnreg_param(168),
     # value tiles of BV rows per program (1: one tile a program): a program loops over v_loop tiles of one
     # (row, v-head), computing what the value rows share (gates, q^/k^, scores, the substitution's scalars) once
-    "v_loop": count_param(1, 1),
+    "v_loop": count_param(8, 1),
     # software-pipelining depth of that loop (Triton's num_stages for it; 1: none)
-    "v_stages": count_param(1, 1),
+    "v_stages": count_param(2, 1),
     # with v_loop > 1: a value tile is held as k_parts slices of its K row, so fewer lanes share a row's dot
     # products (v_loop > 1 always reduces per token and folds a flush with rank-1 updates)
     "k_parts": block_param(2),
     # with v_loop > 1: batches of fewer rows still launch one value tile per program (too few programs to loop)
     "v_loop_min_batch": count_param(64),
     # with v_loop > 1: software-pipelining depth of a flush row's rank-1 fold loop (1: none)
-    "fold_stages": count_param(1, 1),
+    "fold_stages": count_param(2, 1),
+    # register cap of the looping kernel (v_loop > 1; 0: none, -1: as maxnreg)
+    "v_loop_maxnreg": maxnreg_param(0, inherit=True),
 })
 
 
@@ -720,7 +734,7 @@ def gdn_verify_launch_params(HV: int, Hk: int, K: int, V: int, R: int, T: int, s
         cfg = launch_config("gdn_verify", keys)  # entries checked against the registration above
         if cfg["v_loop"] > 1 and (cfg["reduce"] != "token" or cfg["flush"] != "rank1"):
             raise ValueError(f"gdn_verify: v_loop > 1 needs reduce: token and flush: rank1, got reduce: "
-                             f"{cfg['reduce']}, flush: {cfg['flush']} ({config_file()})")
+                             f"{cfg['reduce']}, flush: {cfg['flush']}; set v_loop: 1 with them ({config_file()})")
         _CFG_CACHE[ck] = cfg
     return cfg
 
@@ -897,7 +911,8 @@ def gdn_verify(
         IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
         DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        **loop_args, **register_cap(cfg),
+        **loop_args, **register_cap(cfg if VL == 1 or cfg["v_loop_maxnreg"] == -1 else
+                                    dict(cfg, maxnreg=cfg["v_loop_maxnreg"])),
     )
     return out
 

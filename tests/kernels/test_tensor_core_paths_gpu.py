@@ -119,7 +119,7 @@ def test_gdn_decode_flush_dot(cuda, launch, monkeypatch, prec, geom, tile):
 @pytest.mark.parametrize("prec", PRECISIONS)
 @pytest.mark.parametrize("geom", list(GDN_ODD))
 def test_gdn_verify_flush_dot(cuda, launch, prec, geom):
-    launch("gdn_verify", flush="dot", dot_precision=prec, BV=16)
+    launch("gdn_verify", flush="dot", dot_precision=prec, BV=16, v_loop=1)
     gen, seed = make_gen()
     check_fp32_bar(run_gdn_verify(cuda, gen, **GDN_ODD[geom], T=3, R=9, flush=True, large=False), seed,
                    f"gdn verify flush ({geom}, {prec})")

@@ -36,9 +36,9 @@ def test_offline_verify_variants(tmp_path):
     # packaged Mamba2 config holds [BLOCK_M, N] at once and spills at 255 registers: timed faster on the H200 all
     # the same; the packaged GDN config is capped at 168)
     wide = {"mamba2": "num_warps=4,reduce=bcast,bc=inline,BLOCK_M=16,nonflush=chunked,maxnreg=0",
-            "gdn": "num_warps=4,reduce=bcast,scores=inline,maxnreg=0"}
+            "gdn": "num_warps=4,reduce=bcast,scores=inline,maxnreg=0,v_loop=1"}
     one = {"mamba2": "num_warps=1,reduce=token,bc=inline,BLOCK_M=16,nonflush=chunked,maxnreg=0",
-           "gdn": "num_warps=1,reduce=token,scores=inline,maxnreg=0"}
+           "gdn": "num_warps=1,reduce=token,scores=inline,maxnreg=0,v_loop=1"}
     argv = ["--variant", "packaged:", "--variant", "mamba2/cap:maxnreg=168"]
     for fam in ("mamba2", "gdn"):
         argv += ["--variant", f"{fam}/b4:{wide[fam]}", "--variant", f"{fam}/t1:{one[fam]}"]
