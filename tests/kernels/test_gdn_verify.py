@@ -799,7 +799,8 @@ VARIANTS = {"bcast-inline": dict(reduce="bcast", scores="inline", num_warps=4, v
             "vloop-pre": dict(reduce="token", scores="pre", v_loop=2, v_loop_min_batch=1),
             "vloop-inline-stages": dict(reduce="token", scores="inline", v_loop=4, v_stages=2, k_parts=4,
                                         fold_stages=2, v_loop_min_batch=1),
-            "vloop-whole-k": dict(reduce="token", scores="pre", v_loop=2, k_parts=1, v_loop_min_batch=1)}
+            "vloop-whole-k": dict(reduce="token", scores="pre", v_loop=2, k_parts=1, v_loop_min_batch=1),
+            "vloop-dotflush": dict(reduce="token", scores="pre", v_loop=2, flush="dot", v_loop_min_batch=1)}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
