@@ -102,8 +102,7 @@ k-head) pre-kernel, as in standard decode, would remove that redundancy).
 the grid above): grid ``(cdiv(V, BV * v_loop), B, HV)``, each program runs the per-(row,
 v-head) prologue once -- gates, q^/k^, key scores, Gram, the forward substitution's
 per-token scalars and, on a flush row, the history keys' norms -- and then loops over its
-v_loop value tiles (software-pipelined ``v_stages`` deep; a flush row's rank-1 fold loop
-``fold_stages`` deep), holding each tile as [BV, k_parts, K / k_parts] so that fewer lanes
+v_loop value tiles (software-pipelined ``v_stages`` deep), holding each tile as [BV, k_parts, K / k_parts] so that fewer lanes
 share a row's dot products (fewer shuffles).  Same math, same bytes; a flush row's fold
 coefficient c_j / |k_j| carries the key's norm instead of normalising k_j element-wise.
 
@@ -125,8 +124,7 @@ kernel re-rounds the checkpoint to the activation dtype).
 The built-in launch parameters are the fastest measured on the H200 (one warp, ``reduce: token``,
 ``scores: pre`` above batch 1, a 168-register cap: eval/results/spec-variants-h200/ rounds 1-2;
 4 warps with the broadcast reduction and inline scores, the earlier defaults, were the slowest;
-from 64 rows up, ``v_loop`` 8 with k_parts 2, v_stages 2, fold_stages 2 and no register cap:
-round 9).
+from 64 rows up, ``v_loop`` 8 with k_parts 2, v_stages 2 and no register cap: round 9).
 
 Launch parameters: ``common.launch_config("gdn_verify", key)`` (the family registered below,
 chain and tree alike) with key ``HV{HV}_HK{Hk}_K{K}_V{V}_R{R}_T{T}``.  The wrapper does no host sync
@@ -184,12 +182,10 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     # software-pipelining depth of that loop (Triton's num_stages for it; 1: none)
     "v_stages": count_param(2, 1),
     # with v_loop > 1: a value tile is held as k_parts slices of its K row, so fewer lanes share a row's dot
-    # products (v_loop > 1 always reduces per token)
+    # products (v_loop > 1 always reduces per token and folds a flush with rank-1 updates)
     "k_parts": block_param(2),
     # with v_loop > 1: batches of fewer rows still launch one value tile per program (too few programs to loop)
     "v_loop_min_batch": count_param(64),
-    # with v_loop > 1: software-pipelining depth of a flush row's rank-1 fold loop (1: none)
-    "fold_stages": count_param(2, 1),
     # register cap of the looping kernel (v_loop > 1; 0: none, -1: as maxnreg)
     "v_loop_maxnreg": maxnreg_param(0, inherit=True),
 })
@@ -504,8 +500,7 @@ def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2,
                     out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw, org, w, R,
                     q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w,
                     V: tl.constexpr, T: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr, KS: tl.constexpr,
-                    KW: tl.constexpr, FOLD: tl.constexpr, FOLD_STAGES: tl.constexpr, FLUSH_DOT: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr):
+                    KW: tl.constexpr, FOLD: tl.constexpr):
     """One value tile (BV rows) of a (row, v-head) in ``v_loop``, held as [BV, KS, KW] (the K row cut in KS
     parts of KW: fewer lanes share a row's K, so its dot products take fewer shuffles): the checkpoint tile
     (folded and stored on a flush row, ``FOLD``), the window's dots against it, the forward substitution (its
@@ -518,22 +513,15 @@ def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2,
     d_hist = tl.load(d_head + ph[None, :] * stride_d2 + o_v[:, None], mask=mask_v[:, None] & valid[None, :],
                      other=0).to(tl.float32)
     if FOLD:
-        if FLUSH_DOT:
-            # the fold as one tl.dot [BV, LP] x [LP, K] of the history d (times c_j / |k_j|) and the raw keys
-            k_hist = tl.load(k_head + ph[:, None] * stride_k2 + o_k[None, :], mask=valid[:, None] & mask_k[None, :],
-                             other=0).to(tl.float32)
-            upd = tl.dot(d_hist * cd[None, :], k_hist, input_precision=DOT_PRECISION)
-            s = eG * s + tl.reshape(upd, [BV, KS, KW])
-        else:
-            s = eG * s
-            # fp32 rank-1 updates c_j d_j k^_j^T, the key's norm folded into the coefficient cd_j = c_j / |k_j|
-            # (the raw k_j re-read per tile: L1/L2-resident)
-            for j in tl.range(0, w, num_stages=FOLD_STAGES):
-                p_j = (org + j) % R
-                cd_j = tl.sum(tl.where(o_j == j, cd, 0.0), axis=0)
-                d_j = tl.load(d_head + p_j * stride_d2 + o_v, mask=mask_v, other=0).to(tl.float32)
-                k_j = tl.load(k_head + p_j * stride_k2 + o_k3, mask=mask_k3, other=0).to(tl.float32)
-                s += (cd_j * d_j)[:, None, None] * k_j[None, :, :]
+        s = eG * s
+        # fp32 rank-1 updates c_j d_j k^_j^T, the key's norm folded into the coefficient cd_j = c_j / |k_j|
+        # (the raw k_j re-read per tile: L1/L2-resident)
+        for j in range(0, w):
+            p_j = (org + j) % R
+            cd_j = tl.sum(tl.where(o_j == j, cd, 0.0), axis=0)
+            d_j = tl.load(d_head + p_j * stride_d2 + o_v, mask=mask_v, other=0).to(tl.float32)
+            k_j = tl.load(k_head + p_j * stride_k2 + o_k3, mask=mask_k3, other=0).to(tl.float32)
+            s += (cd_j * d_j)[:, None, None] * k_j[None, :, :]
         s_st = _cast_rtne(s, s_head.dtype.element_ty)
         tl.store(s_head + offs, s_st, mask=mask3)
         s = s_st.to(tl.float32)  # the window runs on the stored checkpoint, with an empty history
@@ -595,7 +583,6 @@ def _gdn_verify_vloop_kernel(
     USE_L2NORM: tl.constexpr, ROUND_BETA: tl.constexpr, FLUSH_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, PER_TOKEN: tl.constexpr, SCORES_PRE: tl.constexpr,
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, VL: tl.constexpr, V_STAGES: tl.constexpr, KS: tl.constexpr,
-    FOLD_STAGES: tl.constexpr,
 ):
     """``v_loop`` > 1: the math of :func:`_gdn_verify_kernel`, one program per VL value tiles of a (row, v-head).
     What does not depend on the value rows (gates, q^/k^, key scores, Gram, the substitution's per-token
@@ -717,13 +704,13 @@ def _gdn_verify_vloop_kernel(
             _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
                             stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw,
                             org, w, R, q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w,
-                            V, T, BV, TP, KS, KW, True, FOLD_STAGES, FLUSH_DOT, DOT_PRECISION)
+                            V, T, BV, TP, KS, KW, True)
     else:
         for vi in tl.range(0, VL, num_stages=V_STAGES):
             _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
                             stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw,
                             org, w, R, q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w,
-                            V, T, BV, TP, KS, KW, False, FOLD_STAGES, FLUSH_DOT, DOT_PRECISION)
+                            V, T, BV, TP, KS, KW, False)
 
 
 # ----------------------------------------------------------------------------------
@@ -740,9 +727,9 @@ def gdn_verify_launch_params(HV: int, Hk: int, K: int, V: int, R: int, T: int, s
     cfg = _CFG_CACHE.get(ck)
     if cfg is None:
         cfg = launch_config("gdn_verify", keys)  # entries checked against the registration above
-        if cfg["v_loop"] > 1 and cfg["reduce"] != "token":
-            raise ValueError(f"gdn_verify: v_loop > 1 needs reduce: token, got reduce: {cfg['reduce']}; set "
-                             f"v_loop: 1 with it ({config_file()})")
+        if cfg["v_loop"] > 1 and (cfg["reduce"] != "token" or cfg["flush"] != "rank1"):
+            raise ValueError(f"gdn_verify: v_loop > 1 needs reduce: token and flush: rank1, got reduce: "
+                             f"{cfg['reduce']}, flush: {cfg['flush']}; set v_loop: 1 with them ({config_file()})")
         _CFG_CACHE[ck] = cfg
     return cfg
 
@@ -895,8 +882,7 @@ def gdn_verify(
         sc = out  # never read
     VL = min(cfg["v_loop"], triton.cdiv(V, BV)) if B >= cfg["v_loop_min_batch"] else 1
     kernel = _gdn_verify_kernel if VL == 1 else _gdn_verify_vloop_kernel
-    loop_args = {} if VL == 1 else dict(VL=VL, V_STAGES=cfg["v_stages"], KS=min(cfg["k_parts"], BK),
-                                          FOLD_STAGES=cfg["fold_stages"])
+    loop_args = {} if VL == 1 else dict(VL=VL, V_STAGES=cfg["v_stages"], KS=min(cfg["k_parts"], BK))
     grid = (triton.cdiv(V, BV * VL), B, HV)
     kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias,

@@ -773,10 +773,11 @@ def test_validation_out(device, bad_out):
 
 
 def test_launch_config_validation(tmp_path, monkeypatch):
-    for body, what in (("dot_precision: tf32", "tf32"), ("BV: 24", "BV"), ("flush: fancy", "flush"),
+    for n, (body, what) in enumerate((("{v_loop: 2, flush: dot}", "v_loop: 1"), ("{v_loop: 2, reduce: bcast}", "v_loop: 1"),
+                       ("fold_stages: 2", "unknown"), ("dot_precision: tf32", "tf32"), ("BV: 24", "BV"), ("flush: fancy", "flush"),
                        ("num_warps: 0", "num_warps"), ("BLOCK_Q: 4", "unknown"),
-                       ("flush: split", "split"), ("fold_BV: 32", "fold_BV"), ("reduce: dot", "reduce")):
-        f = tmp_path / f"cfg_{body.split(':')[0]}_{what}.yaml"  # one file per case (configs are cached by path)
+                       ("flush: split", "split"), ("fold_BV: 32", "fold_BV"), ("reduce: dot", "reduce"))):
+        f = tmp_path / f"cfg_{n}.yaml"  # one file per case (configs are cached by path)
         f.write_text("gdn_verify:\n  default:\n    " + body + "\n")
         monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
         with pytest.raises(ValueError, match=what):
@@ -798,9 +799,8 @@ VARIANTS = {"bcast-inline": dict(reduce="bcast", scores="inline", num_warps=4, v
             "token-pre-dotflush": dict(reduce="token", scores="pre", flush="dot", v_loop=1),
             "vloop-pre": dict(reduce="token", scores="pre", v_loop=2, v_loop_min_batch=1),
             "vloop-inline-stages": dict(reduce="token", scores="inline", v_loop=4, v_stages=2, k_parts=4,
-                                        fold_stages=2, v_loop_min_batch=1),
-            "vloop-whole-k": dict(reduce="token", scores="pre", v_loop=2, k_parts=1, v_loop_min_batch=1),
-            "vloop-dotflush": dict(reduce="token", scores="pre", v_loop=2, flush="dot", v_loop_min_batch=1)}
+                                        v_loop_min_batch=1),
+            "vloop-whole-k": dict(reduce="token", scores="pre", v_loop=2, k_parts=1, v_loop_min_batch=1)}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -821,7 +821,7 @@ def test_launch_variants_match_reference_and_oracle(device, seed, launch, prec, 
 def test_v_loop_odd_geometry_masked_tiles(device, seed, launch, v_loop):
     """v_loop at V = 40, K = 24 with BV = 16: a program's last tiles are part or wholly past V (masked), the
     prologue's scalars serve every tile; verify and flush rows, padded and null rows, fp32 and bf16 states."""
-    launch(always=True, BV=16, v_loop=v_loop, v_stages=2, fold_stages=2, v_loop_min_batch=6)
+    launch(always=True, BV=16, v_loop=v_loop, v_stages=2, v_loop_min_batch=6)
     for sd, ad in (PRECISIONS["s32-a32"], PRECISIONS["s16b-a16b"]):
         sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, Bh=6, T=3, **small_geom(Hk=2, HV=4, K=24, V=40, n_slots=7))
         for s, (w, o) in {1: (3, 7), 2: (6, 5), 3: (0, 4), 5: (4, 0)}.items():
