@@ -98,8 +98,8 @@ The history scores
 are recomputed by every V tile and every v-head of a k-head group (a per-(row,
 k-head) pre-kernel, as in standard decode, would remove that redundancy).
 
-``v_loop`` > 1 (the built-in default from ``v_loop_min_batch`` rows up; smaller batches keep
-the grid above): grid ``(cdiv(V, BV * v_loop), B, HV)``, each program runs the per-(row,
+``v_loop`` > 1 (the built-in default from ``v_loop_min_batch`` rows up and for windows of at
+most ``v_loop_max_window`` tokens; other launches keep the grid above): grid ``(cdiv(V, BV * v_loop), B, HV)``, each program runs the per-(row,
 v-head) prologue once -- gates, q^/k^, key scores, Gram, the forward substitution's
 per-token scalars and, on a flush row, the history keys' norms -- and then loops over its
 v_loop value tiles (software-pipelined ``v_stages`` deep), holding each tile as [BV, k_parts, K / k_parts] so that fewer lanes
@@ -186,6 +186,9 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     "k_parts": block_param(2),
     # with v_loop > 1: batches of fewer rows still launch one value tile per program (too few programs to loop)
     "v_loop_min_batch": count_param(64),
+    # with v_loop > 1: windows of more tokens still launch one value tile per program (the loop holds 2T window
+    # vectors across its tiles: at T = 8 they spill)
+    "v_loop_max_window": count_param(4, 1),
     # register cap of the looping kernel (v_loop > 1; 0: none, -1: as maxnreg)
     "v_loop_maxnreg": maxnreg_param(0, inherit=True),
 })
@@ -880,7 +883,8 @@ def gdn_verify(
         )
     else:
         sc = out  # never read
-    VL = min(cfg["v_loop"], triton.cdiv(V, BV)) if B >= cfg["v_loop_min_batch"] else 1
+    VL = (min(cfg["v_loop"], triton.cdiv(V, BV)) if B >= cfg["v_loop_min_batch"] and T <= cfg["v_loop_max_window"]
+          else 1)
     kernel = _gdn_verify_kernel if VL == 1 else _gdn_verify_vloop_kernel
     loop_args = {} if VL == 1 else dict(VL=VL, V_STAGES=cfg["v_stages"], KS=min(cfg["k_parts"], BK))
     grid = (triton.cdiv(V, BV * VL), B, HV)

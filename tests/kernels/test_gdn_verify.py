@@ -852,6 +852,24 @@ def test_v_loop_min_batch_keeps_small_batches_one_tile_a_program(device, seed, l
     assert sim.flushes >= 2
 
 
+def test_v_loop_max_window_keeps_long_windows_one_tile_a_program(device, seed, launch, monkeypatch):
+    """v_loop_max_window: a window of more tokens launches the one-tile-a-program kernel."""
+    launch(always=True, BV=16, v_loop=2, v_loop_min_batch=1, v_loop_max_window=2)
+    launches = []
+    for name in ("_gdn_verify_kernel", "_gdn_verify_vloop_kernel"):
+        orig = getattr(gv, name)
+        monkeypatch.setattr(gv, name, type("K", (), {"__getitem__": lambda self, grid, n=name, o=orig: (
+            launches.append(n), o[grid])[1]})())
+    for T, kernel in ((2, "_gdn_verify_vloop_kernel"), (3, "_gdn_verify_kernel")):
+        launches.clear()
+        sim = Sim(device, seed, state_dtype=F32, act_dtype=F32, Bh=4, T=T, **small_geom(Hk=2, HV=4, n_slots=7))
+        for s in (1, 2, 3):
+            sim.activate(s)
+        for _ in range(4):
+            sim.step([1, 2, 3])
+        assert launches and set(launches) == {kernel}, (T, launches)
+
+
 @pytest.mark.slow  # the launch-config grid: the GPU run's (each variant's CPU test is the one above)
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("case", ["T3-B6-s32a32", "T4-B4-s32a32"])
