@@ -40,8 +40,6 @@ GEOMETRIES = {
 }
 FAMILY_KEY = {"mamba2": "mamba2_verify", "gdn": "gdn_verify"}
 KERNEL = {"mamba2": "_mamba2_verify_kernel", "gdn": "_gdn_verify_kernel"}
-# the family's other main kernels, launched instead of KERNEL under some configs (gdn: v_loop > 1)
-ALT_KERNELS = {"mamba2": (), "gdn": ("_gdn_verify_vloop_kernel",)}
 # launched before the main kernel by some variants (grid axis 0 runs over the batch)
 PRE_KERNELS = {"mamba2": ("_mamba2_verify_bc_kernel",), "gdn": ("_gdn_verify_scores_kernel",)}
 # the H200 file (one warp, per-token reductions, pre-kernels: timed 3.46x / 1.74x stock) sits at 255 registers,
@@ -113,7 +111,7 @@ def capture(family: str, config: Dict[str, Any], geom: Dict[str, int], T: int, h
     prev = os.environ.get(ENV_CONFIG_FILE)
     os.environ[ENV_CONFIG_FILE] = str(tmp)
     calls: Dict[str, Any] = {}
-    names = (KERNEL[family],) + ALT_KERNELS[family] + PRE_KERNELS[family]
+    names = (KERNEL[family],) + PRE_KERNELS[family]
     saved = {n: getattr(mod, n) for n in names}
     for n in names:
         setattr(mod, n, _Recorder(saved[n], calls))
@@ -148,7 +146,7 @@ def analyse(family: str, name: str, config: Dict[str, Any], T: int = 4, hist: in
 
     geom = GEOMETRIES[family]
     calls = capture(family, config, geom, T, hist, state_dtype or torch.float32, act_dtype or torch.bfloat16)
-    launch = next(calls[k] for k in (KERNEL[family],) + ALT_KERNELS[family] if k in calls)
+    launch = calls[KERNEL[family]]
     built = compile_offline(launch)
     rep = ptxas_report(built["ptx"])
     text = disassemble(built["cubin"])

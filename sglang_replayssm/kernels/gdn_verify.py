@@ -226,6 +226,19 @@ def _gram_column(kk, kq, k_hat, q_i, k_i, col):
 
 
 @triton.jit
+def _window_gram(o_t, q_hat, k_hat, TP: tl.constexpr):
+    """The window Gram kk[j, i] = k^_j . k^_i, kq[j, i] = k^_j . q^_i ([TP, TP] fp32)."""
+    kk = tl.zeros([TP, TP], dtype=tl.float32)
+    kq = tl.zeros([TP, TP], dtype=tl.float32)
+    for i in tl.static_range(TP):
+        sel = o_t == i
+        q_i = tl.sum(tl.where(sel[:, None], q_hat, 0.0), axis=0)
+        k_i = tl.sum(tl.where(sel[:, None], k_hat, 0.0), axis=0)
+        kk, kq = _gram_column(kk, kq, k_hat, q_i, k_i, sel[None, :])
+    return kk, kq
+
+
+@triton.jit
 def _gdn_verify_scores_kernel(
     qkv, k_ring, state_indices, wp, origin, flush, sc,
     scale, null_slot,
@@ -260,13 +273,7 @@ def _gdn_verify_scores_kernel(
     k_head = k_ring + slot * stride_k0 + i_hk * stride_k1
     hq, hk = _history_key_scores(k_head, stride_k2, org, w_hist, R, q_hat, k_hat, o_j, o_k, mask_k,
                                  LP, TP, USE_L2NORM, EPS)
-    kk = tl.zeros([TP, TP], dtype=tl.float32)
-    kq = tl.zeros([TP, TP], dtype=tl.float32)
-    for i in tl.static_range(TP):
-        sel = o_t == i
-        q_i = tl.sum(tl.where(sel[:, None], q_hat, 0.0), axis=0)
-        k_i = tl.sum(tl.where(sel[:, None], k_hat, 0.0), axis=0)
-        kk, kq = _gram_column(kk, kq, k_hat, q_i, k_i, sel[None, :])
+    kk, kq = _window_gram(o_t, q_hat, k_hat, TP)
     base = sc + i_n * stride_sc0 + i_hk * stride_sc1
     tl.store(base + o_j[:, None] * TP + o_t[None, :], hq)
     tl.store(base + (LP + o_j)[:, None] * TP + o_t[None, :], hk)
@@ -285,66 +292,14 @@ def _fold_history_dot(s, eG, c, d_hist, k_head, stride_k2, ph, valid, o_k, mask_
 
 
 @triton.jit
-def _gdn_verify_kernel(
-    qkv, a, b, A_log, dt_bias,
-    state, d_ring, k_ring, g_ring,
-    state_indices, wp, origin, flush, out, sc, parents,
-    scale, null_slot,
-    stride_idx, stride_wp, stride_org, stride_fl,
-    stride_x0, stride_x1,
-    stride_a0, stride_a1, stride_b0, stride_b1,
-    stride_s0, stride_s1, stride_s2,
-    stride_d0, stride_d1, stride_d2,
-    stride_k0, stride_k1, stride_k2,
-    stride_g0, stride_g1, stride_g2,
-    stride_o0, stride_o1, stride_o2,
-    stride_sc0, stride_sc1, stride_p0, stride_p1,
-    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr, T: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, TP: tl.constexpr,
-    USE_L2NORM: tl.constexpr, ROUND_BETA: tl.constexpr, FLUSH_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, PER_TOKEN: tl.constexpr, SCORES_PRE: tl.constexpr,
-    IS_TREE: tl.constexpr, LOG_TP: tl.constexpr,
-):
-    i_v = tl.program_id(0)
-    i_n = tl.program_id(1).to(tl.int64)
-    i_hv = tl.program_id(2)
-    i_hk = i_hv // (HV // HK)
-
-    slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
-    if (slot < 0) | (slot == null_slot):
-        return  # padded / null row: nothing is written
-    # the slot's cursor (w history tokens from ring position org; flush: fold the history first)
-    w = tl.load(wp + slot * stride_wp).to(tl.int32)
-    org = tl.load(origin + slot * stride_org).to(tl.int32)
-    is_flush = tl.load(flush + slot * stride_fl) != 0
-    w = tl.minimum(tl.maximum(w, 0), R - T)  # memory safety only (the commit rule keeps w + T <= R)
-    org = tl.minimum(tl.maximum(org, 0), R - 1)
-
-    o_k = tl.arange(0, BK)
-    mask_k = o_k < K
-    o_v = i_v * BV + tl.arange(0, BV)
-    mask_v = o_v < V
-    o_j = tl.arange(0, LP)
-    valid = o_j < w
-    ph = (org + o_j) % R  # physical ring index of history position j
-    o_t = tl.arange(0, TP)
-    mask_t = o_t < T
-    pw = (org + w + o_t) % R  # physical ring index of window token i
-
-    s_head = state + slot * stride_s0 + i_hv * stride_s1
-    d_head = d_ring + slot * stride_d0 + i_hv * stride_d1
-    k_head = k_ring + slot * stride_k0 + i_hk * stride_k1
-    g_head = g_ring + slot * stride_g0 + i_hv * stride_g1
+def _verify_window_inputs(qkv, a, b, A_log, dt_bias, k_head, g_head, i_n, i_v, i_hv, i_hk, o_t, mask_t, o_k, mask_k,
+                          pw, scale, stride_x0, stride_x1, stride_a0, stride_a1, stride_b0, stride_b1, stride_k2,
+                          stride_g2, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, USE_L2NORM: tl.constexpr,
+                          ROUND_BETA: tl.constexpr, SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr):
+    """The window's inputs of one (row, v-head): loads q, k [TP, BK], a, b [TP]; the gates g [TP] (0 past T) and
+    beta; the window's g (one writer per (row, v-head): V tile 0) and raw k (one per (row, k-head)) go to the ring
+    at physical rows pw now (disjoint from the history every program reads); returns g, beta, q^ (scaled), k^."""
     x_row = qkv + i_n * stride_x0
-    v_row = x_row + 2 * HK * K + i_hv * V
-    out_row = out + i_n * stride_o0 + i_hv * stride_o2
-
-    # ---- loads: checkpoint tile, history (g, d slice), window (q, k, a, b) ----
-    s_ck = tl.load(s_head + o_v[:, None] * stride_s2 + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :],
-                   other=0)
-    g_hist = tl.load(g_head + ph * stride_g2, mask=valid, other=0.0)
-    d_hist = tl.load(d_head + ph[None, :] * stride_d2 + o_v[:, None], mask=mask_v[:, None] & valid[None, :],
-                     other=0)
     mask_tk = mask_t[:, None] & mask_k[None, :]
     q_win = tl.load(x_row + o_t[:, None] * stride_x1 + i_hk * K + o_k[None, :], mask=mask_tk, other=0)
     k_raw = tl.load(x_row + o_t[:, None] * stride_x1 + HK * K + i_hk * K + o_k[None, :], mask=mask_tk, other=0)
@@ -352,9 +307,6 @@ def _gdn_verify_kernel(
     b_win = tl.load(b + i_n * stride_b0 + o_t * stride_b1 + i_hv, mask=mask_t, other=0)
     A_log_val = tl.load(A_log + i_hv)
     dt_bias_val = tl.load(dt_bias + i_hv)
-
-    # ---- window gates; the window's g (one writer per (row, v-head)) and raw k (one per
-    # (row, k-head)) go to the ring now (disjoint from the history every program reads) ----
     g_win, beta_r = _gdn_gate(a_win, b_win, A_log_val, dt_bias_val, SOFTPLUS_THRESHOLD)
     g_win = tl.where(mask_t, g_win, 0.0)
     if ROUND_BETA:
@@ -368,116 +320,7 @@ def _gdn_verify_kernel(
                      mask=mask_tk)
     q_hat = _normalise_rows(q_win, USE_L2NORM, EPS) * scale  # [TP, BK] fp32
     k_hat = _normalise_rows(k_raw, USE_L2NORM, EPS)
-
-    # ---- history replay weights c_j = e^{G - G_j}, e^G ----
-    c, eG = _history_weights(g_hist, w, LP)
-    d_hist = d_hist.to(tl.float32)
-    s = s_ck.to(tl.float32)
-    # history scores of the window vectors, hq[j, i] = k^_j . q^_i and hk[j, i] = k^_j . k^_i
-    # (verify rows; zero on flush rows, whose history is folded into s instead)
-    hq = tl.zeros([LP, TP], dtype=tl.float32)
-    hk = tl.zeros([LP, TP], dtype=tl.float32)
-    if is_flush:
-        # ---- flush: S_c = e^G S_ck + sum_j c_j d_j k^_j^T becomes the checkpoint ----
-        if w > 0:
-            if FLUSH_DOT:
-                s = _fold_history_dot(s, eG, c, d_hist, k_head, stride_k2, ph, valid, o_k, mask_k,
-                                      USE_L2NORM, EPS, DOT_PRECISION)
-            else:
-                s = eG * s
-                for j in range(0, w):  # exact fp32 rank-1 updates (d_j, k_j re-read: L1-resident)
-                    p_j = (org + j) % R
-                    c_j = tl.sum(tl.where(o_j == j, c, 0.0), axis=0)
-                    d_j = tl.load(d_head + p_j * stride_d2 + o_v, mask=mask_v, other=0).to(tl.float32)
-                    k_j = _l2norm_vec(tl.load(k_head + p_j * stride_k2 + o_k, mask=mask_k, other=0).to(tl.float32),
-                                      USE_L2NORM, EPS)
-                    s += (c_j * d_j)[:, None] * k_j[None, :]
-            s_st = _cast_rtne(s, s_head.dtype.element_ty)
-            tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :], s_st, mask=mask_v[:, None] & mask_k[None, :])
-            s = s_st.to(tl.float32)  # the window runs on the stored checkpoint
-    elif not SCORES_PRE:
-        # ---- verify: the history key scores, streamed once ----
-        hq, hk = _history_key_scores(k_head, stride_k2, org, w, R, q_hat, k_hat, o_j, o_k, mask_k,
-                                     LP, TP, USE_L2NORM, EPS)
-    if SCORES_PRE:
-        sc_base = sc + i_n * stride_sc0 + i_hk * stride_sc1
-        hq = tl.load(sc_base + o_j[:, None] * TP + o_t[None, :])
-        hk = tl.load(sc_base + (LP + o_j)[:, None] * TP + o_t[None, :])
-    # with a flush the history is folded: S_c x = s x
-    eG_x = tl.where(is_flush, 1.0, eG)
-    c_x = tl.where(is_flush, 0.0, c)
-
-    # ---- window, part 1 (independent of the solve), all tokens at once:
-    # S_c q^_i, S_c k^_i (checkpoint tile + replayed history) and the Gram entries
-    # kk[j, i] = k^_j . k^_i, kq[j, i] = k^_j . q^_i ----
-    if PER_TOKEN:
-        s_q = tl.zeros([BV, TP], dtype=tl.float32)
-        s_k = tl.zeros([BV, TP], dtype=tl.float32)
-        kk = tl.zeros([TP, TP], dtype=tl.float32)
-        kq = tl.zeros([TP, TP], dtype=tl.float32)
-        for i in tl.static_range(TP):
-            sel = o_t == i
-            col = sel[None, :]
-            q_i = tl.sum(tl.where(sel[:, None], q_hat, 0.0), axis=0)  # [BK]
-            k_i = tl.sum(tl.where(sel[:, None], k_hat, 0.0), axis=0)
-            hq_i = tl.sum(tl.where(col, hq, 0.0), axis=1)  # [LP]
-            hk_i = tl.sum(tl.where(col, hk, 0.0), axis=1)
-            sq_i = eG_x * tl.sum(s * q_i[None, :], axis=1) + tl.sum(d_hist * (c_x * hq_i)[None, :], axis=1)
-            sk_i = eG_x * tl.sum(s * k_i[None, :], axis=1) + tl.sum(d_hist * (c_x * hk_i)[None, :], axis=1)
-            s_q = tl.where(col, sq_i[:, None], s_q)
-            s_k = tl.where(col, sk_i[:, None], s_k)
-            if not SCORES_PRE:
-                kk, kq = _gram_column(kk, kq, k_hat, q_i, k_i, col)
-    else:
-        s_q = tl.sum(s[:, None, :] * q_hat[None, :, :], axis=2)  # [BV, TP]
-        s_k = tl.sum(s[:, None, :] * k_hat[None, :, :], axis=2)
-        s_q = eG_x * s_q + tl.sum(d_hist[:, :, None] * (c_x[:, None] * hq)[None, :, :], axis=1)
-        s_k = eG_x * s_k + tl.sum(d_hist[:, :, None] * (c_x[:, None] * hk)[None, :, :], axis=1)
-        if not SCORES_PRE:
-            kk = tl.sum(k_hat[:, None, :] * k_hat[None, :, :], axis=2)  # [TP, TP]
-            kq = tl.sum(k_hat[:, None, :] * q_hat[None, :, :], axis=2)
-    if SCORES_PRE:
-        kk = tl.load(sc_base + (2 * LP + o_t)[:, None] * TP + o_t[None, :])
-        kq = tl.load(sc_base + (2 * LP + TP + o_t)[:, None] * TP + o_t[None, :])
-
-    if IS_TREE:
-        # ---- tree: anc[j, i] = 1 when node j is on the path root..i (i included) ----
-        anc = _tree_ancestor_mask(parents + i_n * stride_p0, stride_p1, T, TP, LOG_TP)
-
-    # ---- window, part 2: UT forward substitution, one token (tree: node) at a time ----
-    d_win = tl.zeros([BV, TP], dtype=tl.float32)
-    o_win = tl.zeros([BV, TP], dtype=tl.float32)
-    for i in tl.static_range(T):
-        sel = o_t == i
-        col = sel[None, :]
-        beta_i = tl.sum(tl.where(sel, beta, 0.0), axis=0)
-        v_i = tl.load(v_row + i * stride_x1 + o_v, mask=mask_v, other=0).to(tl.float32)
-        if IS_TREE:
-            # path decays: the chain's sums over the g of the nodes on the path root..i only, cw_j = 0 off the path
-            # (ancestors precede i, so the Gram and the substitution below are the chain's, restricted by cw)
-            on_path = tl.sum(tl.where(col, anc, 0.0), axis=1) > 0.5
-            cw, e_gam = _history_weights(tl.where(on_path, g_win, 0.0), i + 1, TP)
-            cw = tl.where(on_path, cw, 0.0)
-        else:
-            # window decays: cw_j = e^{Gamma_i - Gamma_j} (j <= i, 0 past i), e^{Gamma_i}; the exponents summed
-            # directly over g_{j+1..i} (_history_weights). Not one [TP, TP] cumsum before the loop: Triton 3.6 fails
-            # to lower that 2-D scan for one-warp programs (ScanOpToLLVM assertion; eval.verify_sass gdn/t1)
-            cw, e_gam = _history_weights(tl.where(o_t <= i, g_win, 0.0), i + 1, TP)
-        kk_i = tl.sum(tl.where(col, kk, 0.0), axis=1)  # k^_j . k^_i over j
-        kq_i = tl.sum(tl.where(col, kq, 0.0), axis=1)  # k^_j . q^_i over j
-        r_i = beta_i * (v_i - e_gam * tl.sum(tl.where(col, s_k, 0.0), axis=1))
-        a_row = tl.where(o_t < i, beta_i * cw * kk_i, 0.0)
-        d_i = r_i - tl.sum(d_win * a_row[None, :], axis=1)
-        d_win = tl.where(col, d_i[:, None], d_win)
-        o_i = e_gam * tl.sum(tl.where(col, s_q, 0.0), axis=1) + tl.sum(d_win * (cw * kq_i)[None, :], axis=1)
-        o_win = tl.where(col, o_i[:, None], o_win)
-
-    # ---- outputs of every window token, the window's d slice into the ring ----
-    mask_vt = mask_v[:, None] & mask_t[None, :]
-    tl.store(out_row + o_t[None, :] * stride_o1 + o_v[:, None], _cast_rtne(o_win, out_row.dtype.element_ty),
-             mask=mask_vt)
-    tl.store(d_head + pw[None, :] * stride_d2 + o_v[:, None], _cast_rtne(d_win, d_head.dtype.element_ty),
-             mask=mask_vt)
+    return g_win, beta, q_hat, k_hat
 
 
 @triton.jit
@@ -567,7 +410,7 @@ def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2,
 
 
 @triton.jit
-def _gdn_verify_vloop_kernel(
+def _gdn_verify_kernel(
     qkv, a, b, A_log, dt_bias,
     state, d_ring, k_ring, g_ring,
     state_indices, wp, origin, flush, out, sc, parents,
@@ -587,9 +430,10 @@ def _gdn_verify_vloop_kernel(
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, PER_TOKEN: tl.constexpr, SCORES_PRE: tl.constexpr,
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, VL: tl.constexpr, V_STAGES: tl.constexpr, KS: tl.constexpr,
 ):
-    """``v_loop`` > 1: the math of :func:`_gdn_verify_kernel`, one program per VL value tiles of a (row, v-head).
-    What does not depend on the value rows (gates, q^/k^, key scores, Gram, the substitution's per-token
-    scalars, a flush's key norms) is computed once per program; the tiles run in a loop."""
+    """One program per VL value tiles (BV rows each) of a (row, v-head).  VL == 1: the tile is held as [BV, K];
+    VL > 1 (``v_loop``): what does not depend on the value rows (gates, q^/k^, key scores, Gram, the
+    substitution's per-token scalars, a flush's key norms) is computed once per program and the tiles, each
+    held as [BV, KS, K / KS], run in a loop (:func:`_gdn_vloop_tile`)."""
     i_v = tl.program_id(0)
     i_n = tl.program_id(1).to(tl.int64)
     i_hv = tl.program_id(2)
@@ -598,122 +442,225 @@ def _gdn_verify_vloop_kernel(
     slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
     if (slot < 0) | (slot == null_slot):
         return  # padded / null row: nothing is written
+    # the slot's cursor (w history tokens from ring position org; flush: fold the history first)
     w = tl.load(wp + slot * stride_wp).to(tl.int32)
     org = tl.load(origin + slot * stride_org).to(tl.int32)
     is_flush = tl.load(flush + slot * stride_fl) != 0
     w = tl.minimum(tl.maximum(w, 0), R - T)  # memory safety only (the commit rule keeps w + T <= R)
     org = tl.minimum(tl.maximum(org, 0), R - 1)
-    fold = is_flush & (w > 0)  # a flush of an empty history is a verify from the checkpoint
 
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
     o_j = tl.arange(0, LP)
     valid = o_j < w
-    ph = (org + o_j) % R
+    ph = (org + o_j) % R  # physical ring index of history position j
     o_t = tl.arange(0, TP)
     mask_t = o_t < T
-    pw = (org + w + o_t) % R
+    pw = (org + w + o_t) % R  # physical ring index of window token i
 
     s_head = state + slot * stride_s0 + i_hv * stride_s1
     d_head = d_ring + slot * stride_d0 + i_hv * stride_d1
     k_head = k_ring + slot * stride_k0 + i_hk * stride_k1
     g_head = g_ring + slot * stride_g0 + i_hv * stride_g1
-    x_row = qkv + i_n * stride_x0
-    v_row = x_row + 2 * HK * K + i_hv * V
+    v_row = qkv + i_n * stride_x0 + 2 * HK * K + i_hv * V
     out_row = out + i_n * stride_o0 + i_hv * stride_o2
+    if VL == 1:
+        o_v = i_v * BV + tl.arange(0, BV)
+        mask_v = o_v < V
 
-    g_hist = tl.load(g_head + ph * stride_g2, mask=valid, other=0.0)
-    mask_tk = mask_t[:, None] & mask_k[None, :]
-    q_win = tl.load(x_row + o_t[:, None] * stride_x1 + i_hk * K + o_k[None, :], mask=mask_tk, other=0)
-    k_raw = tl.load(x_row + o_t[:, None] * stride_x1 + HK * K + i_hk * K + o_k[None, :], mask=mask_tk, other=0)
-    a_win = tl.load(a + i_n * stride_a0 + o_t * stride_a1 + i_hv, mask=mask_t, other=0)
-    b_win = tl.load(b + i_n * stride_b0 + o_t * stride_b1 + i_hv, mask=mask_t, other=0)
-    A_log_val = tl.load(A_log + i_hv)
-    dt_bias_val = tl.load(dt_bias + i_hv)
+        # ---- loads: checkpoint tile, history (g, d slice); the window's inputs, gates and ring entries ----
+        s_ck = tl.load(s_head + o_v[:, None] * stride_s2 + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :],
+                       other=0)
+        g_hist = tl.load(g_head + ph * stride_g2, mask=valid, other=0.0)
+        d_hist = tl.load(d_head + ph[None, :] * stride_d2 + o_v[:, None], mask=mask_v[:, None] & valid[None, :],
+                         other=0)
+        g_win, beta, q_hat, k_hat = _verify_window_inputs(
+            qkv, a, b, A_log, dt_bias, k_head, g_head, i_n, i_v, i_hv, i_hk, o_t, mask_t, o_k, mask_k, pw, scale,
+            stride_x0, stride_x1, stride_a0, stride_a1, stride_b0, stride_b1, stride_k2, stride_g2,
+            HK, HV, K, USE_L2NORM, ROUND_BETA, SOFTPLUS_THRESHOLD, EPS)
 
-    g_win, beta_r = _gdn_gate(a_win, b_win, A_log_val, dt_bias_val, SOFTPLUS_THRESHOLD)
-    g_win = tl.where(mask_t, g_win, 0.0)
-    if ROUND_BETA:
-        beta = beta_r
-    else:
-        beta = tl.sigmoid(b_win.to(tl.float32))
-    if i_v == 0:
-        tl.store(g_head + pw * stride_g2, g_win, mask=mask_t)
-        if i_hv % (HV // HK) == 0:
-            tl.store(k_head + pw[:, None] * stride_k2 + o_k[None, :], k_raw.to(k_head.dtype.element_ty),
-                     mask=mask_tk)
-    q_hat = _normalise_rows(q_win, USE_L2NORM, EPS) * scale  # [TP, BK] fp32
-    k_hat = _normalise_rows(k_raw, USE_L2NORM, EPS)
-    c, eG = _history_weights(g_hist, w, LP)
-    # the window's q^, k^ again as [TP, KS, KW] (K cut in KS parts), the form the value tiles take
-    KW: tl.constexpr = BK // KS
-    o_k3 = tl.arange(0, KS)[:, None] * KW + tl.arange(0, KW)[None, :]
-    mask_k3 = o_k3 < K
-    mask_tk3 = mask_t[:, None, None] & mask_k3[None, :, :]
-    q3 = tl.load(x_row + o_t[:, None, None] * stride_x1 + i_hk * K + o_k3[None, :, :], mask=mask_tk3,
-                 other=0).to(tl.float32)
-    k3 = tl.load(x_row + o_t[:, None, None] * stride_x1 + HK * K + i_hk * K + o_k3[None, :, :], mask=mask_tk3,
-                 other=0).to(tl.float32)
-    if USE_L2NORM:
-        q3 = q3 / tl.sqrt(tl.sum(tl.sum(q3 * q3, axis=2), axis=1) + EPS)[:, None, None]
-        k3 = k3 / tl.sqrt(tl.sum(tl.sum(k3 * k3, axis=2), axis=1) + EPS)[:, None, None]
-    q3 = q3 * scale
-
-    # key scores of the history (verify rows) and the window Gram, once per program
-    hq = tl.zeros([LP, TP], dtype=tl.float32)
-    hk = tl.zeros([LP, TP], dtype=tl.float32)
-    cd = c  # a flush's fold coefficients c_j / sqrt(|k_j|^2 + eps)
-    if SCORES_PRE:
-        sc_base = sc + i_n * stride_sc0 + i_hk * stride_sc1
-        hq = tl.load(sc_base + o_j[:, None] * TP + o_t[None, :])
-        hk = tl.load(sc_base + (LP + o_j)[:, None] * TP + o_t[None, :])
-        kk = tl.load(sc_base + (2 * LP + o_t)[:, None] * TP + o_t[None, :])
-        kq = tl.load(sc_base + (2 * LP + TP + o_t)[:, None] * TP + o_t[None, :])
-    else:
-        if not is_flush:
+        # ---- history replay weights c_j = e^{G - G_j}, e^G ----
+        c, eG = _history_weights(g_hist, w, LP)
+        d_hist = d_hist.to(tl.float32)
+        s = s_ck.to(tl.float32)
+        # history scores of the window vectors, hq[j, i] = k^_j . q^_i and hk[j, i] = k^_j . k^_i
+        # (verify rows; zero on flush rows, whose history is folded into s instead)
+        hq = tl.zeros([LP, TP], dtype=tl.float32)
+        hk = tl.zeros([LP, TP], dtype=tl.float32)
+        if is_flush:
+            # ---- flush: S_c = e^G S_ck + sum_j c_j d_j k^_j^T becomes the checkpoint ----
+            if w > 0:
+                if FLUSH_DOT:
+                    s = _fold_history_dot(s, eG, c, d_hist, k_head, stride_k2, ph, valid, o_k, mask_k,
+                                          USE_L2NORM, EPS, DOT_PRECISION)
+                else:
+                    s = eG * s
+                    for j in range(0, w):  # exact fp32 rank-1 updates (d_j, k_j re-read: L1-resident)
+                        p_j = (org + j) % R
+                        c_j = tl.sum(tl.where(o_j == j, c, 0.0), axis=0)
+                        d_j = tl.load(d_head + p_j * stride_d2 + o_v, mask=mask_v, other=0).to(tl.float32)
+                        k_j = _l2norm_vec(tl.load(k_head + p_j * stride_k2 + o_k, mask=mask_k, other=0).to(tl.float32),
+                                          USE_L2NORM, EPS)
+                        s += (c_j * d_j)[:, None] * k_j[None, :]
+                s_st = _cast_rtne(s, s_head.dtype.element_ty)
+                tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :], s_st, mask=mask_v[:, None] & mask_k[None, :])
+                s = s_st.to(tl.float32)  # the window runs on the stored checkpoint
+        elif not SCORES_PRE:
+            # ---- verify: the history key scores, streamed once ----
             hq, hk = _history_key_scores(k_head, stride_k2, org, w, R, q_hat, k_hat, o_j, o_k, mask_k,
                                          LP, TP, USE_L2NORM, EPS)
-        kk = tl.zeros([TP, TP], dtype=tl.float32)
-        kq = tl.zeros([TP, TP], dtype=tl.float32)
-        for i in tl.static_range(TP):
+        if SCORES_PRE:
+            sc_base = sc + i_n * stride_sc0 + i_hk * stride_sc1
+            hq = tl.load(sc_base + o_j[:, None] * TP + o_t[None, :])
+            hk = tl.load(sc_base + (LP + o_j)[:, None] * TP + o_t[None, :])
+        # with a flush the history is folded: S_c x = s x
+        eG_x = tl.where(is_flush, 1.0, eG)
+        c_x = tl.where(is_flush, 0.0, c)
+
+        # ---- window, part 1 (independent of the solve), all tokens at once:
+        # S_c q^_i, S_c k^_i (checkpoint tile + replayed history) and the Gram entries
+        # kk[j, i] = k^_j . k^_i, kq[j, i] = k^_j . q^_i ----
+        if PER_TOKEN:
+            s_q = tl.zeros([BV, TP], dtype=tl.float32)
+            s_k = tl.zeros([BV, TP], dtype=tl.float32)
+            kk = tl.zeros([TP, TP], dtype=tl.float32)
+            kq = tl.zeros([TP, TP], dtype=tl.float32)
+            for i in tl.static_range(TP):
+                sel = o_t == i
+                col = sel[None, :]
+                q_i = tl.sum(tl.where(sel[:, None], q_hat, 0.0), axis=0)  # [BK]
+                k_i = tl.sum(tl.where(sel[:, None], k_hat, 0.0), axis=0)
+                hq_i = tl.sum(tl.where(col, hq, 0.0), axis=1)  # [LP]
+                hk_i = tl.sum(tl.where(col, hk, 0.0), axis=1)
+                sq_i = eG_x * tl.sum(s * q_i[None, :], axis=1) + tl.sum(d_hist * (c_x * hq_i)[None, :], axis=1)
+                sk_i = eG_x * tl.sum(s * k_i[None, :], axis=1) + tl.sum(d_hist * (c_x * hk_i)[None, :], axis=1)
+                s_q = tl.where(col, sq_i[:, None], s_q)
+                s_k = tl.where(col, sk_i[:, None], s_k)
+                if not SCORES_PRE:
+                    kk, kq = _gram_column(kk, kq, k_hat, q_i, k_i, col)
+        else:
+            s_q = tl.sum(s[:, None, :] * q_hat[None, :, :], axis=2)  # [BV, TP]
+            s_k = tl.sum(s[:, None, :] * k_hat[None, :, :], axis=2)
+            s_q = eG_x * s_q + tl.sum(d_hist[:, :, None] * (c_x[:, None] * hq)[None, :, :], axis=1)
+            s_k = eG_x * s_k + tl.sum(d_hist[:, :, None] * (c_x[:, None] * hk)[None, :, :], axis=1)
+            if not SCORES_PRE:
+                kk = tl.sum(k_hat[:, None, :] * k_hat[None, :, :], axis=2)  # [TP, TP]
+                kq = tl.sum(k_hat[:, None, :] * q_hat[None, :, :], axis=2)
+        if SCORES_PRE:
+            kk = tl.load(sc_base + (2 * LP + o_t)[:, None] * TP + o_t[None, :])
+            kq = tl.load(sc_base + (2 * LP + TP + o_t)[:, None] * TP + o_t[None, :])
+
+        if IS_TREE:
+            # ---- tree: anc[j, i] = 1 when node j is on the path root..i (i included) ----
+            anc = _tree_ancestor_mask(parents + i_n * stride_p0, stride_p1, T, TP, LOG_TP)
+
+        # ---- window, part 2: UT forward substitution, one token (tree: node) at a time ----
+        d_win = tl.zeros([BV, TP], dtype=tl.float32)
+        o_win = tl.zeros([BV, TP], dtype=tl.float32)
+        for i in tl.static_range(T):
             sel = o_t == i
-            q_i = tl.sum(tl.where(sel[:, None], q_hat, 0.0), axis=0)
-            k_i = tl.sum(tl.where(sel[:, None], k_hat, 0.0), axis=0)
-            kk, kq = _gram_column(kk, kq, k_hat, q_i, k_i, sel[None, :])
-    if USE_L2NORM:
+            col = sel[None, :]
+            beta_i = tl.sum(tl.where(sel, beta, 0.0), axis=0)
+            v_i = tl.load(v_row + i * stride_x1 + o_v, mask=mask_v, other=0).to(tl.float32)
+            if IS_TREE:
+                # path decays: the chain's sums over the g of the nodes on the path root..i only, cw_j = 0 off the path
+                # (ancestors precede i, so the Gram and the substitution below are the chain's, restricted by cw)
+                on_path = tl.sum(tl.where(col, anc, 0.0), axis=1) > 0.5
+                cw, e_gam = _history_weights(tl.where(on_path, g_win, 0.0), i + 1, TP)
+                cw = tl.where(on_path, cw, 0.0)
+            else:
+                # window decays: cw_j = e^{Gamma_i - Gamma_j} (j <= i, 0 past i), e^{Gamma_i}; the exponents summed
+                # directly over g_{j+1..i} (_history_weights). Not one [TP, TP] cumsum before the loop: Triton 3.6 fails
+                # to lower that 2-D scan for one-warp programs (ScanOpToLLVM assertion; eval.verify_sass gdn/t1)
+                cw, e_gam = _history_weights(tl.where(o_t <= i, g_win, 0.0), i + 1, TP)
+            kk_i = tl.sum(tl.where(col, kk, 0.0), axis=1)  # k^_j . k^_i over j
+            kq_i = tl.sum(tl.where(col, kq, 0.0), axis=1)  # k^_j . q^_i over j
+            r_i = beta_i * (v_i - e_gam * tl.sum(tl.where(col, s_k, 0.0), axis=1))
+            a_row = tl.where(o_t < i, beta_i * cw * kk_i, 0.0)
+            d_i = r_i - tl.sum(d_win * a_row[None, :], axis=1)
+            d_win = tl.where(col, d_i[:, None], d_win)
+            o_i = e_gam * tl.sum(tl.where(col, s_q, 0.0), axis=1) + tl.sum(d_win * (cw * kq_i)[None, :], axis=1)
+            o_win = tl.where(col, o_i[:, None], o_win)
+
+        # ---- outputs of every window token, the window's d slice into the ring ----
+        mask_vt = mask_v[:, None] & mask_t[None, :]
+        tl.store(out_row + o_t[None, :] * stride_o1 + o_v[:, None], _cast_rtne(o_win, out_row.dtype.element_ty),
+                 mask=mask_vt)
+        tl.store(d_head + pw[None, :] * stride_d2 + o_v[:, None], _cast_rtne(d_win, d_head.dtype.element_ty),
+                 mask=mask_vt)
+    else:
+        x_row = qkv + i_n * stride_x0
+        fold = is_flush & (w > 0)  # a flush of an empty history is a verify from the checkpoint
+
+        g_hist = tl.load(g_head + ph * stride_g2, mask=valid, other=0.0)
+        g_win, beta, q_hat, k_hat = _verify_window_inputs(
+            qkv, a, b, A_log, dt_bias, k_head, g_head, i_n, i_v, i_hv, i_hk, o_t, mask_t, o_k, mask_k, pw, scale,
+            stride_x0, stride_x1, stride_a0, stride_a1, stride_b0, stride_b1, stride_k2, stride_g2,
+            HK, HV, K, USE_L2NORM, ROUND_BETA, SOFTPLUS_THRESHOLD, EPS)
+        c, eG = _history_weights(g_hist, w, LP)
+        # the window's q^, k^ again as [TP, KS, KW] (K cut in KS parts), the form the value tiles take
+        KW: tl.constexpr = BK // KS
+        o_k3 = tl.arange(0, KS)[:, None] * KW + tl.arange(0, KW)[None, :]
+        mask_k3 = o_k3 < K
+        mask_tk3 = mask_t[:, None, None] & mask_k3[None, :, :]
+        q3 = tl.load(x_row + o_t[:, None, None] * stride_x1 + i_hk * K + o_k3[None, :, :], mask=mask_tk3,
+                     other=0).to(tl.float32)
+        k3 = tl.load(x_row + o_t[:, None, None] * stride_x1 + HK * K + i_hk * K + o_k3[None, :, :], mask=mask_tk3,
+                     other=0).to(tl.float32)
+        if USE_L2NORM:
+            q3 = q3 / tl.sqrt(tl.sum(tl.sum(q3 * q3, axis=2), axis=1) + EPS)[:, None, None]
+            k3 = k3 / tl.sqrt(tl.sum(tl.sum(k3 * k3, axis=2), axis=1) + EPS)[:, None, None]
+        q3 = q3 * scale
+
+        # key scores of the history (verify rows) and the window Gram, once per program
+        hq = tl.zeros([LP, TP], dtype=tl.float32)
+        hk = tl.zeros([LP, TP], dtype=tl.float32)
+        cd = c  # a flush's fold coefficients c_j / sqrt(|k_j|^2 + eps)
+        if SCORES_PRE:
+            sc_base = sc + i_n * stride_sc0 + i_hk * stride_sc1
+            hq = tl.load(sc_base + o_j[:, None] * TP + o_t[None, :])
+            hk = tl.load(sc_base + (LP + o_j)[:, None] * TP + o_t[None, :])
+            kk = tl.load(sc_base + (2 * LP + o_t)[:, None] * TP + o_t[None, :])
+            kq = tl.load(sc_base + (2 * LP + TP + o_t)[:, None] * TP + o_t[None, :])
+        else:
+            if not is_flush:
+                hq, hk = _history_key_scores(k_head, stride_k2, org, w, R, q_hat, k_hat, o_j, o_k, mask_k,
+                                             LP, TP, USE_L2NORM, EPS)
+            kk, kq = _window_gram(o_t, q_hat, k_hat, TP)
+        if USE_L2NORM:
+            if fold:
+                for j in range(0, w):
+                    k_j = tl.load(k_head + ((org + j) % R) * stride_k2 + o_k, mask=mask_k, other=0).to(tl.float32)
+                    cd = tl.where(o_j == j, cd / tl.sqrt(tl.sum(k_j * k_j) + EPS), cd)
+
+        if IS_TREE:
+            anc = _tree_ancestor_mask(parents + i_n * stride_p0, stride_p1, T, TP, LOG_TP)
+        else:
+            anc = kk  # unused
+        # the forward substitution's per-token scalars: row i of coef_a / coef_w, entry i of coef_e
+        coef_e = tl.zeros([TP], dtype=tl.float32)
+        coef_a = tl.zeros([TP, TP], dtype=tl.float32)
+        coef_w = tl.zeros([TP, TP], dtype=tl.float32)
+        for i in tl.static_range(T):
+            beta_i, e_gam, a_row, w_row = _token_coeffs(i, o_t, beta, g_win, kk, kq, anc, TP, IS_TREE)
+            row = (o_t == i)[:, None]
+            coef_e = tl.where(o_t == i, e_gam, coef_e)
+            coef_a = tl.where(row, a_row[None, :], coef_a)
+            coef_w = tl.where(row, w_row[None, :], coef_w)
+
+        v_base = i_v * (VL * BV)
         if fold:
-            for j in range(0, w):
-                k_j = tl.load(k_head + ((org + j) % R) * stride_k2 + o_k, mask=mask_k, other=0).to(tl.float32)
-                cd = tl.where(o_j == j, cd / tl.sqrt(tl.sum(k_j * k_j) + EPS), cd)
-
-    if IS_TREE:
-        anc = _tree_ancestor_mask(parents + i_n * stride_p0, stride_p1, T, TP, LOG_TP)
-    else:
-        anc = kk  # unused
-    # the forward substitution's per-token scalars: row i of coef_a / coef_w, entry i of coef_e
-    coef_e = tl.zeros([TP], dtype=tl.float32)
-    coef_a = tl.zeros([TP, TP], dtype=tl.float32)
-    coef_w = tl.zeros([TP, TP], dtype=tl.float32)
-    for i in tl.static_range(T):
-        beta_i, e_gam, a_row, w_row = _token_coeffs(i, o_t, beta, g_win, kk, kq, anc, TP, IS_TREE)
-        row = (o_t == i)[:, None]
-        coef_e = tl.where(o_t == i, e_gam, coef_e)
-        coef_a = tl.where(row, a_row[None, :], coef_a)
-        coef_w = tl.where(row, w_row[None, :], coef_w)
-
-    v_base = i_v * (VL * BV)
-    if fold:
-        for vi in tl.range(0, VL, num_stages=V_STAGES):
-            _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
-                            stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw,
-                            org, w, R, q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w,
-                            V, T, BV, TP, KS, KW, True)
-    else:
-        for vi in tl.range(0, VL, num_stages=V_STAGES):
-            _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
-                            stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw,
-                            org, w, R, q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w,
-                            V, T, BV, TP, KS, KW, False)
+            for vi in tl.range(0, VL, num_stages=V_STAGES):
+                _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
+                                stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw,
+                                org, w, R, q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w,
+                                V, T, BV, TP, KS, KW, True)
+        else:
+            for vi in tl.range(0, VL, num_stages=V_STAGES):
+                _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
+                                stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw,
+                                org, w, R, q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w,
+                                V, T, BV, TP, KS, KW, False)
 
 
 # ----------------------------------------------------------------------------------
@@ -885,10 +832,10 @@ def gdn_verify(
         sc = out  # never read
     VL = (min(cfg["v_loop"], triton.cdiv(V, BV)) if B >= cfg["v_loop_min_batch"] and T <= cfg["v_loop_max_window"]
           else 1)
-    kernel = _gdn_verify_kernel if VL == 1 else _gdn_verify_vloop_kernel
-    loop_args = {} if VL == 1 else dict(VL=VL, V_STAGES=cfg["v_stages"], KS=min(cfg["k_parts"], BK))
+    loop_args = dict(VL=1, V_STAGES=1, KS=1) if VL == 1 else dict(VL=VL, V_STAGES=cfg["v_stages"],
+                                                                  KS=min(cfg["k_parts"], BK))
     grid = (triton.cdiv(V, BV * VL), B, HV)
-    kernel[grid](
+    _gdn_verify_kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias,
         state, d_ring, k_ring, g_ring,
         state_indices, wp, origin, flush, out, sc, state_indices if parents is None else parents,

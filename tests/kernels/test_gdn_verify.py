@@ -645,22 +645,26 @@ def test_real_geometry_qwen3_next(device, seed, launch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("entries", [None, dict(BV=16, num_warps=1, reduce="token", scores="pre", maxnreg=168,
-                                                flush="dot")], ids=["packaged", "dot"])
+@pytest.mark.parametrize("batch,steps,entries", [
+    (16, 40, None),
+    (16, 40, dict(BV=16, num_warps=1, reduce="token", scores="pre", maxnreg=168, flush="dot", v_loop=1)),
+    (64, 12, None)], ids=["b16-packaged", "b16-dot", "b64-packaged"])
 @pytest.mark.parametrize("prec", ["s32-a16b", "s16b-a16b"])
-def test_qwen3_next_batch16_gpu(device, seed, launch, prec, entries):
-    """40 verify + commit steps at batch 16 with the packaged launch config, and with the H200 entry changed to
-    the dot flush (the fold as one tl.dot in tf32x3, which runs only on a GPU; the interpreter computes it in
-    fp32) (CUDA only)."""
+def test_qwen3_next_gpu(device, seed, launch, prec, batch, steps, entries):
+    """Verify + commit steps over random history lengths on the Qwen3-Next geometry with the packaged launch config
+    (at batch 16 the one-tile kernel, at 64 the looping one), and with the H200 entry changed to the dot flush (the
+    fold as one tl.dot in tf32x3, which runs only on a GPU; the interpreter computes it in fp32) (CUDA only)."""
     if entries:
         launch(always=True, **entries)
     sd, ad = PRECISIONS[prec]
-    sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, Hk=16, HV=32, K=128, V=128, Bh=16, T=4, n_slots=20)
-    rows = list(range(3, 19))
+    sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, Hk=16, HV=32, K=128, V=128, Bh=16, T=4,
+              n_slots=batch + 4)
+    rows = list(range(3, batch + 3))
     for i, s in enumerate(rows):
         sim.seed_history(s, i % 13, (3 * i) % sim.R)
-    for _ in range(40):
+    for _ in range(steps):
         sim.step(rows)
+    assert sim.flushes >= batch // 4
     print(prec, {k: f"{v:.2e}" for k, v in sim.max_errs.items()})
 
 
@@ -685,7 +689,7 @@ def test_no_l2norm_and_default_out(device, seed, launch):
 
 @pytest.mark.parametrize("precision", ["tf32x3", "ieee"])
 def test_dot_flush_variant(device, seed, launch, precision):
-    launch(always=True, BV=16, num_warps=4, flush="dot", dot_precision=precision)
+    launch(always=True, BV=16, num_warps=4, flush="dot", dot_precision=precision, v_loop=1)
     sim = Sim(device, seed, state_dtype=F32, act_dtype=BF16, Bh=6, T=2, **small_geom(Hk=2, HV=4))
     sim.seed_history(1, 6, 3)  # flush: R = 8, w = 6 (history wraps)
     sim.seed_history(2, 5, 0)  # flush
@@ -834,40 +838,48 @@ def test_v_loop_min_batch_keeps_small_batches_one_tile_a_program(device, seed, l
     """v_loop with v_loop_min_batch: a batch of fewer rows launches the one-tile-a-program kernel, a batch at the
     limit the looping one; both match the reference and oracle."""
     launch(always=True, BV=16, v_loop=2, v_loop_min_batch=5)
-    launches = []
-    for name in ("_gdn_verify_kernel", "_gdn_verify_vloop_kernel"):
-        orig = getattr(gv, name)
-        monkeypatch.setattr(gv, name, type("K", (), {"__getitem__": lambda self, grid, n=name, o=orig: (
-            launches.append((n, grid)), o[grid])[1]})())
+    launches = _record_verify_launches(monkeypatch)
     sim = Sim(device, seed, state_dtype=F32, act_dtype=F32, Bh=4, T=3, **small_geom(Hk=2, HV=4, n_slots=7))
     for s in (1, 2, 3, 5):
         sim.activate(s)
     for _ in range(6):  # 5 rows: the loop, one program per (row, v-head)
         sim.step([1, -1, 2, 3, 5])
-    assert launches and all(n == "_gdn_verify_vloop_kernel" and g[0] == 1 for n, g in launches), launches
+    assert launches and all(vl == 2 and g[0] == 1 for vl, g in launches), launches
     launches.clear()
     for _ in range(6):  # 4 rows: one tile a program
         sim.step([1, 2, 0, 5])
-    assert launches and all(n == "_gdn_verify_kernel" and g[0] == 2 for n, g in launches), launches
+    assert launches and all(vl == 1 and g[0] == 2 for vl, g in launches), launches
     assert sim.flushes >= 2
+
+
+def _record_verify_launches(monkeypatch):
+    """(VL, grid) of every main verify launch from now on (the kernel still runs)."""
+    launches = []
+    orig = gv._gdn_verify_kernel
+
+    class Rec:
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                launches.append((kwargs["VL"], grid))
+                return orig[grid](*args, **kwargs)
+            return run
+
+    monkeypatch.setattr(gv, "_gdn_verify_kernel", Rec())
+    return launches
 
 
 def test_v_loop_max_window_keeps_long_windows_one_tile_a_program(device, seed, launch, monkeypatch):
     """v_loop_max_window: a window of more tokens launches the one-tile-a-program kernel."""
     launch(always=True, BV=16, v_loop=2, v_loop_min_batch=1, v_loop_max_window=2)
-    launches = []
-    for name in ("_gdn_verify_kernel", "_gdn_verify_vloop_kernel"):
-        orig = getattr(gv, name)
-        monkeypatch.setattr(gv, name, type("K", (), {"__getitem__": lambda self, grid, n=name, o=orig: (
-            launches.append(n), o[grid])[1]})())
-    for T, kernel in ((2, "_gdn_verify_vloop_kernel"), (3, "_gdn_verify_kernel")):
+    launches = _record_verify_launches(monkeypatch)
+    for T, vl in ((2, 2), (3, 1)):
         launches.clear()
         sim = Sim(device, seed, state_dtype=F32, act_dtype=F32, Bh=4, T=T, **small_geom(Hk=2, HV=4, n_slots=7))
         for s in (1, 2, 3):
             sim.activate(s)
         for _ in range(4):
             sim.step([1, 2, 3])
-        assert launches and set(launches) == {kernel}, (T, launches)
+        assert launches and {v for v, _ in launches} == {vl}, (T, launches)
 
 
 @pytest.mark.slow  # the launch-config grid: the GPU run's (each variant's CPU test is the one above)
