@@ -142,7 +142,7 @@ import triton.language as tl
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES
 from .common import INDEX_DTYPES as _INT_DTYPES
 from .common import (L2NORM_EPS, SOFTPLUS_THRESHOLD, block_param, choice_param, config_file, config_keys,
-                     count_param, dot_precision_param, launch_config, maxnreg_param, next_pow2, register_cap,
+                     count_param, dot_precision_param, flag_param, launch_config, maxnreg_param, next_pow2, register_cap,
                      register_family, warps_param)
 from .gdn_replay import _cast_rtne, _gdn_gate, _history_weights, _l2norm_vec, _normalise_rows
 from .spec_tree import _tree_ancestor_mask, check_parents_arg
@@ -189,6 +189,9 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     # with v_loop > 1: windows of more tokens still launch one value tile per program (the loop holds 2T window
     # vectors across its tiles: at T = 8 they spill)
     "v_loop_max_window": count_param(4, 1),
+    # with v_loop > 1: 1 launches a program per value tile, a flush row folding one tile a program and a verify
+    # row's programs of every v_loop-th tile looping (the others exit at once); 0: v_loop tiles a program throughout
+    "flush_split": flag_param(0),
     # register cap of the looping kernel (v_loop > 1; 0: none, -1: as maxnreg)
     "v_loop_maxnreg": maxnreg_param(0, inherit=True),
 })
@@ -429,6 +432,7 @@ def _gdn_verify_kernel(
     USE_L2NORM: tl.constexpr, ROUND_BETA: tl.constexpr, FLUSH_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, PER_TOKEN: tl.constexpr, SCORES_PRE: tl.constexpr,
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, VL: tl.constexpr, V_STAGES: tl.constexpr, KS: tl.constexpr,
+    FLUSH_SPLIT: tl.constexpr,
 ):
     """One program per VL value tiles (BV rows each) of a (row, v-head).  VL == 1: the tile is held as [BV, K];
     VL > 1 (``v_loop``): what does not depend on the value rows (gates, q^/k^, key scores, Gram, the
@@ -591,6 +595,11 @@ def _gdn_verify_kernel(
     else:
         x_row = qkv + i_n * stride_x0
         fold = is_flush & (w > 0)  # a flush of an empty history is a verify from the checkpoint
+        if FLUSH_SPLIT:
+            # a flush row folds one value tile a program (its tiles in parallel); a verify row's program of every
+            # VL-th tile loops over VL tiles and the others have nothing to do
+            if ((i_v % VL) != 0) & (fold == 0):
+                return
 
         g_hist = tl.load(g_head + ph * stride_g2, mask=valid, other=0.0)
         g_win, beta, q_hat, k_hat = _verify_window_inputs(
@@ -648,9 +657,9 @@ def _gdn_verify_kernel(
             coef_a = tl.where(row, a_row[None, :], coef_a)
             coef_w = tl.where(row, w_row[None, :], coef_w)
 
-        v_base = i_v * (VL * BV)
+        v_base = i_v * BV if FLUSH_SPLIT else i_v * (VL * BV)
         if fold:
-            for vi in tl.range(0, VL, num_stages=V_STAGES):
+            for vi in tl.range(0, 1 if FLUSH_SPLIT else VL, num_stages=V_STAGES):
                 _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
                                 stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw,
                                 org, w, R, q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w,
@@ -832,9 +841,10 @@ def gdn_verify(
         sc = out  # never read
     VL = (min(cfg["v_loop"], triton.cdiv(V, BV)) if B >= cfg["v_loop_min_batch"] and T <= cfg["v_loop_max_window"]
           else 1)
-    loop_args = dict(VL=1, V_STAGES=1, KS=1) if VL == 1 else dict(VL=VL, V_STAGES=cfg["v_stages"],
-                                                                  KS=min(cfg["k_parts"], BK))
-    grid = (triton.cdiv(V, BV * VL), B, HV)
+    split = VL > 1 and bool(cfg["flush_split"])
+    loop_args = dict(VL=1, V_STAGES=1, KS=1, FLUSH_SPLIT=False) if VL == 1 else dict(
+        VL=VL, V_STAGES=cfg["v_stages"], KS=min(cfg["k_parts"], BK), FLUSH_SPLIT=split)
+    grid = (triton.cdiv(V, BV) if split else triton.cdiv(V, BV * VL), B, HV)
     _gdn_verify_kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias,
         state, d_ring, k_ring, g_ring,
