@@ -174,7 +174,8 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     "scores_num_warps": warps_param(1),
     # with scores: pre, batches of at most this many rows still compute the scores inline (one launch)
     "inline_scores_max_batch": count_param(1),
-    # register cap of the main kernel (0: none): fewer registers, more resident warps (ignored by the interpreter)
+    # register cap of the one-tile launches (0: none): fewer registers, more resident warps (ignored by the
+    # interpreter); the looping kernel's is v_loop_maxnreg
     "maxnreg": maxnreg_param(168),
     # value tiles of BV rows per program (1: one tile a program): a program loops over v_loop tiles of one
     # (row, v-head), computing what the value rows share (gates, q^/k^, scores, the substitution's scalars) once
