@@ -4,8 +4,8 @@ Triton's CPU interpreter ignores ``input_precision`` (its dots are plain fp32), 
 cannot tell tf32x3 from tf32 or a mis-tiled dot at a partial tile. These run only on CUDA
 (eval/gpu_kernels.sh on the H200) and skip elsewhere. Paths: the Mamba2 decode flush rebuild
 (``_rebuild_chunk``, unrolled and runtime chunk loop), the Mamba2 verify flush fold, the GDN decode flush
-``flush: dot`` on the whole tile and on the K-chunked tile (``BKC``), the GDN verify ``flush: dot`` fold, and
-both materialize folds; each at ``dot_precision`` tf32x3 (the default) and ieee, at geometries whose dims are
+``flush: dot`` on the whole tile and on the K-chunked tile (``BKC``), the GDN verify ``flush: dot`` fold and ``window_dot``
+(the looping kernel's window dots), and both materialize folds; each at ``dot_precision`` tf32x3 (the default) and ieee, at geometries whose dims are
 no power of two (Mamba2 H=3, P=24, N=40; GDN Hk=3, HV=6, K=40, V=24 and K=96).
 
 The bar is the fp32-state one of issue 25: every output and stored checkpoint within 1e-5 of the fp64
@@ -131,3 +131,16 @@ def test_gdn_materialize_dot(cuda, prec, geom):
     gen, seed = make_gen()
     check_fp32_bar(run_gdn_materialize(cuda, gen, **GDN_ODD[geom], L=7, w=6, large=False, dot_precision=prec,
                                        block_v=16), seed, f"gdn materialize ({geom}, {prec})")
+
+
+@pytest.mark.parametrize("mode", ["dot-tf32x3", "dot-ieee", "split"])
+@pytest.mark.parametrize("geom", list(GDN_ODD))
+@pytest.mark.parametrize("large", [False, True], ids=["small", "large"])
+def test_gdn_verify_window_dot(cuda, launch, mode, geom, large):
+    """The looping verify kernel's window dots on the tensor cores (``window_dot``: Triton's dot at dot_precision,
+    or the kernel's own hi/lo split in three tf32 passes), verify rows at odd K and V."""
+    wd, _, prec = mode.partition("-")
+    launch("gdn_verify", v_loop=2, v_loop_min_batch=1, window_dot=wd, dot_precision=prec or "tf32x3", BV=16)
+    gen, seed = make_gen()
+    check_fp32_bar(run_gdn_verify(cuda, gen, **GDN_ODD[geom], T=3, R=9, flush=False, large=large), seed,
+                   f"gdn verify window dots ({geom}, {mode}, large={large})")
