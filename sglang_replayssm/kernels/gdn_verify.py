@@ -152,7 +152,7 @@ __all__ = ["gdn_verify", "gdn_tree_verify", "gdn_verify_launch_params", "GDN_VER
 
 _FLUSH_MODES = ("rank1", "dot")
 _REDUCE_MODES = ("bcast", "token")
-_WINDOW_DOTS = ("fma", "dot", "split")
+_WINDOW_DOTS = ("fma", "split", "split_all")
 _SCORES_MODES = ("inline", "pre")
 # Built-in launch parameters: the fastest measured on the H200 (eval/results/spec-variants-h200/, rounds 1-2: one warp,
 # T two-dimensional reductions, key scores in a pre-kernel except at batch 1, a 168-register cap for 12 warps per SM;
@@ -191,14 +191,9 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     # with v_loop > 1: windows of more tokens still launch one value tile per program (the loop holds 2T window
     # vectors across its tiles: at T = 8 they spill)
     "v_loop_max_window": count_param(4, 1),
-    # with v_loop > 1: 1 launches a program per value tile, a flush row folding one tile a program and a verify
-    # row's programs of every v_loop-th tile looping (the others exit at once); 0: v_loop tiles a program throughout
-    "flush_split": flag_param(0),
     # with v_loop > 1, a verify row's window dots (state tile x q^/k^, history d x scores): "fma" (fp32 FMAs and
-    # row reductions), "dot" (tl.dot with dot_precision) or "split" (three tf32 tl.dot passes on hi/lo halves)
+    # row reductions) or "split" (on the tensor cores: tf32 tl.dot passes over hi/lo halves, fp32-accurate)
     "window_dot": choice_param("fma", _WINDOW_DOTS),
-    # with v_loop > 1: 1 sums a row's K products in one reduction over the [k_parts, K / k_parts] tile; 0: two
-    "flat_sums": flag_param(0),
     # register cap of the looping kernel (v_loop > 1; 0: none, -1: as maxnreg)
     "v_loop_maxnreg": maxnreg_param(0, inherit=True),
 })
@@ -360,12 +355,51 @@ def _tf32_split(x):
 
 
 @triton.jit
+def _split_dot(x, y_hi, y_lo, acc, x_dtype: tl.constexpr):
+    """acc + x @ y in fp32 accuracy on the tensor cores: tf32 passes hi.y_lo + lo.y_hi + hi.y_hi (x = hi + lo,
+    :func:`_tf32_split`); x loaded from a 16-bit type is exact in tf32 (x = hi): two passes."""
+    if x_dtype == tl.float32:
+        x_hi, x_lo = _tf32_split(x)
+        acc = tl.dot(x_hi, y_lo, acc, input_precision="tf32")
+        acc = tl.dot(x_lo, y_hi, acc, input_precision="tf32")
+        return tl.dot(x_hi, y_hi, acc, input_precision="tf32")
+    else:
+        acc = tl.dot(x, y_lo, acc, input_precision="tf32")
+        return tl.dot(x, y_hi, acc, input_precision="tf32")
+
+
+@triton.jit
+def _vloop_fma_dots(s, q3, k3, d_hist, hq, hk, eG, c, o_t, BV: tl.constexpr, TP: tl.constexpr, KS: tl.constexpr,
+                    KW: tl.constexpr, FOLD: tl.constexpr):
+    """The window's dots against a [BV, KS, KW] state tile on the CUDA cores (fp32 FMAs, row reductions): s.q^_i,
+    s.k^_i for every token i, on a verify row (not ``FOLD``) as e^G s.q^_i plus the history's sum_j c_j d_j k^_j.q^_i
+    (likewise k^_i); returns [BV, TP] each."""
+    s_q = tl.zeros([BV, TP], dtype=tl.float32)
+    s_k = tl.zeros([BV, TP], dtype=tl.float32)
+    for i in tl.static_range(TP):
+        sel = o_t == i
+        col = sel[None, :]
+        q_i = tl.sum(tl.where(sel[:, None, None], q3, 0.0), axis=0)  # [KS, KW]
+        k_i = tl.sum(tl.where(sel[:, None, None], k3, 0.0), axis=0)
+        # [BV]: one reduction over the [KS, KW] row (a lane's products summed in one FMA chain)
+        sq_i = tl.sum(tl.reshape(s * q_i[None, :, :], [BV, KS * KW]), axis=1)
+        sk_i = tl.sum(tl.reshape(s * k_i[None, :, :], [BV, KS * KW]), axis=1)
+        if not FOLD:
+            hq_i = tl.sum(tl.where(col, hq, 0.0), axis=1)  # [LP]
+            hk_i = tl.sum(tl.where(col, hk, 0.0), axis=1)
+            sq_i = eG * sq_i + tl.sum(d_hist * (c * hq_i)[None, :], axis=1)
+            sk_i = eG * sk_i + tl.sum(d_hist * (c * hk_i)[None, :], axis=1)
+        s_q = tl.where(col, sq_i[:, None], s_q)
+        s_k = tl.where(col, sk_i[:, None], s_k)
+    return s_q, s_k
+
+
+@triton.jit
 def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row, stride_x1,
                     out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw, org, w, R,
                     q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
                     V: tl.constexpr, T: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr, KS: tl.constexpr,
-                    KW: tl.constexpr, FOLD: tl.constexpr, WDOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    FLAT: tl.constexpr):
+                    KW: tl.constexpr, FOLD: tl.constexpr, WDOT: tl.constexpr):
     """One value tile (BV rows) of a (row, v-head) in ``v_loop``, held as [BV, KS, KW] (the K row cut in KS
     parts of KW: fewer lanes share a row's K, so its dot products take fewer shuffles): the checkpoint tile
     (folded and stored on a flush row, ``FOLD``), the window's dots against it, the forward substitution (its
@@ -373,25 +407,15 @@ def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2,
     o_v = v0 + tl.arange(0, BV)
     mask_v = o_v < V
     if WDOT and not FOLD:
-        # the window's dots on the tensor cores: [BV, K] x [K, 2TP] (columns q^_i, k^_i interleaved, e^G folded in)
-        # plus the history's [BV, LP] x [LP, 2TP] (c_j k^_j.q^_i, c_j k^_j.k^_i)
+        # the window's dots on the tensor cores: e^G [BV, K] x [K, 2TP] (columns q^_i, k^_i interleaved) plus the
+        # history's [BV, LP] x [LP, 2TP] (c_j k^_j.q^_i, c_j k^_j.k^_i)
         s2 = tl.load(s_head + o_v[:, None] * stride_s2 + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :],
                      other=0).to(tl.float32)
         d_hist = tl.load(d_head + ph[None, :] * stride_d2 + o_v[:, None], mask=mask_v[:, None] & valid[None, :],
                          other=0).to(tl.float32)
-        if WDOT == 2:  # error-compensated by hand: hi / lo split of both operands, three tf32 passes
-            d_hi, d_lo = _tf32_split(d_hist)
-            s_hi, s_lo = _tf32_split(s2)
-            hc_hi, hc_lo = _tf32_split(hc2)
-            acc = tl.dot(d_hi, hc_lo, input_precision="tf32")
-            acc = tl.dot(d_lo, hc_hi, acc, input_precision="tf32")
-            acc = tl.dot(d_hi, hc_hi, acc, input_precision="tf32")
-            acc = tl.dot(s_hi, qk_lo, acc, input_precision="tf32")
-            acc = tl.dot(s_lo, qk2, acc, input_precision="tf32")
-            acc = tl.dot(s_hi, qk2, acc, input_precision="tf32")
-        else:
-            acc = tl.dot(d_hist, hc2, input_precision=DOT_PRECISION)
-            acc = tl.dot(s2, qk2, acc, input_precision=DOT_PRECISION)
+        hc_hi, hc_lo = _tf32_split(hc2)
+        acc = _split_dot(s2, qk2, qk_lo, tl.zeros([BV, 2 * TP], dtype=tl.float32), s_head.dtype.element_ty)
+        acc = _split_dot(d_hist, hc_hi, hc_lo, eG * acc, d_head.dtype.element_ty)
         s_q, s_k = tl.split(tl.reshape(acc, [BV, TP, 2]))
     else:
         offs = o_v[:, None, None] * stride_s2 + o_k3[None, :, :]  # [BV, KS, KW]
@@ -412,26 +436,12 @@ def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2,
             s_st = _cast_rtne(s, s_head.dtype.element_ty)
             tl.store(s_head + offs, s_st, mask=mask3)
             s = s_st.to(tl.float32)  # the window runs on the stored checkpoint, with an empty history
-        s_q = tl.zeros([BV, TP], dtype=tl.float32)
-        s_k = tl.zeros([BV, TP], dtype=tl.float32)
-        for i in tl.static_range(TP):
-            sel = o_t == i
-            col = sel[None, :]
-            q_i = tl.sum(tl.where(sel[:, None, None], q3, 0.0), axis=0)  # [KS, KW]
-            k_i = tl.sum(tl.where(sel[:, None, None], k3, 0.0), axis=0)
-            if FLAT:
-                sq_i = tl.sum(tl.reshape(s * q_i[None, :, :], [BV, KS * KW]), axis=1)  # [BV]: one FMA chain a lane
-                sk_i = tl.sum(tl.reshape(s * k_i[None, :, :], [BV, KS * KW]), axis=1)
-            else:
-                sq_i = tl.sum(tl.sum(s * q_i[None, :, :], axis=1), axis=1)  # [BV]
-                sk_i = tl.sum(tl.sum(s * k_i[None, :, :], axis=1), axis=1)
-            if not FOLD:
-                hq_i = tl.sum(tl.where(col, hq, 0.0), axis=1)  # [LP]
-                hk_i = tl.sum(tl.where(col, hk, 0.0), axis=1)
-                sq_i = eG * sq_i + tl.sum(d_hist * (c * hq_i)[None, :], axis=1)
-                sk_i = eG * sk_i + tl.sum(d_hist * (c * hk_i)[None, :], axis=1)
-            s_q = tl.where(col, sq_i[:, None], s_q)
-            s_k = tl.where(col, sk_i[:, None], s_k)
+        if FOLD and WDOT == 2:  # split_all: a flush row's window dots too
+            acc = _split_dot(tl.reshape(s, [BV, KS * KW]), qk2, qk_lo, tl.zeros([BV, 2 * TP], dtype=tl.float32),
+                             s_head.dtype.element_ty)
+            s_q, s_k = tl.split(tl.reshape(acc, [BV, TP, 2]))
+        else:
+            s_q, s_k = _vloop_fma_dots(s, q3, k3, d_hist, hq, hk, eG, c, o_t, BV, TP, KS, KW, FOLD)
     d_win = tl.zeros([BV, TP], dtype=tl.float32)
     o_win = tl.zeros([BV, TP], dtype=tl.float32)
     for i in tl.static_range(T):
@@ -474,7 +484,7 @@ def _gdn_verify_kernel(
     USE_L2NORM: tl.constexpr, ROUND_BETA: tl.constexpr, FLUSH_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, PER_TOKEN: tl.constexpr, SCORES_PRE: tl.constexpr,
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, VL: tl.constexpr, V_STAGES: tl.constexpr, KS: tl.constexpr,
-    FLUSH_SPLIT: tl.constexpr, WDOT: tl.constexpr, FLAT: tl.constexpr,
+    WDOT: tl.constexpr,
 ):
     """One program per VL value tiles (BV rows each) of a (row, v-head).  VL == 1: the tile is held as [BV, K];
     VL > 1 (``v_loop``): what does not depend on the value rows (gates, q^/k^, key scores, Gram, the
@@ -637,11 +647,6 @@ def _gdn_verify_kernel(
     else:
         x_row = qkv + i_n * stride_x0
         fold = is_flush & (w > 0)  # a flush of an empty history is a verify from the checkpoint
-        if FLUSH_SPLIT:
-            # a flush row folds one value tile a program (its tiles in parallel); a verify row's program of every
-            # VL-th tile loops over VL tiles and the others have nothing to do
-            if ((i_v % VL) != 0) & (fold == 0):
-                return
 
         g_hist = tl.load(g_head + ph * stride_g2, mask=valid, other=0.0)
         g_win, beta, q_hat, k_hat = _verify_window_inputs(
@@ -700,29 +705,25 @@ def _gdn_verify_kernel(
             coef_w = tl.where(row, w_row[None, :], coef_w)
 
         if WDOT:  # the window's dot operands (see _gdn_vloop_tile), once per program
-            qk2 = tl.reshape(tl.join(tl.trans(q_hat), tl.trans(k_hat)), [BK, 2 * TP]) * eG
+            qk2, qk_lo = _tf32_split(tl.reshape(tl.join(tl.trans(q_hat), tl.trans(k_hat)), [BK, 2 * TP]))
             hc2 = tl.reshape(tl.join(c[:, None] * hq, c[:, None] * hk), [LP, 2 * TP])
-            if WDOT == 2:
-                qk2, qk_lo = _tf32_split(qk2)
-            else:
-                qk_lo = qk2  # unused
         else:
             qk_lo = q_hat  # unused
             qk2 = q_hat  # unused
             hc2 = hq
-        v_base = i_v * BV if FLUSH_SPLIT else i_v * (VL * BV)
+        v_base = i_v * (VL * BV)
         if fold:
-            for vi in tl.range(0, 1 if FLUSH_SPLIT else VL, num_stages=V_STAGES):
+            for vi in tl.range(0, VL, num_stages=V_STAGES):
                 _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
                                 stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw,
                                 org, w, R, q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
-                                V, T, BV, TP, KS, KW, True, WDOT, DOT_PRECISION, FLAT)
+                                V, T, BV, TP, KS, KW, True, WDOT)
         else:
             for vi in tl.range(0, VL, num_stages=V_STAGES):
                 _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
                                 stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw,
                                 org, w, R, q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
-                                V, T, BV, TP, KS, KW, False, WDOT, DOT_PRECISION, FLAT)
+                                V, T, BV, TP, KS, KW, False, WDOT)
 
 
 # ----------------------------------------------------------------------------------
@@ -894,11 +895,9 @@ def gdn_verify(
         sc = out  # never read
     VL = (min(cfg["v_loop"], triton.cdiv(V, BV)) if B >= cfg["v_loop_min_batch"] and T <= cfg["v_loop_max_window"]
           else 1)
-    split = VL > 1 and bool(cfg["flush_split"])
-    loop_args = dict(VL=1, V_STAGES=1, KS=1, FLUSH_SPLIT=False, WDOT=False, FLAT=False) if VL == 1 else dict(
-        VL=VL, V_STAGES=cfg["v_stages"], KS=min(cfg["k_parts"], BK), FLUSH_SPLIT=split,
-        WDOT=_WINDOW_DOTS.index(cfg["window_dot"]), FLAT=bool(cfg["flat_sums"]))
-    grid = (triton.cdiv(V, BV) if split else triton.cdiv(V, BV * VL), B, HV)
+    loop_args = dict(VL=1, V_STAGES=1, KS=1, WDOT=False) if VL == 1 else dict(
+        VL=VL, V_STAGES=cfg["v_stages"], KS=min(cfg["k_parts"], BK), WDOT=_WINDOW_DOTS.index(cfg["window_dot"]))
+    grid = (triton.cdiv(V, BV * VL), B, HV)
     _gdn_verify_kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias,
         state, d_ring, k_ring, g_ring,

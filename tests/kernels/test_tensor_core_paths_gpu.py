@@ -133,14 +133,13 @@ def test_gdn_materialize_dot(cuda, prec, geom):
                                        block_v=16), seed, f"gdn materialize ({geom}, {prec})")
 
 
-@pytest.mark.parametrize("mode", ["dot-tf32x3", "dot-ieee", "split"])
+@pytest.mark.parametrize("mode,flush", [("split", False), ("split_all", False), ("split_all", True)])
 @pytest.mark.parametrize("geom", list(GDN_ODD))
 @pytest.mark.parametrize("large", [False, True], ids=["small", "large"])
-def test_gdn_verify_window_dot(cuda, launch, mode, geom, large):
-    """The looping verify kernel's window dots on the tensor cores (``window_dot``: Triton's dot at dot_precision,
-    or the kernel's own hi/lo split in three tf32 passes), verify rows at odd K and V."""
-    wd, _, prec = mode.partition("-")
-    launch("gdn_verify", v_loop=2, v_loop_min_batch=1, window_dot=wd, dot_precision=prec or "tf32x3", BV=16)
+def test_gdn_verify_window_dot(cuda, launch, mode, flush, geom, large):
+    """The looping verify kernel's window dots on the tensor cores (``window_dot``: hi/lo halves in tf32 passes;
+    split_all: a flush row's too), verify or flush rows at odd K and V."""
+    launch("gdn_verify", v_loop=2, v_loop_min_batch=1, window_dot=mode, BV=16)
     gen, seed = make_gen()
-    check_fp32_bar(run_gdn_verify(cuda, gen, **GDN_ODD[geom], T=3, R=9, flush=False, large=large), seed,
-                   f"gdn verify window dots ({geom}, {mode}, large={large})")
+    check_fp32_bar(run_gdn_verify(cuda, gen, **GDN_ODD[geom], T=3, R=9, flush=flush, large=large), seed,
+                   f"gdn verify window dots ({geom}, {mode}, flush={flush}, large={large})")
