@@ -152,7 +152,7 @@ __all__ = ["gdn_verify", "gdn_tree_verify", "gdn_verify_launch_params", "GDN_VER
 
 _FLUSH_MODES = ("rank1", "dot")
 _REDUCE_MODES = ("bcast", "token")
-_WINDOW_DOTS = ("fma", "split", "split_all")
+_WINDOW_DOTS = ("fma", "split")
 _SCORES_MODES = ("inline", "pre")
 # Built-in launch parameters: the fastest measured on the H200 (eval/results/spec-variants-h200/, rounds 1-2: one warp,
 # T two-dimensional reductions, key scores in a pre-kernel except at batch 1, a 168-register cap for 12 warps per SM;
@@ -182,7 +182,7 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     # (row, v-head), computing what the value rows share (gates, q^/k^, scores, the substitution's scalars) once
     "v_loop": count_param(8, 1),
     # software-pipelining depth of that loop (Triton's num_stages for it; 1: none)
-    "v_stages": count_param(2, 1),
+    "v_stages": count_param(3, 1),
     # with v_loop > 1: a value tile is held as k_parts slices of its K row, so fewer lanes share a row's dot
     # products (v_loop > 1 always reduces per token and folds a flush with rank-1 updates)
     "k_parts": block_param(2),
@@ -191,9 +191,9 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     # with v_loop > 1: windows of more tokens still launch one value tile per program (the loop holds 2T window
     # vectors across its tiles: at T = 8 they spill)
     "v_loop_max_window": count_param(4, 1),
-    # with v_loop > 1, a verify row's window dots (state tile x q^/k^, history d x scores): "fma" (fp32 FMAs and
-    # row reductions) or "split" (on the tensor cores: tf32 tl.dot passes over hi/lo halves, fp32-accurate)
-    "window_dot": choice_param("fma", _WINDOW_DOTS),
+    # with v_loop > 1, the window's dots (state tile x q^/k^; a verify row's history d x scores): "fma" (fp32 FMAs
+    # and row reductions) or "split" (on the tensor cores: tf32 tl.dot passes over hi/lo halves, fp32-accurate)
+    "window_dot": choice_param("split", _WINDOW_DOTS),
     # register cap of the looping kernel (v_loop > 1; 0: none, -1: as maxnreg)
     "v_loop_maxnreg": maxnreg_param(0, inherit=True),
 })
@@ -406,7 +406,7 @@ def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2,
     per-token scalars computed once per program), and the tile's out and ring d."""
     o_v = v0 + tl.arange(0, BV)
     mask_v = o_v < V
-    if WDOT and not FOLD:
+    if WDOT and not FOLD:  # a verify row's tile: loaded as the dot's operand
         # the window's dots on the tensor cores: e^G [BV, K] x [K, 2TP] (columns q^_i, k^_i interleaved) plus the
         # history's [BV, LP] x [LP, 2TP] (c_j k^_j.q^_i, c_j k^_j.k^_i)
         s2 = tl.load(s_head + o_v[:, None] * stride_s2 + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :],
@@ -436,7 +436,7 @@ def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2,
             s_st = _cast_rtne(s, s_head.dtype.element_ty)
             tl.store(s_head + offs, s_st, mask=mask3)
             s = s_st.to(tl.float32)  # the window runs on the stored checkpoint, with an empty history
-        if FOLD and WDOT == 2:  # split_all: a flush row's window dots too
+        if WDOT:  # the folded tile's window dots on the tensor cores (its [BV, K] operand via shared memory)
             acc = _split_dot(tl.reshape(s, [BV, KS * KW]), qk2, qk_lo, tl.zeros([BV, 2 * TP], dtype=tl.float32),
                              s_head.dtype.element_ty)
             s_q, s_k = tl.split(tl.reshape(acc, [BV, TP, 2]))
@@ -896,7 +896,7 @@ def gdn_verify(
     VL = (min(cfg["v_loop"], triton.cdiv(V, BV)) if B >= cfg["v_loop_min_batch"] and T <= cfg["v_loop_max_window"]
           else 1)
     loop_args = dict(VL=1, V_STAGES=1, KS=1, WDOT=False) if VL == 1 else dict(
-        VL=VL, V_STAGES=cfg["v_stages"], KS=min(cfg["k_parts"], BK), WDOT=_WINDOW_DOTS.index(cfg["window_dot"]))
+        VL=VL, V_STAGES=cfg["v_stages"], KS=min(cfg["k_parts"], BK), WDOT=cfg["window_dot"] == "split")
     grid = (triton.cdiv(V, BV * VL), B, HV)
     _gdn_verify_kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias,

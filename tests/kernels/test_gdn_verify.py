@@ -649,7 +649,7 @@ def test_real_geometry_qwen3_next(device, seed, launch):
     (16, 40, None),
     (16, 40, dict(BV=16, num_warps=1, reduce="token", scores="pre", maxnreg=168, flush="dot", v_loop=1)),
     (64, 12, None),
-    (64, 12, dict(window_dot="split_all"))], ids=["b16-packaged", "b16-dot", "b64-packaged", "b64-split-all"])
+    (64, 12, dict(window_dot="fma"))], ids=["b16-packaged", "b16-dot", "b64-packaged", "b64-fma-dots"])
 @pytest.mark.parametrize("prec", ["s32-a16b", "s16b-a16b"])
 def test_qwen3_next_gpu(device, seed, launch, prec, batch, steps, entries):
     """Verify + commit steps over random history lengths on the Qwen3-Next geometry with the packaged launch config
@@ -806,10 +806,7 @@ VARIANTS = {"bcast-inline": dict(reduce="bcast", scores="inline", num_warps=4, v
             "vloop-inline-stages": dict(reduce="token", scores="inline", v_loop=4, v_stages=2, k_parts=4,
                                         v_loop_min_batch=1),
             "vloop-whole-k": dict(reduce="token", scores="pre", v_loop=2, k_parts=1, v_loop_min_batch=1),
-            "vloop-window-split-pre": dict(reduce="token", scores="pre", v_loop=2, window_dot="split",
-                                           v_loop_min_batch=1),
-            "vloop-window-split-all": dict(reduce="token", scores="pre", v_loop=2, window_dot="split_all",
-                                           v_loop_min_batch=1),
+            "vloop-fma-dots": dict(reduce="token", scores="pre", v_loop=2, window_dot="fma", v_loop_min_batch=1),
             "vloop-window-split": dict(reduce="token", scores="inline", v_loop=2, window_dot="split",
                                        v_loop_min_batch=1)}
 
@@ -828,7 +825,7 @@ def test_launch_variants_match_reference_and_oracle(device, seed, launch, prec, 
     assert sim.flushes == 2
 
 
-@pytest.mark.parametrize("v_loop,window_dot", [(2, "fma"), (3, "fma"), (3, "split"), (2, "split_all")])
+@pytest.mark.parametrize("v_loop,window_dot", [(2, "fma"), (3, "fma"), (3, "split"), (2, "split")])
 def test_v_loop_odd_geometry_masked_tiles(device, seed, launch, v_loop, window_dot):
     """v_loop at V = 40, K = 24 with BV = 16: a program's last tiles are part or wholly past V (masked), the
     prologue's scalars serve every tile; verify and flush rows, padded and null rows, fp32 and bf16 states."""

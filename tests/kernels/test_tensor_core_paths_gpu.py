@@ -133,13 +133,13 @@ def test_gdn_materialize_dot(cuda, prec, geom):
                                        block_v=16), seed, f"gdn materialize ({geom}, {prec})")
 
 
-@pytest.mark.parametrize("mode,flush", [("split", False), ("split_all", False), ("split_all", True)])
+@pytest.mark.parametrize("flush", [False, True], ids=["verify", "flush"])
 @pytest.mark.parametrize("geom", list(GDN_ODD))
 @pytest.mark.parametrize("large", [False, True], ids=["small", "large"])
-def test_gdn_verify_window_dot(cuda, launch, mode, flush, geom, large):
-    """The looping verify kernel's window dots on the tensor cores (``window_dot``: hi/lo halves in tf32 passes;
-    split_all: a flush row's too), verify or flush rows at odd K and V."""
-    launch("gdn_verify", v_loop=2, v_loop_min_batch=1, window_dot=mode, BV=16)
+def test_gdn_verify_window_dot(cuda, launch, flush, geom, large):
+    """The looping verify kernel's window dots on the tensor cores (``window_dot: split``: hi/lo halves in tf32
+    passes), verify or flush rows at odd K and V."""
+    launch("gdn_verify", v_loop=2, v_loop_min_batch=1, window_dot="split", BV=16)
     gen, seed = make_gen()
     check_fp32_bar(run_gdn_verify(cuda, gen, **GDN_ODD[geom], T=3, R=9, flush=flush, large=large), seed,
-                   f"gdn verify window dots ({geom}, {mode}, flush={flush}, large={large})")
+                   f"gdn verify window dots ({geom}, flush={flush}, large={large})")
