@@ -341,9 +341,13 @@ def dtype_tag(dtype: torch.dtype) -> str:
 
 
 def config_keys(key: str, state_dtype: Optional[torch.dtype]) -> Tuple[str, ...]:
-    """Launch-config keys of a geometry, most specific first: ``<key>_S<dtype>`` then ``<key>``
-    (a bf16 checkpoint moves half the bytes per tile, so its best tiles may differ)."""
-    return (key,) if state_dtype is None else (f"{key}_S{dtype_tag(state_dtype)}", key)
+    """Launch-config keys of a geometry, most specific first: ``<key>_S<dtype>``, ``<key>``, then
+    ``default_S<dtype>`` (every geometry of that state dtype; a file's ``default`` comes before all of them): a bf16
+    checkpoint moves half the bytes per tile, so its best tiles may differ."""
+    if state_dtype is None:
+        return (key,)
+    tag = dtype_tag(state_dtype)
+    return (f"{key}_S{tag}", key, f"default_S{tag}")
 
 
 def launch_config(family: str, key, defaults: Optional[Dict[str, Any]] = None,

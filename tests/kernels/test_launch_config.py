@@ -45,6 +45,8 @@ MAMBA2_VERIFY = {"BLOCK_M": 32, "BLOCK_NC": 32, "bc": "pre", "bc_num_warps": 1, 
 
 GDN_GEOMS = ["HV32_HK16_K128_V128", "HV64_HK16_K128_V128", "HV16_HK16_K128_V128", "HV4_HK2_K32_V32"]
 MAMBA2_GEOMS = ["H128_P64_N128_G8", "H256_P64_N128_G8", "H4_P16_N16_G2"]
+# default.yaml's default_Sfp32: an fp32 state's GDN verify window dots on the CUDA cores, every geometry
+GDN_VERIFY_FP32 = dict(GDN_VERIFY, window_dot="fma")
 
 
 def _h200_expected():
@@ -54,10 +56,11 @@ def _h200_expected():
             qwen = g in ("HV32_HK16_K128_V128", "HV64_HK16_K128_V128")  # Qwen3-Next, Qwen3.5-122B
             exp[("gdn_decode", f"{g}_L16", tag)] = (GDN_KCHUNK if qwen and tag == "fp32" else
                                                     GDN_BF16 if qwen and tag == "bf16" else GDN_WHOLE_TILE)
-            exp[("gdn_verify", f"{g}_R20_T4", tag)] = GDN_VERIFY
+            verify = GDN_VERIFY_FP32 if tag == "fp32" else GDN_VERIFY
+            exp[("gdn_verify", f"{g}_R20_T4", tag)] = verify
             # 8-node trees on the Qwen3-Next geometry run uncapped (spec-variants-h200/tree-t8); elsewhere the cap
-            exp[("gdn_verify", f"{g}_R24_T8", tag)] = dict(GDN_VERIFY, maxnreg=0) \
-                if g == "HV32_HK16_K128_V128" and tag == "fp32" else GDN_VERIFY
+            exp[("gdn_verify", f"{g}_R24_T8", tag)] = dict(verify, maxnreg=0) \
+                if g == "HV32_HK16_K128_V128" and tag == "fp32" else verify
         for g in MAMBA2_GEOMS:  # Nemotron-H-8B, the large Nemotron-H, a tiny one
             nemotron = g != "H4_P16_N16_G2"
             exp[("mamba2_output_only", f"{g}_L16", tag)] = (MAMBA2_FP32 if nemotron and tag == "fp32" else
@@ -81,8 +84,9 @@ def test_the_wrappers_resolve_the_pinned_h200_configs(monkeypatch):
     assert gdn_replay.gdn_launch_params(32, 16, 128, 128, 16, torch.float32) == GDN_KCHUNK
     assert gdn_replay.gdn_launch_params(64, 16, 128, 128, 16, torch.bfloat16) == GDN_BF16
     assert gdn_replay.gdn_launch_params(32, 16, 128, 128, 16, torch.float16) == GDN_WHOLE_TILE
-    assert gdn_verify.gdn_verify_launch_params(32, 16, 128, 128, 20, 4, torch.float32) == GDN_VERIFY
-    assert gdn_verify.gdn_verify_launch_params(32, 16, 128, 128, 24, 8, torch.float32) == dict(GDN_VERIFY, maxnreg=0)
+    assert gdn_verify.gdn_verify_launch_params(32, 16, 128, 128, 20, 4, torch.float32) == GDN_VERIFY_FP32
+    assert gdn_verify.gdn_verify_launch_params(32, 16, 128, 128, 24, 8, torch.float32) == dict(GDN_VERIFY_FP32,
+                                                                                               maxnreg=0)
     assert gdn_verify.gdn_verify_launch_params(32, 16, 128, 128, 24, 8, torch.bfloat16) == GDN_VERIFY  # untimed
     keys = common.config_keys(mamba2_replay.geometry_key(128, 64, 128, 8, 16), torch.bfloat16)
     assert common.launch_config("mamba2_output_only", keys) == MAMBA2_BF16
@@ -97,7 +101,7 @@ def test_the_built_in_defaults_are_the_h200_winners():
     assert common.family_defaults("mamba2_verify") == MAMBA2_VERIFY
     for (family, key, tag), want in H200_EXPECTED.items():
         got = common.launch_config(family, common.config_keys(key, DTYPES[tag]), path=str(DEFAULT))
-        assert got == common.family_defaults(family)
+        assert got == (GDN_VERIFY_FP32 if family == "gdn_verify" and tag == "fp32" else common.family_defaults(family))
         if want != got:  # only the H200's own geometry entries differ
             assert (family == "gdn_decode" and key.startswith(("HV32_HK16", "HV64_HK16")) and tag in ("fp32", "bf16")) \
                 or (family == "gdn_verify" and key == "HV32_HK16_K128_V128_R24_T8") \
@@ -110,7 +114,7 @@ def test_h200_file_holds_only_geometry_entries():
     doc = yaml.safe_load(H200.read_text())
     assert set(doc) == {"gdn_decode", "gdn_verify", "mamba2_output_only"}
     assert all("default" not in entries for entries in doc.values())
-    assert yaml.safe_load(DEFAULT.read_text()) == {}
+    assert yaml.safe_load(DEFAULT.read_text()) == {"gdn_verify": {"default_Sfp32": {"window_dot": "fma"}}}
 
 
 def test_a_gpu_without_a_file_falls_back_to_the_defaults(monkeypatch):
@@ -325,3 +329,24 @@ def test_mamba2_decode_small_batch_register_cap(tmp_path, monkeypatch):
                                 torch.arange(1, batch + 1), torch.zeros(batch, dtype=torch.int32))
     assert seen == [(1, None), (3, 168)]
 
+
+
+def test_dtype_wide_default_entry(tmp_path, monkeypatch):
+    """default_S<dtype> applies to every geometry of that state dtype: after the file's default, before a geometry
+    key; the packaged default.yaml keeps an fp32 state's GDN verify window dots on the CUDA cores."""
+    import torch
+
+    from sglang_replayssm.kernels import gdn_verify as gv
+    from sglang_replayssm.kernels.common import config_keys, launch_config
+
+    assert config_keys("K1", torch.bfloat16) == ("K1_Sbf16", "K1", "default_Sbf16")
+    assert config_keys("K1", None) == ("K1",)
+    f = tmp_path / "gpu.yaml"
+    f.write_text("gdn_verify:\n  default: {v_loop: 4}\n  default_Sbf16: {v_loop: 2, k_parts: 4}\n"
+                 "  K1: {k_parts: 1}\n")
+    bf16 = launch_config("gdn_verify", config_keys("K1", torch.bfloat16), path=str(f))
+    fp32 = launch_config("gdn_verify", config_keys("K2", torch.float32), path=str(f))
+    assert (bf16["v_loop"], bf16["k_parts"]) == (2, 1)  # default_Sbf16 over default; the geometry key over both
+    assert (fp32["v_loop"], fp32["k_parts"]) == (4, gv.GDN_VERIFY_DEFAULT_LAUNCH["k_parts"])
+    assert fp32["window_dot"] == "fma"  # default.yaml's default_Sfp32
+    assert bf16["window_dot"] == gv.GDN_VERIFY_DEFAULT_LAUNCH["window_dot"] == "split"
