@@ -103,13 +103,17 @@ most ``v_loop_max_window`` tokens; other launches keep the grid above): grid ``(
 v-head) prologue once -- gates, q^/k^, key scores, Gram, the forward substitution's
 per-token scalars and, on a flush row, the history keys' norms -- and then loops over its
 v_loop value tiles (software-pipelined ``v_stages`` deep), holding each tile as [BV, k_parts, K / k_parts] so that fewer lanes
-share a row's dot products (fewer shuffles).  Same math, same bytes; a flush row's fold
-coefficient c_j / |k_j| carries the key's norm instead of normalising k_j element-wise.
+share a row's dot products (fewer shuffles; each dot one reduction, a lane's products one FMA chain).  Same math,
+same bytes; a flush row's fold coefficient c_j / |k_j| carries the key's norm instead of normalising k_j
+element-wise.  ``window_dot: split`` runs the window's dots against the tile on the tensor cores:
+[BV, K] x [K, 2T] (columns q^_i, k^_i) and, on a verify row, the history's [BV, LP] x [LP, 2T].
 
 Numerics
 --------
-Every reduction and every element-wise product is fp32 on CUDA cores (no tensor
-cores, no TF32): decays come from the standard-decode helper ``_history_weights``
+Every reduction and every element-wise product is fp32 on CUDA cores, but for the
+window dots of ``window_dot: split``, fp32-accurate on the tensor cores: each fp32 operand is split into a tf32 hi
+and the exact remainder lo, and hi.hi' + hi.lo' + lo.hi' summed in tf32 passes with an fp32 accumulator (a 16-bit
+tile is exact in tf32: two passes); plain tf32 is never used.  Decays come from the standard-decode helper ``_history_weights``
 (exclusive suffix sums summed directly, so nothing is subtracted; the window's
 e^{Gamma_i - Gamma_j} likewise come from sums over g_{j+1..i}), keys are
 re-normalised with the same fp32 formula as the current token.  The flush fold
@@ -124,7 +128,8 @@ kernel re-rounds the checkpoint to the activation dtype).
 The built-in launch parameters are the fastest measured on the H200 (one warp, ``reduce: token``,
 ``scores: pre`` above batch 1, a 168-register cap: eval/results/spec-variants-h200/ rounds 1-2;
 4 warps with the broadcast reduction and inline scores, the earlier defaults, were the slowest;
-from 64 rows up, ``v_loop`` 8 with k_parts 2, v_stages 2 and no register cap: round 9).
+from 64 rows up, ``v_loop`` 8 with k_parts 2 and no register cap: round 9; v_stages 3 and, for a 16-bit state,
+``window_dot: split``: round 10 -- an fp32 state keeps the CUDA-core dots through default.yaml's ``default_Sfp32``).
 
 Launch parameters: ``common.launch_config("gdn_verify", key)`` (the family registered below,
 chain and tree alike) with key ``HV{HV}_HK{Hk}_K{K}_V{V}_R{R}_T{T}``.  The wrapper does no host sync
