@@ -775,5 +775,5 @@ def test_state_dtype_config_key(device, config_file, monkeypatch):
         for _ in range(3):
             h.step([0])
     default_m = common.family_defaults("mamba2_output_only")["BLOCK_M"]
-    assert seen == [("mamba2_output_only", (f"{key}_Sbf16", key), 16)] * 3 + \
-        [("mamba2_output_only", (f"{key}_Sfp32", key), default_m)] * 3
+    assert seen == [("mamba2_output_only", (f"{key}_Sbf16", key, "default_Sbf16"), 16)] * 3 + \
+        [("mamba2_output_only", (f"{key}_Sfp32", key, "default_Sfp32"), default_m)] * 3
