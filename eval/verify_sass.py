@@ -51,15 +51,16 @@ DEFAULT_VARIANTS = ("packaged:", "mamba2/sc32:stream_chunk=32", "mamba2/w2:num_w
                     "gdn/dot255:flush=dot,maxnreg=0,v_loop=1", "gdn/cap184:maxnreg=184,v_loop=1")
 
 
-def packaged_config(family: str) -> Dict[str, Any]:
-    """The verify family's geometry-free launch config on the H200: the built-in defaults under the packaged H200
-    file's ``default`` entry (variants are written on top of it)."""
+def packaged_config(family: str, state_dtype=None) -> Dict[str, Any]:
+    """The verify family's geometry-free launch config on the H200: the built-in defaults under the packaged files'
+    ``default`` entries and, given ``state_dtype``, their ``default_S<dtype>`` ones (variants are written on top)."""
     import importlib
 
-    from sglang_replayssm.kernels.common import CONFIG_DIR, launch_config
+    from sglang_replayssm.kernels.common import CONFIG_DIR, dtype_tag, launch_config
 
     importlib.import_module(f"sglang_replayssm.kernels.{FAMILY_KEY[family]}")  # registers the family's defaults
-    return launch_config(FAMILY_KEY[family], "default", path=str(CONFIG_DIR / "h200.yaml"))
+    keys = "default" if state_dtype is None else f"default_S{dtype_tag(state_dtype)}"
+    return launch_config(FAMILY_KEY[family], keys, path=str(CONFIG_DIR / "h200.yaml"))
 
 
 def _call_mamba2(geom, T, hist, state_dtype, act_dtype, batch):
@@ -224,7 +225,7 @@ def main(argv=None) -> int:
     families = ("mamba2", "gdn") if args.family == "all" else (args.family,)
     results: List[Dict[str, Any]] = []
     for fam in families:
-        base = packaged_config(fam)
+        base = packaged_config(fam, state_dtype)
         for spec in args.variant or DEFAULT_VARIANTS:
             only, sep, rest = spec.partition("/")
             if sep and ":" not in only:  # "mamba2/name:key=val": this family only

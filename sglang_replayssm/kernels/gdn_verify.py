@@ -155,7 +155,7 @@ from .spec_tree import _tree_ancestor_mask, check_parents_arg
 __all__ = ["gdn_verify", "gdn_tree_verify", "gdn_verify_launch_params", "GDN_VERIFY_DEFAULT_LAUNCH",
            "gdn_verify_key"]
 
-_FLUSH_MODES = ("rank1", "dot")
+_FLUSH_MODES = ("rank1", "dot", "mma")
 _REDUCE_MODES = ("bcast", "token")
 _WINDOW_DOTS = ("fma", "split")
 _SCORES_MODES = ("inline", "pre")
@@ -168,7 +168,9 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     "BV": block_param(16),  # value rows per program (the whole K row sits in one program)
     "num_warps": warps_param(1),
     "num_stages": count_param(1, 1),
-    # flush fold: "rank1" (exact fp32 CUDA-core FMAs) or "dot" (tl.dot, dot_precision)
+    # flush fold: "rank1" (exact fp32 CUDA-core FMAs), "dot" (tl.dot, dot_precision; one-tile launches only) or
+    # "mma" (the looping kernel's fold and the folded tile's window dots as tf32 tl.dot passes over hi/lo halves,
+    # fp32-accurate; its one-tile launches, under v_loop_min_batch rows, fold with rank1)
     "flush": choice_param("rank1", _FLUSH_MODES),
     "dot_precision": dot_precision_param(),
     # the window's dots against the state tile and each other: "bcast" (one [BV, T, K] broadcast-and-sum) or
@@ -404,7 +406,7 @@ def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2,
                     out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw, org, w, R,
                     q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
                     V: tl.constexpr, T: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr, KS: tl.constexpr,
-                    KW: tl.constexpr, FOLD: tl.constexpr, WDOT: tl.constexpr):
+                    KW: tl.constexpr, FOLD: tl.constexpr, WDOT: tl.constexpr, FOLD_TC: tl.constexpr):
     """One value tile (BV rows) of a (row, v-head) in ``v_loop``, held as [BV, KS, KW] (the K row cut in KS
     parts of KW: fewer lanes share a row's K, so its dot products take fewer shuffles): the checkpoint tile
     (folded and stored on a flush row, ``FOLD``), the window's dots against it, the forward substitution (its
@@ -428,7 +430,18 @@ def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2,
         s = tl.load(s_head + offs, mask=mask3, other=0).to(tl.float32)
         d_hist = tl.load(d_head + ph[None, :] * stride_d2 + o_v[:, None], mask=mask_v[:, None] & valid[None, :],
                          other=0).to(tl.float32)
-        if FOLD:
+        if FOLD and FOLD_TC:
+            # the fold on the tensor cores: e^G S + (d_hist * cd) [BV, LP] x k_hist [LP, K] (hi/lo split, tf32 passes)
+            kh = tl.load(k_head + ph[:, None] * stride_k2 + o_k[None, :], mask=valid[:, None] & mask_k[None, :],
+                         other=0).to(tl.float32)
+            kh_hi, kh_lo = _tf32_split(kh)
+            s2 = tl.load(s_head + o_v[:, None] * stride_s2 + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :],
+                         other=0).to(tl.float32)
+            s2 = _split_dot(d_hist * cd[None, :], kh_hi, kh_lo, eG * s2, tl.float32)
+            s_st = _cast_rtne(s2, s_head.dtype.element_ty)
+            tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :], s_st, mask=mask_v[:, None] & mask_k[None, :])
+            s = tl.reshape(s_st.to(tl.float32), [BV, KS, KW])
+        elif FOLD:
             s = eG * s
             # fp32 rank-1 updates c_j d_j k^_j^T, the key's norm folded into the coefficient cd_j = c_j / |k_j|
             # (the raw k_j re-read per tile: L1/L2-resident)
@@ -441,7 +454,7 @@ def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2,
             s_st = _cast_rtne(s, s_head.dtype.element_ty)
             tl.store(s_head + offs, s_st, mask=mask3)
             s = s_st.to(tl.float32)  # the window runs on the stored checkpoint, with an empty history
-        if WDOT:  # the folded tile's window dots on the tensor cores (its [BV, K] operand via shared memory)
+        if FOLD and (WDOT or FOLD_TC):  # the folded tile's window dots on the tensor cores (its [BV, K] operand via shared memory)
             acc = _split_dot(tl.reshape(s, [BV, KS * KW]), qk2, qk_lo, tl.zeros([BV, 2 * TP], dtype=tl.float32),
                              s_head.dtype.element_ty)
             s_q, s_k = tl.split(tl.reshape(acc, [BV, TP, 2]))
@@ -489,7 +502,7 @@ def _gdn_verify_kernel(
     USE_L2NORM: tl.constexpr, ROUND_BETA: tl.constexpr, FLUSH_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, PER_TOKEN: tl.constexpr, SCORES_PRE: tl.constexpr,
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, VL: tl.constexpr, V_STAGES: tl.constexpr, KS: tl.constexpr,
-    WDOT: tl.constexpr,
+    WDOT: tl.constexpr, FOLD_TC: tl.constexpr,
 ):
     """One program per VL value tiles (BV rows each) of a (row, v-head).  VL == 1: the tile is held as [BV, K];
     VL > 1 (``v_loop``): what does not depend on the value rows (gates, q^/k^, key scores, Gram, the
@@ -709,7 +722,7 @@ def _gdn_verify_kernel(
             coef_a = tl.where(row, a_row[None, :], coef_a)
             coef_w = tl.where(row, w_row[None, :], coef_w)
 
-        if WDOT:  # the window's dot operands (see _gdn_vloop_tile), once per program
+        if WDOT or FOLD_TC:  # the window's dot operands (see _gdn_vloop_tile), once per program
             qk2, qk_lo = _tf32_split(tl.reshape(tl.join(tl.trans(q_hat), tl.trans(k_hat)), [BK, 2 * TP]))
             hc2 = tl.reshape(tl.join(c[:, None] * hq, c[:, None] * hk), [LP, 2 * TP])
         else:
@@ -722,13 +735,13 @@ def _gdn_verify_kernel(
                 _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
                                 stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw,
                                 org, w, R, q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
-                                V, T, BV, TP, KS, KW, True, WDOT)
+                                V, T, BV, TP, KS, KW, True, WDOT, FOLD_TC)
         else:
             for vi in tl.range(0, VL, num_stages=V_STAGES):
                 _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
                                 stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw,
                                 org, w, R, q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
-                                V, T, BV, TP, KS, KW, False, WDOT)
+                                V, T, BV, TP, KS, KW, False, WDOT, FOLD_TC)
 
 
 # ----------------------------------------------------------------------------------
@@ -745,9 +758,12 @@ def gdn_verify_launch_params(HV: int, Hk: int, K: int, V: int, R: int, T: int, s
     cfg = _CFG_CACHE.get(ck)
     if cfg is None:
         cfg = launch_config("gdn_verify", keys)  # entries checked against the registration above
-        if cfg["v_loop"] > 1 and (cfg["reduce"] != "token" or cfg["flush"] != "rank1"):
-            raise ValueError(f"gdn_verify: v_loop > 1 needs reduce: token and flush: rank1, got reduce: "
+        if cfg["v_loop"] > 1 and (cfg["reduce"] != "token" or cfg["flush"] == "dot"):
+            raise ValueError(f"gdn_verify: v_loop > 1 needs reduce: token and flush: rank1 or mma, got reduce: "
                              f"{cfg['reduce']}, flush: {cfg['flush']}; set v_loop: 1 with them ({config_file()})")
+        if cfg["v_loop"] == 1 and cfg["flush"] == "mma":
+            raise ValueError(f"gdn_verify: flush: mma is the looping kernel's (v_loop > 1), got v_loop: 1; set "
+                             f"flush: rank1 or dot, or v_loop > 1 ({config_file()})")
         _CFG_CACHE[ck] = cfg
     return cfg
 
@@ -900,8 +916,9 @@ def gdn_verify(
         sc = out  # never read
     VL = (min(cfg["v_loop"], triton.cdiv(V, BV)) if B >= cfg["v_loop_min_batch"] and T <= cfg["v_loop_max_window"]
           else 1)
-    loop_args = dict(VL=1, V_STAGES=1, KS=1, WDOT=False) if VL == 1 else dict(
-        VL=VL, V_STAGES=cfg["v_stages"], KS=min(cfg["k_parts"], BK), WDOT=cfg["window_dot"] == "split")
+    loop_args = dict(VL=1, V_STAGES=1, KS=1, WDOT=False, FOLD_TC=False) if VL == 1 else dict(
+        VL=VL, V_STAGES=cfg["v_stages"], KS=min(cfg["k_parts"], BK), WDOT=cfg["window_dot"] == "split",
+        FOLD_TC=cfg["flush"] == "mma")
     grid = (triton.cdiv(V, BV * VL), B, HV)
     _gdn_verify_kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias,

@@ -4,8 +4,8 @@ Triton's CPU interpreter ignores ``input_precision`` (its dots are plain fp32), 
 cannot tell tf32x3 from tf32 or a mis-tiled dot at a partial tile. These run only on CUDA
 (eval/gpu_kernels.sh on the H200) and skip elsewhere. Paths: the Mamba2 decode flush rebuild
 (``_rebuild_chunk``, unrolled and runtime chunk loop), the Mamba2 verify flush fold, the GDN decode flush
-``flush: dot`` on the whole tile and on the K-chunked tile (``BKC``), the GDN verify ``flush: dot`` fold and ``window_dot``
-(the looping kernel's window dots), and both materialize folds; each at ``dot_precision`` tf32x3 (the default) and ieee, at geometries whose dims are
+``flush: dot`` on the whole tile and on the K-chunked tile (``BKC``), the GDN verify ``flush: dot`` fold, ``window_dot``
+and ``flush: mma`` (the looping kernel's window dots and fold), and both materialize folds; each at ``dot_precision`` tf32x3 (the default) and ieee, at geometries whose dims are
 no power of two (Mamba2 H=3, P=24, N=40; GDN Hk=3, HV=6, K=40, V=24 and K=96).
 
 The bar is the fp32-state one of issue 25: every output and stored checkpoint within 1e-5 of the fp64
@@ -143,3 +143,15 @@ def test_gdn_verify_window_dot(cuda, launch, flush, geom, large):
     gen, seed = make_gen()
     check_fp32_bar(run_gdn_verify(cuda, gen, **GDN_ODD[geom], T=3, R=9, flush=flush, large=large), seed,
                    f"gdn verify window dots ({geom}, flush={flush}, large={large})")
+
+
+@pytest.mark.parametrize("window_dot", ["fma", "split"])
+@pytest.mark.parametrize("geom", list(GDN_ODD))
+@pytest.mark.parametrize("large", [False, True], ids=["small", "large"])
+def test_gdn_verify_flush_mma(cuda, launch, window_dot, geom, large):
+    """The looping verify kernel's ``flush: mma``: a flush row's fold and its window dots as tf32 passes over hi/lo
+    halves, flush rows at odd K and V (the checkpoint checked too)."""
+    launch("gdn_verify", v_loop=2, v_loop_min_batch=1, flush="mma", window_dot=window_dot, BV=16)
+    gen, seed = make_gen()
+    check_fp32_bar(run_gdn_verify(cuda, gen, **GDN_ODD[geom], T=3, R=9, flush=True, large=large), seed,
+                   f"gdn verify flush mma ({geom}, window_dot {window_dot}, large={large})")
