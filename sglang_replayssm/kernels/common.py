@@ -378,6 +378,28 @@ def launch_config(family: str, key, defaults: Optional[Dict[str, Any]] = None,
 
 
 @triton.jit
+def tf32_split(x):
+    """x = hi + lo exactly, hi x rounded to tf32 (11 significant bits, ties away from zero), lo the rest: three
+    tf32 products hi.hi' + hi.lo' + lo.hi' keep fp32 accuracy (the tensor cores read a tf32 operand's top 19 bits)."""
+    hi = ((x.to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    return hi, x - hi
+
+
+@triton.jit
+def split_dot(x, y_hi, y_lo, acc, x_dtype: tl.constexpr):
+    """acc + x @ y in fp32 accuracy on the tensor cores: tf32 passes hi.y_lo + lo.y_hi + hi.y_hi (x = hi + lo,
+    :func:`tf32_split`); x loaded from a 16-bit type is exact in tf32 (x = hi): two passes."""
+    if x_dtype == tl.float32:
+        x_hi, x_lo = tf32_split(x)
+        acc = tl.dot(x_hi, y_lo, acc, input_precision="tf32")
+        acc = tl.dot(x_lo, y_hi, acc, input_precision="tf32")
+        return tl.dot(x_hi, y_hi, acc, input_precision="tf32")
+    else:
+        acc = tl.dot(x, y_lo, acc, input_precision="tf32")
+        return tl.dot(x, y_hi, acc, input_precision="tf32")
+
+
+@triton.jit
 def write_flush_first_rank(order, write_pos, stride_wp, n_rows, i_n, w, L, FF: tl.constexpr):
     """order[rank] = i_n, rank being row i_n's place with the flush rows (ring full: max(w, 0) >= L - 1, i.e. the
     kernels' clamped w == L - 1) first, each group in row order (launch option ``flush_first_max_batch`` of the

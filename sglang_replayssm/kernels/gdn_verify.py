@@ -148,7 +148,7 @@ from .common import FLOAT_DTYPES as _FLOAT_DTYPES
 from .common import INDEX_DTYPES as _INT_DTYPES
 from .common import (L2NORM_EPS, SOFTPLUS_THRESHOLD, block_param, choice_param, config_file, config_keys,
                      count_param, dot_precision_param, flag_param, launch_config, maxnreg_param, next_pow2, register_cap,
-                     register_family, warps_param)
+                     register_family, split_dot, tf32_split, warps_param)
 from .gdn_replay import _cast_rtne, _gdn_gate, _history_weights, _l2norm_vec, _normalise_rows
 from .spec_tree import _tree_ancestor_mask, check_parents_arg
 
@@ -354,28 +354,6 @@ def _token_coeffs(i, o_t, beta, g_win, kk, kq, anc, TP: tl.constexpr, IS_TREE: t
 
 
 @triton.jit
-def _tf32_split(x):
-    """x = hi + lo exactly, hi x rounded to tf32 (11 significant bits, ties away from zero), lo the rest: three
-    tf32 products hi.hi' + hi.lo' + lo.hi' keep fp32 accuracy (the tensor cores read a tf32 operand's top 19 bits)."""
-    hi = ((x.to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
-    return hi, x - hi
-
-
-@triton.jit
-def _split_dot(x, y_hi, y_lo, acc, x_dtype: tl.constexpr):
-    """acc + x @ y in fp32 accuracy on the tensor cores: tf32 passes hi.y_lo + lo.y_hi + hi.y_hi (x = hi + lo,
-    :func:`_tf32_split`); x loaded from a 16-bit type is exact in tf32 (x = hi): two passes."""
-    if x_dtype == tl.float32:
-        x_hi, x_lo = _tf32_split(x)
-        acc = tl.dot(x_hi, y_lo, acc, input_precision="tf32")
-        acc = tl.dot(x_lo, y_hi, acc, input_precision="tf32")
-        return tl.dot(x_hi, y_hi, acc, input_precision="tf32")
-    else:
-        acc = tl.dot(x, y_lo, acc, input_precision="tf32")
-        return tl.dot(x, y_hi, acc, input_precision="tf32")
-
-
-@triton.jit
 def _vloop_fma_dots(s, q3, k3, d_hist, hq, hk, eG, c, o_t, BV: tl.constexpr, TP: tl.constexpr, KS: tl.constexpr,
                     KW: tl.constexpr, FOLD: tl.constexpr):
     """The window's dots against a [BV, KS, KW] state tile on the CUDA cores (fp32 FMAs, row reductions): s.q^_i,
@@ -420,9 +398,9 @@ def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2,
                      other=0).to(tl.float32)
         d_hist = tl.load(d_head + ph[None, :] * stride_d2 + o_v[:, None], mask=mask_v[:, None] & valid[None, :],
                          other=0).to(tl.float32)
-        hc_hi, hc_lo = _tf32_split(hc2)
-        acc = _split_dot(s2, qk2, qk_lo, tl.zeros([BV, 2 * TP], dtype=tl.float32), s_head.dtype.element_ty)
-        acc = _split_dot(d_hist, hc_hi, hc_lo, eG * acc, d_head.dtype.element_ty)
+        hc_hi, hc_lo = tf32_split(hc2)
+        acc = split_dot(s2, qk2, qk_lo, tl.zeros([BV, 2 * TP], dtype=tl.float32), s_head.dtype.element_ty)
+        acc = split_dot(d_hist, hc_hi, hc_lo, eG * acc, d_head.dtype.element_ty)
         s_q, s_k = tl.split(tl.reshape(acc, [BV, TP, 2]))
     else:
         offs = o_v[:, None, None] * stride_s2 + o_k3[None, :, :]  # [BV, KS, KW]
@@ -434,10 +412,10 @@ def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2,
             # the fold on the tensor cores: e^G S + (d_hist * cd) [BV, LP] x k_hist [LP, K] (hi/lo split, tf32 passes)
             kh = tl.load(k_head + ph[:, None] * stride_k2 + o_k[None, :], mask=valid[:, None] & mask_k[None, :],
                          other=0).to(tl.float32)
-            kh_hi, kh_lo = _tf32_split(kh)
+            kh_hi, kh_lo = tf32_split(kh)
             s2 = tl.load(s_head + o_v[:, None] * stride_s2 + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :],
                          other=0).to(tl.float32)
-            s2 = _split_dot(d_hist * cd[None, :], kh_hi, kh_lo, eG * s2, tl.float32)
+            s2 = split_dot(d_hist * cd[None, :], kh_hi, kh_lo, eG * s2, tl.float32)
             s_st = _cast_rtne(s2, s_head.dtype.element_ty)
             tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :], s_st, mask=mask_v[:, None] & mask_k[None, :])
             s = tl.reshape(s_st.to(tl.float32), [BV, KS, KW])
@@ -455,7 +433,7 @@ def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2,
             tl.store(s_head + offs, s_st, mask=mask3)
             s = s_st.to(tl.float32)  # the window runs on the stored checkpoint, with an empty history
         if FOLD and (WDOT or FOLD_TC):  # the folded tile's window dots on the tensor cores (its [BV, K] operand via shared memory)
-            acc = _split_dot(tl.reshape(s, [BV, KS * KW]), qk2, qk_lo, tl.zeros([BV, 2 * TP], dtype=tl.float32),
+            acc = split_dot(tl.reshape(s, [BV, KS * KW]), qk2, qk_lo, tl.zeros([BV, 2 * TP], dtype=tl.float32),
                              s_head.dtype.element_ty)
             s_q, s_k = tl.split(tl.reshape(acc, [BV, TP, 2]))
         else:
@@ -723,7 +701,7 @@ def _gdn_verify_kernel(
             coef_w = tl.where(row, w_row[None, :], coef_w)
 
         if WDOT or FOLD_TC:  # the window's dot operands (see _gdn_vloop_tile), once per program
-            qk2, qk_lo = _tf32_split(tl.reshape(tl.join(tl.trans(q_hat), tl.trans(k_hat)), [BK, 2 * TP]))
+            qk2, qk_lo = tf32_split(tl.reshape(tl.join(tl.trans(q_hat), tl.trans(k_hat)), [BK, 2 * TP]))
             hc2 = tl.reshape(tl.join(c[:, None] * hq, c[:, None] * hk), [LP, 2 * TP])
         else:
             qk_lo = q_hat  # unused

@@ -37,7 +37,9 @@ reduced as one 3-D broadcast (``reduce: bcast``) or T 2-D row reductions (``redu
 ``nonflush: chunked`` reads the S_ck tile N-chunk by N-chunk on every row (each chunk's loads wait
 behind the previous chunk's conditional ring / checkpoint stores); ``nonflush: stream`` lets
 non-flush rows read the whole [BLOCK_M, N] tile at once, all loads in flight together (the decode
-kernel's output-only read), and keeps the chunk loop for flush rows.
+kernel's output-only read), and keeps the chunk loop for flush rows; ``nonflush: mma`` is that read with the
+dots S_ck·C_s as one tl.dot on the tensor cores, fp32-accurate (tf32 passes over hi/lo halves,
+``common.split_dot``).
 ``eval/verify_sass.py`` compares the variants offline; their H200 timings (one warp, ``reduce:
 token``, ``bc: pre``, ``nonflush: stream``: the built-in defaults) are in eval/results/spec-variants-h200/.
 Rows whose slot is < 0 or == null_slot write nothing.  The window is ``T`` tokens per row (SGLang's
@@ -65,7 +67,7 @@ import triton
 import triton.language as tl
 
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
-from .common import suffix_sum_excl
+from .common import split_dot, suffix_sum_excl, tf32_split
 from .common import (block_param, choice_param, config_keys, count_param, dot_precision_param, launch_config,
                      maxnreg_param, next_pow2, register_cap, register_family, warps_param)
 from .mamba2_replay import _delta_from_raw, _head_param
@@ -82,7 +84,7 @@ REDUCE_MODES = ("bcast", "token")
 # "pre"    -- once per (row, group) by ``_mamba2_verify_bc_kernel`` into an fp32 scratch
 #             [batch, G, WH + TP, TP] that the main kernel reads.
 BC_MODES = ("inline", "pre")
-NONFLUSH_MODES = ("chunked", "stream")
+NONFLUSH_MODES = ("chunked", "stream", "mma")
 
 # Built-in launch parameters: the fastest measured on the H200 (eval/results/spec-variants-h200/, rounds 1-2 and 7).
 MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", {
@@ -102,7 +104,8 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     "maxnreg": maxnreg_param(0),
     # how non-flush rows read their S_ck tile: "chunked" (the N-chunk loop flush rows also take; the chunks'
     # conditional stores keep the next chunk's loads behind them) or "stream" (the whole [BLOCK_M, N]
-    # tile in one read, all loads in flight together, as the decode kernel's output-only read)
+    # tile in one read, all loads in flight together, as the decode kernel's output-only read) or "mma" (the
+    # stream read, its dots S_ck·C_s as one [BLOCK_M, N] x [N, T] tl.dot in tf32 passes over hi/lo halves)
     "nonflush": choice_param("stream", NONFLUSH_MODES),
     # with nonflush "stream": the per-token dots S_ck·C_s of a non-flush row sum the tile's column chunks of this
     # width element-wise first and reduce once per token. A [rows, 16] chunk is spread over fewer lanes than a
@@ -264,7 +267,7 @@ def _mamba2_verify_kernel(
     BLOCK_M: tl.constexpr, BLOCK_NC: tl.constexpr, N_CHUNKS: tl.constexpr, WH: tl.constexpr, TP: tl.constexpr,
     PER_TOKEN: tl.constexpr, BC_PRE: tl.constexpr, STREAM: tl.constexpr, BLOCK_N: tl.constexpr,
     STREAM_CHUNK: tl.constexpr, FLUSH_STAGES: tl.constexpr,
-    IS_TREE: tl.constexpr, LOG_TP: tl.constexpr,
+    IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, NF_MMA: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -343,13 +346,21 @@ def _mamba2_verify_kernel(
                 B_hn = tl.load(Br_base + phys_k[:, None] * s_Br_r + offs_nf[None, :] * s_Br_n,
                                mask=valid_k[:, None] & mask_nf[None, :], other=0.0).to(tl.float32)
                 B_wnf = B_wn.to(tl.float32)
+            if NF_MMA:  # S_ck [BLOCK_M, N] x C^T [N, TP] on the tensor cores, fp32-accurate (split_dot)
+                S_t = tl.load(st_base + offs_m[:, None] * s_st_p + offs_nf[None, :] * s_st_n,
+                              mask=mask_m[:, None] & mask_nf[None, :], other=0.0).to(tl.float32)
+                C_w = tl.load(C_row + offs_nf[:, None] * s_C_n + offs_t[None, :] * s_C_t,
+                              mask=mask_nf[:, None] & mask_t[None, :], other=0.0).to(tl.float32)
+                c_hi, c_lo = tf32_split(C_w)
+                SC = split_dot(S_t, c_hi, c_lo, SC, state_ptr.dtype.element_ty)
             for t in tl.static_range(TP):
                 col = (offs_t == t)[None, :]
                 if not BC_PRE:
                     C_t = tl.load(C_row + t * s_C_t + offs_nf * s_C_n, mask=mask_nf & (t < T),
                                   other=0.0).to(tl.float32)
-                SC = _add_token_dot_chunked(SC, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row + t * s_C_t,
-                                            s_C_n, t < T, col, BLOCK_N, STREAM_CHUNK)
+                if not NF_MMA:
+                    SC = _add_token_dot_chunked(SC, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row + t * s_C_t,
+                                                s_C_n, t < T, col, BLOCK_N, STREAM_CHUNK)
                 if not BC_PRE:
                     bc_w = _add_token_dot(bc_w, B_wnf, C_t, col)
                     bc_h = _add_token_dot(bc_h, B_hn, C_t, col)
@@ -561,7 +572,7 @@ def mamba2_verify(
         DT_SOFTPLUS=bool(dt_softplus), DOT_PRECISION=cfg["dot_precision"],
         BLOCK_M=BLOCK_M, BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP,
         PER_TOKEN=cfg["reduce"] == "token", BC_PRE=bc_pre,
-        STREAM=cfg["nonflush"] == "stream", BLOCK_N=max(16, next_pow2(N)),
+        STREAM=cfg["nonflush"] in ("stream", "mma"), BLOCK_N=max(16, next_pow2(N)), NF_MMA=cfg["nonflush"] == "mma",
         STREAM_CHUNK=min(cfg["stream_chunk"], max(16, next_pow2(N))) if cfg["nonflush"] == "stream" else 0,
         FLUSH_STAGES=int(cfg["flush_stages"]),
         IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,

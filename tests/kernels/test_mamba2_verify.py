@@ -554,7 +554,8 @@ def test_flushing_verify_with_no_accept_does_not_fold_twice(device):
                                      "reduce: token, bc: inline, nonflush: chunked",
                                      "reduce: bcast, bc: pre, bc_num_warps: 2, nonflush: chunked",
                                      "reduce: bcast, bc: inline, nonflush: stream",
-                                     "reduce: token, bc: pre, nonflush: stream, BLOCK_M: 16"])
+                                     "reduce: token, bc: pre, nonflush: stream, BLOCK_M: 16",
+                                     "reduce: token, bc: pre, nonflush: mma"])
 # the CPU run takes every variant at T1 on SMALL; the longer windows and the odd geometry are the GPU run's (slow)
 @pytest.mark.parametrize("T,hist,geom,prec", [(1, 1, SMALL, (F32, F32)),
                                               pytest.param(4, 6, SMALL, (F32, F32), marks=pytest.mark.slow),
@@ -578,10 +579,12 @@ def test_launch_variants_match_sequential_recurrence(device, tmp_path, monkeypat
 @pytest.mark.parametrize("variant", ["nonflush: stream, stream_chunk: 16", "nonflush: stream, stream_chunk: 32, bc: inline",
                                      "nonflush: stream, stream_chunk: 16, reduce: bcast",
                                      "flush_stages: 1, reduce: bcast",
-                                     "nonflush: chunked, flush_stages: 3, bc: inline"])
+                                     "nonflush: chunked, flush_stages: 3, bc: inline",
+                                     "nonflush: mma", "nonflush: mma, bc: inline, BLOCK_M: 16"])
 def test_nonflush_reads_and_flush_loop_match_sequential_recurrence(device, tmp_path, monkeypatch, variant):
     """How a non-flush row reads its S_ck tile (``stream_chunk``: per-token dots summed over column chunks first, on
-    N 40: chunks of 16 with a partial and a fully masked one, or 32 with a partial one) and the flush rows' N-chunk
+    N 40: chunks of 16 with a partial and a fully masked one, or 32 with a partial one; ``nonflush: mma``: one tl.dot
+    over the masked [BLOCK_M, 64] tile, which the interpreter computes in fp32) and the flush rows' N-chunk
     loop (``flush_stages``: its software pipeline on a GPU, which the interpreter does not model), beside bc inline
     and reduce bcast: the same stream checks, flushes included."""
     f = tmp_path / "cfg.yaml"

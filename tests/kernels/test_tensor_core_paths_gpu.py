@@ -3,7 +3,7 @@
 Triton's CPU interpreter ignores ``input_precision`` (its dots are plain fp32), so the other kernel tests
 cannot tell tf32x3 from tf32 or a mis-tiled dot at a partial tile. These run only on CUDA
 (eval/gpu_kernels.sh on the H200) and skip elsewhere. Paths: the Mamba2 decode flush rebuild
-(``_rebuild_chunk``, unrolled and runtime chunk loop), the Mamba2 verify flush fold, the GDN decode flush
+(``_rebuild_chunk``, unrolled and runtime chunk loop), the Mamba2 verify flush fold and ``nonflush: mma``, the GDN decode flush
 ``flush: dot`` on the whole tile and on the K-chunked tile (``BKC``), the GDN verify ``flush: dot`` fold, ``window_dot``
 and ``flush: mma`` (the looping kernel's window dots and fold), and both materialize folds; each at ``dot_precision`` tf32x3 (the default) and ieee, at geometries whose dims are
 no power of two (Mamba2 H=3, P=24, N=40; GDN Hk=3, HV=6, K=40, V=24 and K=96).
@@ -89,6 +89,16 @@ def test_mamba2_verify_flush_dot(cuda, launch, prec, block_nc):
     gen, seed = make_gen()
     check_fp32_bar(run_mamba2_verify(cuda, gen, **MAMBA2_ODD, T=3, R=9, flush=True, large=False), seed,
                    f"mamba2 verify flush ({prec}, BLOCK_NC {block_nc})")
+
+
+@pytest.mark.parametrize("block_m", [16, 32])
+@pytest.mark.parametrize("large", [False, True], ids=["small", "large"])
+def test_mamba2_verify_nonflush_mma(cuda, launch, block_m, large):
+    """``nonflush: mma``: a verify row's S_ck·C_s dots as one tl.dot in tf32 passes over hi/lo halves."""
+    launch("mamba2_verify", BLOCK_M=block_m, nonflush="mma")
+    gen, seed = make_gen()
+    check_fp32_bar(run_mamba2_verify(cuda, gen, **MAMBA2_ODD, T=3, R=9, flush=False, large=large), seed,
+                   f"mamba2 verify nonflush mma (BLOCK_M {block_m}, large={large})")
 
 
 @pytest.mark.parametrize("prec", PRECISIONS)
