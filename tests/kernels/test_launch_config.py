@@ -203,9 +203,9 @@ def test_malformed_files(tmp_path, text, match):
     ("gdn_verify:\n  default: {maxnreg: 300}\n", r"maxnreg must be 0 \(no cap\) or an int from 16 to 255"),
     ("mamba2_verify:\n  default: {maxnreg: 1.5}\n", r"maxnreg must be"),
     ("mamba2_verify:\n  default: {BLOCK_M: 8}\n", r"BLOCK_M must be a power of two >= 16, got 8"),
-    ("mamba2_verify:\n  default: {nonflush: pipelined}\n", r"nonflush must be one of \('chunked', 'stream'\)"),
+    ("mamba2_verify:\n  default: {nonflush: pipelined}\n", r"nonflush must be one of \('chunked', 'stream', 'mma'\)"),
     # timed on the H200, lost and removed (eval/results/spec-variants-h200/README.md, round 8)
-    ("mamba2_verify:\n  default: {nonflush: pipe}\n", r"nonflush must be one of \('chunked', 'stream'\)"),
+    ("mamba2_verify:\n  default: {nonflush: pipe}\n", r"nonflush must be one of \('chunked', 'stream', 'mma'\)"),
     ("mamba2_verify:\n  default: {pipe_chunk: 16}\n", r"pipe_chunk"),
     ("mamba2_verify:\n  default: {flush_unroll: 1}\n", r"flush_unroll"),
     ("mamba2_verify:\n  default: {bc: post}\n", r"bc must be one of \('inline', 'pre'\)"),
