@@ -111,10 +111,10 @@ element-wise.  ``window_dot: split`` runs the window's dots against the tile on 
 Numerics
 --------
 Every reduction and every element-wise product is fp32 on CUDA cores, but for the
-window dots of ``window_dot: split``, fp32-accurate on the tensor cores: each fp32 operand is split into a tf32 hi
-and the exact remainder lo, and hi.hi' + hi.lo' + lo.hi' summed in tf32 passes with an fp32 accumulator (a 16-bit
-tile is exact in tf32: two passes); plain tf32 is never used.  Decays come from the standard-decode helper ``_history_weights``
-(exclusive suffix sums summed directly, so nothing is subtracted; the window's
+window dots of ``window_dot: split`` (and the fold of ``flush: mma``), fp32-accurate on the tensor cores: each fp32
+operand is split into a tf32 hi and the exact remainder lo, and hi.hi' + hi.lo' + lo.hi' summed in tf32 passes with
+an fp32 accumulator (a 16-bit tile is exact in tf32: two passes); plain tf32 is never used.  Decays come from the
+standard-decode helper ``_history_weights`` (exclusive suffix sums summed directly, so nothing is subtracted; the window's
 e^{Gamma_i - Gamma_j} likewise come from sums over g_{j+1..i}), keys are
 re-normalised with the same fp32 formula as the current token.  The flush fold
 is w exact fp32 rank-1 updates (``flush: rank1``, default) or one ``tl.dot`` [BV, LP] x
@@ -147,8 +147,8 @@ import triton.language as tl
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES
 from .common import INDEX_DTYPES as _INT_DTYPES
 from .common import (L2NORM_EPS, SOFTPLUS_THRESHOLD, block_param, choice_param, config_file, config_keys,
-                     count_param, dot_precision_param, flag_param, launch_config, maxnreg_param, next_pow2, register_cap,
-                     register_family, split_dot, tf32_split, warps_param)
+                     count_param, dot_precision_param, flag_param, launch_config, maxnreg_param, next_pow2,
+                     register_cap, register_family, split_dot, tf32_split, warps_param)
 from .gdn_replay import _cast_rtne, _gdn_gate, _history_weights, _l2norm_vec, _normalise_rows
 from .spec_tree import _tree_ancestor_mask, check_parents_arg
 
@@ -191,7 +191,7 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     # software-pipelining depth of that loop (Triton's num_stages for it; 1: none)
     "v_stages": count_param(3, 1),
     # with v_loop > 1: a value tile is held as k_parts slices of its K row, so fewer lanes share a row's dot
-    # products (v_loop > 1 always reduces per token and folds a flush with rank-1 updates)
+    # products (v_loop > 1 always reduces per token; it folds a flush with rank-1 updates or, flush: mma, dots)
     "k_parts": block_param(2),
     # with v_loop > 1: batches of fewer rows still launch one value tile per program (too few programs to loop)
     "v_loop_min_batch": count_param(64),
@@ -432,7 +432,7 @@ def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2,
             s_st = _cast_rtne(s, s_head.dtype.element_ty)
             tl.store(s_head + offs, s_st, mask=mask3)
             s = s_st.to(tl.float32)  # the window runs on the stored checkpoint, with an empty history
-        if FOLD and (WDOT or FOLD_TC):  # the folded tile's window dots on the tensor cores (its [BV, K] operand via shared memory)
+        if FOLD and (WDOT or FOLD_TC):  # the folded tile's window dots on the tensor cores (operand via smem)
             acc = split_dot(tl.reshape(s, [BV, KS * KW]), qk2, qk_lo, tl.zeros([BV, 2 * TP], dtype=tl.float32),
                              s_head.dtype.element_ty)
             s_q, s_k = tl.split(tl.reshape(acc, [BV, TP, 2]))

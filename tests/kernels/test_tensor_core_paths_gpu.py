@@ -3,10 +3,11 @@
 Triton's CPU interpreter ignores ``input_precision`` (its dots are plain fp32), so the other kernel tests
 cannot tell tf32x3 from tf32 or a mis-tiled dot at a partial tile. These run only on CUDA
 (eval/gpu_kernels.sh on the H200) and skip elsewhere. Paths: the Mamba2 decode flush rebuild
-(``_rebuild_chunk``, unrolled and runtime chunk loop), the Mamba2 verify flush fold and ``nonflush: mma``, the GDN decode flush
-``flush: dot`` on the whole tile and on the K-chunked tile (``BKC``), the GDN verify ``flush: dot`` fold, ``window_dot``
-and ``flush: mma`` (the looping kernel's window dots and fold), and both materialize folds; each at ``dot_precision`` tf32x3 (the default) and ieee, at geometries whose dims are
-no power of two (Mamba2 H=3, P=24, N=40; GDN Hk=3, HV=6, K=40, V=24 and K=96).
+(``_rebuild_chunk``, unrolled and runtime chunk loop), the Mamba2 verify flush fold and ``nonflush: mma``, the GDN
+decode flush ``flush: dot`` on the whole tile and on the K-chunked tile (``BKC``), the GDN verify ``flush: dot``
+fold, ``window_dot`` and ``flush: mma`` (the looping kernel's window dots and fold), and both materialize folds;
+the Triton dots at ``dot_precision`` tf32x3 (the default) and ieee, the kernels' own hi/lo splits as they are; at
+geometries whose dims are no power of two (Mamba2 H=3, P=24, N=40; GDN Hk=3, HV=6, K=40, V=24 and K=96).
 
 The bar is the fp32-state one of issue 25: every output and stored checkpoint within 1e-5 of the fp64
 sequential recurrence, relative to the largest magnitude of that tensor (normwise), on random inputs.
