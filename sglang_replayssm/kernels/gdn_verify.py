@@ -147,7 +147,7 @@ import triton.language as tl
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES
 from .common import INDEX_DTYPES as _INT_DTYPES
 from .common import (L2NORM_EPS, SOFTPLUS_THRESHOLD, block_param, choice_param, config_file, config_keys,
-                     count_param, dot_precision_param, flag_param, launch_config, maxnreg_param, next_pow2,
+                     count_param, dot_precision_param, launch_config, maxnreg_param, next_pow2,
                      register_cap, register_family, split_dot, tf32_split, warps_param)
 from .gdn_replay import _cast_rtne, _gdn_gate, _history_weights, _l2norm_vec, _normalise_rows
 from .spec_tree import _tree_ancestor_mask, check_parents_arg
@@ -403,13 +403,10 @@ def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2,
         acc = split_dot(d_hist, hc_hi, hc_lo, eG * acc, d_head.dtype.element_ty)
         s_q, s_k = tl.split(tl.reshape(acc, [BV, TP, 2]))
     else:
-        offs = o_v[:, None, None] * stride_s2 + o_k3[None, :, :]  # [BV, KS, KW]
-        mask3 = mask_v[:, None, None] & mask_k3[None, :, :]
-        s = tl.load(s_head + offs, mask=mask3, other=0).to(tl.float32)
-        d_hist = tl.load(d_head + ph[None, :] * stride_d2 + o_v[:, None], mask=mask_v[:, None] & valid[None, :],
-                         other=0).to(tl.float32)
         if FOLD and FOLD_TC:
             # the fold on the tensor cores: e^G S + (d_hist * cd) [BV, LP] x k_hist [LP, K] (hi/lo split, tf32 passes)
+            d_hist = tl.load(d_head + ph[None, :] * stride_d2 + o_v[:, None], mask=mask_v[:, None] & valid[None, :],
+                             other=0).to(tl.float32)
             kh = tl.load(k_head + ph[:, None] * stride_k2 + o_k[None, :], mask=valid[:, None] & mask_k[None, :],
                          other=0).to(tl.float32)
             kh_hi, kh_lo = tf32_split(kh)
@@ -419,7 +416,13 @@ def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2,
             s_st = _cast_rtne(s2, s_head.dtype.element_ty)
             tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :], s_st, mask=mask_v[:, None] & mask_k[None, :])
             s = tl.reshape(s_st.to(tl.float32), [BV, KS, KW])
-        elif FOLD:
+        else:
+            offs = o_v[:, None, None] * stride_s2 + o_k3[None, :, :]  # [BV, KS, KW]
+            mask3 = mask_v[:, None, None] & mask_k3[None, :, :]
+            s = tl.load(s_head + offs, mask=mask3, other=0).to(tl.float32)
+            d_hist = tl.load(d_head + ph[None, :] * stride_d2 + o_v[:, None], mask=mask_v[:, None] & valid[None, :],
+                             other=0).to(tl.float32)
+        if FOLD and not FOLD_TC:
             s = eG * s
             # fp32 rank-1 updates c_j d_j k^_j^T, the key's norm folded into the coefficient cd_j = c_j / |k_j|
             # (the raw k_j re-read per tile: L1/L2-resident)

@@ -832,7 +832,8 @@ def test_launch_config_accepts_every_advertised_flush(tmp_path, monkeypatch):
 
 
 def test_default_yaml_keeps_the_built_in_defaults(monkeypatch):
-    """A GPU without its own file runs the registered decode defaults (default.yaml sets nothing of the decode kernel)."""
+    """A GPU without its own file runs the registered decode defaults (default.yaml sets nothing of the decode
+    kernel)."""
     from sglang_replayssm.kernels.common import CONFIG_DIR
 
     monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(CONFIG_DIR / "default.yaml"))

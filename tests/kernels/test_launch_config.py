@@ -331,7 +331,7 @@ def test_mamba2_decode_small_batch_register_cap(tmp_path, monkeypatch):
 
 
 
-def test_dtype_wide_default_entry(tmp_path, monkeypatch):
+def test_dtype_wide_default_entry(tmp_path):
     """default_S<dtype> applies to every geometry of that state dtype: after the file's default, before a geometry
     key; the packaged default.yaml keeps an fp32 state's GDN verify window dots on the CUDA cores."""
     import torch
