@@ -65,8 +65,11 @@ class _Recorder:
         self.fn, self.calls = fn, calls
 
     def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.calls[self.fn.__name__] = dict(fn=self.fn, grid=grid, args=args, kwargs=kwargs)
+        def launch(*args, **kwargs):  # a kernel's second launch in one call is recorded as "<name>#2", ...
+            name, n = self.fn.__name__, 1
+            while (name if n == 1 else f"{name}#{n}") in self.calls:
+                n += 1
+            self.calls[name if n == 1 else f"{name}#{n}"] = dict(fn=self.fn, grid=grid, args=args, kwargs=kwargs)
 
         return launch
 

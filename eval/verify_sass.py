@@ -142,12 +142,20 @@ def loop_instructions(insns: Sequence[Dict[str, Any]], labels: Dict[str, int]) -
 
 
 def analyse(family: str, name: str, config: Dict[str, Any], T: int = 4, hist: int = 16, state_dtype=None,
-            act_dtype=None, batch_model: int = 256, dump: Optional[Path] = None, trips: float = 7.5) -> Dict[str, Any]:
+            act_dtype=None, batch_model: int = 256, dump: Optional[Path] = None, trips: float = 7.5) -> List[Dict[str, Any]]:
     import torch
 
     geom = GEOMETRIES[family]
     calls = capture(family, config, geom, T, hist, state_dtype or torch.float32, act_dtype or torch.bfloat16)
-    launch = calls[KERNEL[family]]
+    return [_analyse_launch(family, name if k == KERNEL[family] else name + k[len(KERNEL[family]):], config, calls,
+                            calls[k], T, hist, batch_model, dump, trips)
+            for k in calls if k.partition("#")[0] == KERNEL[family]]
+
+
+def _analyse_launch(family, name, config, calls, launch, T, hist, batch_model, dump, trips) -> Dict[str, Any]:
+    """One launch of the main kernel (a config that launches it twice, e.g. GDN ``flush_rows: separate``, gives two
+    rows: ``name`` and ``name#2``); the pre-kernels' issue time is added to each."""
+    geom = GEOMETRIES[family]
     built = compile_offline(launch)
     rep = ptxas_report(built["ptx"])
     text = disassemble(built["cubin"])
@@ -233,7 +241,7 @@ def main(argv=None) -> int:
                     continue
                 spec = rest
             name, cfg = parse_variant(spec, base)
-            results.append(analyse(fam, name, cfg, args.window, args.history, state_dtype=state_dtype,
+            results.extend(analyse(fam, name, cfg, args.window, args.history, state_dtype=state_dtype,
                                    dump=Path(args.dump) if args.dump else None, trips=args.trips))
     header = (f"verify kernels, T={args.window}, history {args.history}, state {args.state_dtype}, act bf16, "
               "sm_90a offline")

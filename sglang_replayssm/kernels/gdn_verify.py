@@ -159,6 +159,7 @@ _FLUSH_MODES = ("rank1", "dot", "mma")
 _REDUCE_MODES = ("bcast", "token")
 _WINDOW_DOTS = ("fma", "split")
 _SCORES_MODES = ("inline", "pre")
+_FLUSH_ROWS = ("fused", "separate")
 # Built-in launch parameters: the fastest measured on the H200 (eval/results/spec-variants-h200/, rounds 1-2: one warp,
 # T two-dimensional reductions, key scores in a pre-kernel except at batch 1, a 168-register cap for 12 warps per SM;
 # round 9: from 64 rows up, the looping kernel, 8 value tiles a program, uncapped).
@@ -203,6 +204,12 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     "window_dot": choice_param("split", _WINDOW_DOTS),
     # register cap of the looping kernel (v_loop > 1; 0: none, -1: as maxnreg)
     "v_loop_maxnreg": maxnreg_param(0, inherit=True),
+    # with v_loop > 1, the rows that fold a history (flush rows): "fused" (one launch; each program takes its row's
+    # path, so the kernel's registers and shared memory are the larger path's) or "separate" (two launches of the
+    # looping kernel, each compiled for one path: verify rows, then flush rows; a program of the other kind returns)
+    "flush_rows": choice_param("fused", _FLUSH_ROWS),
+    # with flush_rows: separate, the flush launch's pipelining depth (0: as v_stages)
+    "flush_v_stages": count_param(0, 0, " (0: as v_stages)"),
 })
 
 
@@ -483,12 +490,14 @@ def _gdn_verify_kernel(
     USE_L2NORM: tl.constexpr, ROUND_BETA: tl.constexpr, FLUSH_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, PER_TOKEN: tl.constexpr, SCORES_PRE: tl.constexpr,
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, VL: tl.constexpr, V_STAGES: tl.constexpr, KS: tl.constexpr,
-    WDOT: tl.constexpr, FOLD_TC: tl.constexpr,
+    WDOT: tl.constexpr, FOLD_TC: tl.constexpr, ROWS: tl.constexpr,
 ):
     """One program per VL value tiles (BV rows each) of a (row, v-head).  VL == 1: the tile is held as [BV, K];
     VL > 1 (``v_loop``): what does not depend on the value rows (gates, q^/k^, key scores, Gram, the
     substitution's per-token scalars, a flush's key norms) is computed once per program and the tiles, each
-    held as [BV, KS, K / KS], run in a loop (:func:`_gdn_vloop_tile`)."""
+    held as [BV, KS, K / KS], run in a loop (:func:`_gdn_vloop_tile`).  ROWS (VL > 1 only): 0 every row, 1 the
+    rows that fold no history (verify rows, flushes of an empty history), 2 the rows that do; the other rows'
+    programs return at once."""
     i_v = tl.program_id(0)
     i_n = tl.program_id(1).to(tl.int64)
     i_hv = tl.program_id(2)
@@ -503,6 +512,12 @@ def _gdn_verify_kernel(
     is_flush = tl.load(flush + slot * stride_fl) != 0
     w = tl.minimum(tl.maximum(w, 0), R - T)  # memory safety only (the commit rule keeps w + T <= R)
     org = tl.minimum(tl.maximum(org, 0), R - 1)
+    if ROWS == 1:
+        if is_flush & (w > 0):
+            return  # a folding row: the other launch's
+    if ROWS == 2:
+        if not (is_flush & (w > 0)):
+            return
 
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
@@ -682,7 +697,7 @@ def _gdn_verify_kernel(
                 hq, hk = _history_key_scores(k_head, stride_k2, org, w, R, q_hat, k_hat, o_j, o_k, mask_k,
                                              LP, TP, USE_L2NORM, EPS)
             kk, kq = _window_gram(o_t, q_hat, k_hat, TP)
-        if USE_L2NORM:
+        if USE_L2NORM and ROWS != 1:
             if fold:
                 for j in range(0, w):
                     k_j = tl.load(k_head + ((org + j) % R) * stride_k2 + o_k, mask=mask_k, other=0).to(tl.float32)
@@ -711,7 +726,19 @@ def _gdn_verify_kernel(
             qk2 = q_hat  # unused
             hc2 = hq
         v_base = i_v * (VL * BV)
-        if fold:
+        if ROWS == 2:
+            for vi in tl.range(0, VL, num_stages=V_STAGES):
+                _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
+                                stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw,
+                                org, w, R, q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
+                                V, T, BV, TP, KS, KW, True, WDOT, FOLD_TC)
+        elif ROWS == 1:
+            for vi in tl.range(0, VL, num_stages=V_STAGES):
+                _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
+                                stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw,
+                                org, w, R, q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
+                                V, T, BV, TP, KS, KW, False, WDOT, FOLD_TC)
+        elif fold:
             for vi in tl.range(0, VL, num_stages=V_STAGES):
                 _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
                                 stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw,
@@ -900,31 +927,37 @@ def gdn_verify(
     loop_args = dict(VL=1, V_STAGES=1, KS=1, WDOT=False, FOLD_TC=False) if VL == 1 else dict(
         VL=VL, V_STAGES=cfg["v_stages"], KS=min(cfg["k_parts"], BK), WDOT=cfg["window_dot"] == "split",
         FOLD_TC=cfg["flush"] == "mma")
+    if VL > 1 and cfg["flush_rows"] == "separate":  # verify rows, then flush rows: each launch compiled for one path
+        launches = [dict(loop_args, ROWS=1, FOLD_TC=False),
+                    dict(loop_args, ROWS=2, V_STAGES=cfg["flush_v_stages"] or cfg["v_stages"])]
+    else:
+        launches = [dict(loop_args, ROWS=0)]
     grid = (triton.cdiv(V, BV * VL), B, HV)
-    _gdn_verify_kernel[grid](
-        mixed_qkv, a, b, A_log, dt_bias,
-        state, d_ring, k_ring, g_ring,
-        state_indices, wp, origin, flush, out, sc, state_indices if parents is None else parents,
-        float(scale), null,
-        state_indices.stride(0), wp.stride(0), origin.stride(0), flush.stride(0),
-        mixed_qkv.stride(0), mixed_qkv.stride(1),
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-        state.stride(0), state.stride(1), state.stride(2),
-        d_ring.stride(0), d_ring.stride(1), d_ring.stride(2),
-        k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
-        g_ring.stride(0), g_ring.stride(1), g_ring.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        sc.stride(0) if scores_pre else 0, sc.stride(1) if scores_pre else 0,
-        0 if parents is None else parents.stride(0), 0 if parents is None else parents.stride(1),
-        HK=Hk, HV=HV, K=K, V=V, R=R, T=T, BK=BK, BV=BV, LP=LP, TP=TP,
-        USE_L2NORM=bool(use_qk_l2norm), ROUND_BETA=bool(round_beta), FLUSH_DOT=cfg["flush"] == "dot",
-        PER_TOKEN=cfg["reduce"] == "token", SCORES_PRE=scores_pre,
-        IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
-        DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        **loop_args, **register_cap(cfg if VL == 1 or cfg["v_loop_maxnreg"] == -1 else
-                                    dict(cfg, maxnreg=cfg["v_loop_maxnreg"])),
-    )
+    for rows_args in launches:
+        _gdn_verify_kernel[grid](
+            mixed_qkv, a, b, A_log, dt_bias,
+            state, d_ring, k_ring, g_ring,
+            state_indices, wp, origin, flush, out, sc, state_indices if parents is None else parents,
+            float(scale), null,
+            state_indices.stride(0), wp.stride(0), origin.stride(0), flush.stride(0),
+            mixed_qkv.stride(0), mixed_qkv.stride(1),
+            a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            state.stride(0), state.stride(1), state.stride(2),
+            d_ring.stride(0), d_ring.stride(1), d_ring.stride(2),
+            k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
+            g_ring.stride(0), g_ring.stride(1), g_ring.stride(2),
+            out.stride(0), out.stride(1), out.stride(2),
+            sc.stride(0) if scores_pre else 0, sc.stride(1) if scores_pre else 0,
+            0 if parents is None else parents.stride(0), 0 if parents is None else parents.stride(1),
+            HK=Hk, HV=HV, K=K, V=V, R=R, T=T, BK=BK, BV=BV, LP=LP, TP=TP,
+            USE_L2NORM=bool(use_qk_l2norm), ROUND_BETA=bool(round_beta), FLUSH_DOT=cfg["flush"] == "dot",
+            PER_TOKEN=cfg["reduce"] == "token", SCORES_PRE=scores_pre,
+            IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
+            DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            **rows_args, **register_cap(cfg if VL == 1 or cfg["v_loop_maxnreg"] == -1 else
+                                        dict(cfg, maxnreg=cfg["v_loop_maxnreg"])),
+        )
     return out
 
 

@@ -813,7 +813,11 @@ VARIANTS = {"bcast-inline": dict(reduce="bcast", scores="inline", num_warps=4, v
             "vloop-flush-mma-fma-dots": dict(reduce="token", scores="inline", v_loop=2, flush="mma", window_dot="fma",
                                              v_loop_min_batch=1),
             "vloop-window-split": dict(reduce="token", scores="inline", v_loop=2, window_dot="split",
-                                       v_loop_min_batch=1)}
+                                       v_loop_min_batch=1),
+            "vloop-separate": dict(reduce="token", scores="pre", v_loop=2, flush_rows="separate", v_loop_min_batch=1),
+            "vloop-separate-flush-mma": dict(reduce="token", scores="inline", v_loop=2, flush="mma",
+                                             flush_rows="separate", flush_v_stages=2, window_dot="fma",
+                                             v_loop_min_batch=1)}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -862,20 +866,43 @@ def test_v_loop_min_batch_keeps_small_batches_one_tile_a_program(device, seed, l
     assert sim.flushes >= 2
 
 
-def _record_verify_launches(monkeypatch):
-    """(VL, grid) of every main verify launch from now on (the kernel still runs)."""
+def _record_verify_launches(monkeypatch, rows=None):
+    """(VL, grid) of every main verify launch from now on (the kernel still runs); ``rows``: (ROWS, V_STAGES)."""
     launches = []
     orig = gv._gdn_verify_kernel
 
     class Rec:
         def __getitem__(self, grid):
             def run(*args, **kwargs):
-                launches.append((kwargs["VL"], grid))
+                launches.append((kwargs["VL"], grid) if rows is None else (kwargs["ROWS"], kwargs["V_STAGES"]))
                 return orig[grid](*args, **kwargs)
             return run
 
     monkeypatch.setattr(gv, "_gdn_verify_kernel", Rec())
     return launches
+
+
+@pytest.mark.parametrize("flush_rows", ["fused", "separate"])
+def test_flush_rows_separate_launches_verify_then_flush_rows(device, seed, launch, monkeypatch, flush_rows):
+    """flush_rows: separate launches the looping kernel twice per verify, compiled for verify rows (ROWS 1) and
+    then for folding rows (ROWS 2, at flush_v_stages); fused launches it once for every row (ROWS 0). Rows at
+    mixed ring positions (some flush, some not, in one batch) stay on the reference and oracle either way."""
+    launch(always=True, BV=16, v_loop=2, v_loop_min_batch=1, v_stages=3, flush_v_stages=2, flush_rows=flush_rows)
+    launches = _record_verify_launches(monkeypatch, rows=True)
+    sim = Sim(device, seed, state_dtype=F32, act_dtype=F32, Bh=6, T=3, **small_geom(Hk=2, HV=4, n_slots=7))
+    for s, (w, o) in {1: (3, 7), 2: (6, 5), 3: (0, 4), 5: (4, 0)}.items():
+        sim.seed_history(s, w, o)
+    sim.step([1, -1, 2, 3, 0, 5], commit=False)  # two flush rows among verify, padded and null rows
+    assert sim.flushes == 2
+    sim = Sim(device, seed, state_dtype=F32, act_dtype=F32, Bh=4, T=3, **small_geom(Hk=2, HV=4, n_slots=7))
+    sim.activate(1)
+    for step in range(8):  # a stream whose rows reach their flushes at different steps
+        if step in (2, 4):
+            sim.activate(step // 2 + 1)
+        sim.step([s for s in (1, 2, 3) if step >= 2 * (s - 1)])
+    want = [(1, 3), (2, 2)] if flush_rows == "separate" else [(0, 3)]
+    assert launches == want * 9, launches
+    assert sim.flushes >= 4
 
 
 def test_v_loop_max_window_keeps_long_windows_one_tile_a_program(device, seed, launch, monkeypatch):

@@ -31,7 +31,7 @@ GDN_KCHUNK = dict(GDN_WHOLE_TILE, BKC=32, BV=32, flush="dot", inline_BKC=0, inli
 GDN_VERIFY = {"BV": 16, "dot_precision": "tf32x3", "flush": "rank1", "inline_scores_max_batch": 1, "maxnreg": 168,
               "num_stages": 1, "num_warps": 1, "reduce": "token", "scores": "pre", "scores_num_warps": 1,
               "v_loop": 8, "v_stages": 3, "k_parts": 2, "v_loop_min_batch": 64, "v_loop_max_window": 4,
-              "v_loop_maxnreg": 0, "window_dot": "split"}
+              "v_loop_maxnreg": 0, "window_dot": "split", "flush_rows": "fused", "flush_v_stages": 0}
 MAMBA2 = {"BLOCK_M": 32, "BLOCK_NC": 64, "bc_num_warps": 2, "dot_precision": "tf32x3", "flush_first_max_batch": 0, "flush_unroll": 1,
           "inline_bc_max_batch": 1, "inline_maxnreg": -1, "maxnreg": 0, "num_stages": 1, "num_warps": 1,
           "state_first": 1}
@@ -41,12 +41,25 @@ MAMBA2_FP32 = dict(MAMBA2, BLOCK_NC=32, flush_unroll=0, maxnreg=168, inline_maxn
 MAMBA2_BF16 = dict(MAMBA2, BLOCK_NC=32, flush_unroll=0, maxnreg=128, inline_maxnreg=0, flush_first_max_batch=512)
 MAMBA2_VERIFY = {"BLOCK_M": 32, "BLOCK_NC": 32, "bc": "pre", "bc_num_warps": 1, "dot_precision": "tf32x3",
                  "inline_bc_max_batch": 1, "maxnreg": 0, "nonflush": "stream", "num_stages": 1, "num_warps": 1,
-                 "reduce": "token", "stream_chunk": 16, "flush_stages": 2}
+                 "reduce": "token", "stream_chunk": 16, "flush_stages": 2, "flush_rows": "fused"}
 
 GDN_GEOMS = ["HV32_HK16_K128_V128", "HV64_HK16_K128_V128", "HV16_HK16_K128_V128", "HV4_HK2_K32_V32"]
 MAMBA2_GEOMS = ["H128_P64_N128_G8", "H256_P64_N128_G8", "H4_P16_N16_G2"]
 # default.yaml's default_Sfp32: an fp32 state's GDN verify window dots on the CUDA cores, every geometry
 GDN_VERIFY_FP32 = dict(GDN_VERIFY, window_dot="fma")
+# its default_Sbf16 / default_Sfp16: a 16-bit state's GDN verify flush fold and Mamba2 verify non-flush dots on the
+# tensor cores
+GDN_VERIFY_16 = dict(GDN_VERIFY, flush="mma")
+MAMBA2_VERIFY_16 = dict(MAMBA2_VERIFY, nonflush="mma")
+
+
+def _default_yaml_entry(family, tag):
+    """What default.yaml resolves for every geometry of a family and state dtype."""
+    if family == "gdn_verify":
+        return GDN_VERIFY_FP32 if tag == "fp32" else GDN_VERIFY_16
+    if family == "mamba2_verify":
+        return MAMBA2_VERIFY if tag == "fp32" else MAMBA2_VERIFY_16
+    return common.family_defaults(family)
 
 
 def _h200_expected():
@@ -56,7 +69,7 @@ def _h200_expected():
             qwen = g in ("HV32_HK16_K128_V128", "HV64_HK16_K128_V128")  # Qwen3-Next, Qwen3.5-122B
             exp[("gdn_decode", f"{g}_L16", tag)] = (GDN_KCHUNK if qwen and tag == "fp32" else
                                                     GDN_BF16 if qwen and tag == "bf16" else GDN_WHOLE_TILE)
-            verify = GDN_VERIFY_FP32 if tag == "fp32" else GDN_VERIFY
+            verify = _default_yaml_entry("gdn_verify", tag)
             exp[("gdn_verify", f"{g}_R20_T4", tag)] = verify
             # 8-node trees on the Qwen3-Next geometry run uncapped (spec-variants-h200/tree-t8); elsewhere the cap
             exp[("gdn_verify", f"{g}_R24_T8", tag)] = dict(verify, maxnreg=0) \
@@ -65,7 +78,7 @@ def _h200_expected():
             nemotron = g != "H4_P16_N16_G2"
             exp[("mamba2_output_only", f"{g}_L16", tag)] = (MAMBA2_FP32 if nemotron and tag == "fp32" else
                                                            MAMBA2_BF16 if nemotron and tag == "bf16" else MAMBA2)
-            exp[("mamba2_verify", f"{g}_R20_T4", tag)] = MAMBA2_VERIFY
+            exp[("mamba2_verify", f"{g}_R20_T4", tag)] = _default_yaml_entry("mamba2_verify", tag)
     return exp
 
 
@@ -87,7 +100,7 @@ def test_the_wrappers_resolve_the_pinned_h200_configs(monkeypatch):
     assert gdn_verify.gdn_verify_launch_params(32, 16, 128, 128, 20, 4, torch.float32) == GDN_VERIFY_FP32
     assert gdn_verify.gdn_verify_launch_params(32, 16, 128, 128, 24, 8, torch.float32) == dict(GDN_VERIFY_FP32,
                                                                                                maxnreg=0)
-    assert gdn_verify.gdn_verify_launch_params(32, 16, 128, 128, 24, 8, torch.bfloat16) == GDN_VERIFY  # untimed
+    assert gdn_verify.gdn_verify_launch_params(32, 16, 128, 128, 24, 8, torch.bfloat16) == GDN_VERIFY_16  # untimed
     keys = common.config_keys(mamba2_replay.geometry_key(128, 64, 128, 8, 16), torch.bfloat16)
     assert common.launch_config("mamba2_output_only", keys) == MAMBA2_BF16
 
@@ -101,7 +114,7 @@ def test_the_built_in_defaults_are_the_h200_winners():
     assert common.family_defaults("mamba2_verify") == MAMBA2_VERIFY
     for (family, key, tag), want in H200_EXPECTED.items():
         got = common.launch_config(family, common.config_keys(key, DTYPES[tag]), path=str(DEFAULT))
-        assert got == (GDN_VERIFY_FP32 if family == "gdn_verify" and tag == "fp32" else common.family_defaults(family))
+        assert got == _default_yaml_entry(family, tag)
         if want != got:  # only the H200's own geometry entries differ
             assert (family == "gdn_decode" and key.startswith(("HV32_HK16", "HV64_HK16")) and tag in ("fp32", "bf16")) \
                 or (family == "gdn_verify" and key == "HV32_HK16_K128_V128_R24_T8") \
@@ -114,7 +127,10 @@ def test_h200_file_holds_only_geometry_entries():
     doc = yaml.safe_load(H200.read_text())
     assert set(doc) == {"gdn_decode", "gdn_verify", "mamba2_output_only"}
     assert all("default" not in entries for entries in doc.values())
-    assert yaml.safe_load(DEFAULT.read_text()) == {"gdn_verify": {"default_Sfp32": {"window_dot": "fma"}}}
+    assert yaml.safe_load(DEFAULT.read_text()) == {
+        "gdn_verify": {"default_Sfp32": {"window_dot": "fma"}, "default_Sbf16": {"flush": "mma"},
+                       "default_Sfp16": {"flush": "mma"}},
+        "mamba2_verify": {"default_Sbf16": {"nonflush": "mma"}, "default_Sfp16": {"nonflush": "mma"}}}
 
 
 def test_a_gpu_without_a_file_falls_back_to_the_defaults(monkeypatch):

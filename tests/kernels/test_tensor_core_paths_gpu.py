@@ -94,9 +94,11 @@ def test_mamba2_verify_flush_dot(cuda, launch, prec, block_nc):
 
 @pytest.mark.parametrize("block_m", [16, 32])
 @pytest.mark.parametrize("large", [False, True], ids=["small", "large"])
-def test_mamba2_verify_nonflush_mma(cuda, launch, block_m, large):
-    """``nonflush: mma``: a verify row's S_ck·C_s dots as one tl.dot in tf32 passes over hi/lo halves."""
-    launch("mamba2_verify", BLOCK_M=block_m, nonflush="mma")
+@pytest.mark.parametrize("flush_rows", ["fused", "separate"])
+def test_mamba2_verify_nonflush_mma(cuda, launch, block_m, large, flush_rows):
+    """``nonflush: mma``: a verify row's S_ck·C_s dots as one tl.dot in tf32 passes over hi/lo halves (in the one
+    launch, or in the non-flush rows' own with ``flush_rows: separate``)."""
+    launch("mamba2_verify", BLOCK_M=block_m, nonflush="mma", flush_rows=flush_rows)
     gen, seed = make_gen()
     check_fp32_bar(run_mamba2_verify(cuda, gen, **MAMBA2_ODD, T=3, R=9, flush=False, large=large), seed,
                    f"mamba2 verify nonflush mma (BLOCK_M {block_m}, large={large})")
@@ -159,10 +161,12 @@ def test_gdn_verify_window_dot(cuda, launch, flush, geom, large):
 @pytest.mark.parametrize("window_dot", ["fma", "split"])
 @pytest.mark.parametrize("geom", list(GDN_ODD))
 @pytest.mark.parametrize("large", [False, True], ids=["small", "large"])
-def test_gdn_verify_flush_mma(cuda, launch, window_dot, geom, large):
+@pytest.mark.parametrize("flush_rows", ["fused", "separate"])
+def test_gdn_verify_flush_mma(cuda, launch, window_dot, geom, large, flush_rows):
     """The looping verify kernel's ``flush: mma``: a flush row's fold and its window dots as tf32 passes over hi/lo
-    halves, flush rows at odd K and V (the checkpoint checked too)."""
-    launch("gdn_verify", v_loop=2, v_loop_min_batch=1, flush="mma", window_dot=window_dot, BV=16)
+    halves, flush rows at odd K and V (the checkpoint checked too), in the one launch or the flush rows' own."""
+    launch("gdn_verify", v_loop=2, v_loop_min_batch=1, flush="mma", window_dot=window_dot, BV=16, flush_rows=flush_rows,
+           flush_v_stages=2)
     gen, seed = make_gen()
     check_fp32_bar(run_gdn_verify(cuda, gen, **GDN_ODD[geom], T=3, R=9, flush=True, large=large), seed,
                    f"gdn verify flush mma ({geom}, window_dot {window_dot}, large={large})")
