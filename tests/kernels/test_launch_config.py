@@ -45,8 +45,9 @@ MAMBA2_VERIFY = {"BLOCK_M": 32, "BLOCK_NC": 32, "bc": "pre", "bc_num_warps": 1, 
 
 GDN_GEOMS = ["HV32_HK16_K128_V128", "HV64_HK16_K128_V128", "HV16_HK16_K128_V128", "HV4_HK2_K32_V32"]
 MAMBA2_GEOMS = ["H128_P64_N128_G8", "H256_P64_N128_G8", "H4_P16_N16_G2"]
-# default.yaml's default_Sfp32: an fp32 state's GDN verify window dots on the CUDA cores, every geometry
-GDN_VERIFY_FP32 = dict(GDN_VERIFY, window_dot="fma")
+# default.yaml's default_Sfp32: an fp32 state's GDN verify window dots on the CUDA cores, its flush rows in their
+# own launch folding on the tensor cores, every geometry
+GDN_VERIFY_FP32 = dict(GDN_VERIFY, window_dot="fma", flush="mma", flush_rows="separate", flush_v_stages=2)
 # its default_Sbf16 / default_Sfp16: a 16-bit state's GDN verify flush fold and Mamba2 verify non-flush dots on the
 # tensor cores
 GDN_VERIFY_16 = dict(GDN_VERIFY, flush="mma")
@@ -128,7 +129,8 @@ def test_h200_file_holds_only_geometry_entries():
     assert set(doc) == {"gdn_decode", "gdn_verify", "mamba2_output_only"}
     assert all("default" not in entries for entries in doc.values())
     assert yaml.safe_load(DEFAULT.read_text()) == {
-        "gdn_verify": {"default_Sfp32": {"window_dot": "fma"}, "default_Sbf16": {"flush": "mma"},
+        "gdn_verify": {"default_Sfp32": {"window_dot": "fma", "flush": "mma", "flush_rows": "separate",
+                                         "flush_v_stages": 2}, "default_Sbf16": {"flush": "mma"},
                        "default_Sfp16": {"flush": "mma"}},
         "mamba2_verify": {"default_Sbf16": {"nonflush": "mma"}, "default_Sfp16": {"nonflush": "mma"}}}
 
