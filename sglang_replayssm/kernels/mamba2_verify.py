@@ -85,7 +85,6 @@ REDUCE_MODES = ("bcast", "token")
 #             [batch, G, WH + TP, TP] that the main kernel reads.
 BC_MODES = ("inline", "pre")
 NONFLUSH_MODES = ("chunked", "stream", "mma")
-FLUSH_ROWS = ("fused", "separate")
 
 # Built-in launch parameters: the fastest measured on the H200 (eval/results/spec-variants-h200/, rounds 1-2 and 7).
 MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", {
@@ -117,10 +116,6 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     # and window loads are issued before this chunk's checkpoint store; chunks never overlap, so nothing is read
     # stale). 2 won over the loop unrolled, which is removed (eval/results/spec-variants-h200/, round 8)
     "flush_stages": count_param(2, 1),
-    # flush rows: "fused" (one launch; each program takes its row's path, so the kernel's registers are the larger
-    # path's) or "separate" (two launches, each compiled for one path: non-flush rows, then flush rows; a program of
-    # the other kind returns)
-    "flush_rows": choice_param("fused", FLUSH_ROWS),
 })
 
 @triton.jit
@@ -272,10 +267,8 @@ def _mamba2_verify_kernel(
     BLOCK_M: tl.constexpr, BLOCK_NC: tl.constexpr, N_CHUNKS: tl.constexpr, WH: tl.constexpr, TP: tl.constexpr,
     PER_TOKEN: tl.constexpr, BC_PRE: tl.constexpr, STREAM: tl.constexpr, BLOCK_N: tl.constexpr,
     STREAM_CHUNK: tl.constexpr, FLUSH_STAGES: tl.constexpr,
-    IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, NF_MMA: tl.constexpr, ROWS: tl.constexpr,
+    IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, NF_MMA: tl.constexpr,
 ):
-    """One program per (BLOCK_M rows of P, batch row, head).  ROWS: 0 every batch row, 1 the non-flush rows, 2 the
-    flush rows (the other rows' programs return at once; the row kind is then known when compiling)."""
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     h = tl.program_id(2).to(tl.int64)
@@ -286,21 +279,8 @@ def _mamba2_verify_kernel(
     wp = tl.load(wp_ptr + slot).to(tl.int32)
     org = tl.load(org_ptr + slot).to(tl.int32)
     flag = tl.load(fl_ptr + slot)
-    if ROWS == 1:
-        if flag != 0:
-            return
-    if ROWS == 2:
-        if flag == 0:
-            return
-    if ROWS == 0:
-        is_flush = flag != 0
-        no_flush = flag == 0
-    elif ROWS == 1:
-        is_flush = False
-        no_flush = True
-    else:
-        is_flush = True
-        no_flush = False
+    is_flush = flag != 0
+    no_flush = flag == 0
     wp = tl.minimum(tl.maximum(wp, 0), R - T)  # memory safety only (the commit rule keeps wp + T <= R)
     org = tl.minimum(tl.maximum(org, 0), R - 1)
 
@@ -576,29 +556,28 @@ def mamba2_verify(
     else:
         bc = out  # never read
     grid = (triton.cdiv(P, BLOCK_M), batch, H)
-    for rows in ((1, 2) if cfg["flush_rows"] == "separate" else (0,)):
-        _mamba2_verify_kernel[grid](
-            state, x_ring, B_ring, dt_ring,
-            x, dt, A, B, C,
-            D if D is not None else x, z if z is not None else x, dt_bias if dt_bias is not None else dt,
-            out, state_indices, wp, origin, flush, bc, parents if parents is not None else state_indices,
-            -1 if null_slot is None else int(null_slot), P, N, R, T, H // G,
-            *state.stride(), *x_ring.stride(), *B_ring.stride(), *dt_ring.stride(),
-            *x.stride(), dt.stride(0), dt.stride(1), dt.stride(2), s_A_h,
-            *B.stride(), *C.stride(),
-            s_D_h, s_D_p, *dz, s_dtb_h, *out.stride(),
-            bc.stride(0) if bc_pre else 0, bc.stride(1) if bc_pre else 0,
-            *(parents.stride() if parents is not None else (0, 0)),
-            HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
-            DT_SOFTPLUS=bool(dt_softplus), DOT_PRECISION=cfg["dot_precision"],
-            BLOCK_M=BLOCK_M, BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP,
-            PER_TOKEN=cfg["reduce"] == "token", BC_PRE=bc_pre,
-            STREAM=cfg["nonflush"] in ("stream", "mma"), BLOCK_N=max(16, next_pow2(N)), NF_MMA=cfg["nonflush"] == "mma",
-            STREAM_CHUNK=min(cfg["stream_chunk"], max(16, next_pow2(N))) if cfg["nonflush"] == "stream" else 0,
-            FLUSH_STAGES=int(cfg["flush_stages"]),
-            IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
-            num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg), ROWS=rows,
-        )
+    _mamba2_verify_kernel[grid](
+        state, x_ring, B_ring, dt_ring,
+        x, dt, A, B, C,
+        D if D is not None else x, z if z is not None else x, dt_bias if dt_bias is not None else dt,
+        out, state_indices, wp, origin, flush, bc, parents if parents is not None else state_indices,
+        -1 if null_slot is None else int(null_slot), P, N, R, T, H // G,
+        *state.stride(), *x_ring.stride(), *B_ring.stride(), *dt_ring.stride(),
+        *x.stride(), dt.stride(0), dt.stride(1), dt.stride(2), s_A_h,
+        *B.stride(), *C.stride(),
+        s_D_h, s_D_p, *dz, s_dtb_h, *out.stride(),
+        bc.stride(0) if bc_pre else 0, bc.stride(1) if bc_pre else 0,
+        *(parents.stride() if parents is not None else (0, 0)),
+        HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
+        DT_SOFTPLUS=bool(dt_softplus), DOT_PRECISION=cfg["dot_precision"],
+        BLOCK_M=BLOCK_M, BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP,
+        PER_TOKEN=cfg["reduce"] == "token", BC_PRE=bc_pre,
+        STREAM=cfg["nonflush"] in ("stream", "mma"), BLOCK_N=max(16, next_pow2(N)), NF_MMA=cfg["nonflush"] == "mma",
+        STREAM_CHUNK=min(cfg["stream_chunk"], max(16, next_pow2(N))) if cfg["nonflush"] == "stream" else 0,
+        FLUSH_STAGES=int(cfg["flush_stages"]),
+        IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
+        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg),
+    )
     return out
 
 

@@ -272,7 +272,10 @@ class Sim:
                             "d ring vs reference")
             self.note("d_vs_ref", e)
             assert torch.equal(bits(self.bases["k"]), bits(ref_bases["k"])), "k ring differs from reference"
-            check_close(self.bases["g"], ref_bases["g"], 0.0, 1e-5, "g ring vs reference")
+            # the kernel's softplus is SGLang's log(1 + e^x) with the GPU's approximate log (~2e-7 absolute): a
+            # small softplus carries a relative error above 1e-5 (an H200 run: -0.1596536 for -0.1596555), as in
+            # the decode test's check
+            check_close(self.bases["g"], ref_bases["g"], 1e-5, 1e-5, "g ring vs reference")
         # slots without a live row are bit-identical (null slot, unused slots)
         now, then = self.pools(), self.pools(before)
         untouched = [s for s in range(self.S) if s not in live_slots]

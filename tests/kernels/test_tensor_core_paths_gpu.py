@@ -94,11 +94,9 @@ def test_mamba2_verify_flush_dot(cuda, launch, prec, block_nc):
 
 @pytest.mark.parametrize("block_m", [16, 32])
 @pytest.mark.parametrize("large", [False, True], ids=["small", "large"])
-@pytest.mark.parametrize("flush_rows", ["fused", "separate"])
-def test_mamba2_verify_nonflush_mma(cuda, launch, block_m, large, flush_rows):
-    """``nonflush: mma``: a verify row's S_ck·C_s dots as one tl.dot in tf32 passes over hi/lo halves (in the one
-    launch, or in the non-flush rows' own with ``flush_rows: separate``)."""
-    launch("mamba2_verify", BLOCK_M=block_m, nonflush="mma", flush_rows=flush_rows)
+def test_mamba2_verify_nonflush_mma(cuda, launch, block_m, large):
+    """``nonflush: mma``: a verify row's S_ck·C_s dots as one tl.dot in tf32 passes over hi/lo halves."""
+    launch("mamba2_verify", BLOCK_M=block_m, nonflush="mma")
     gen, seed = make_gen()
     check_fp32_bar(run_mamba2_verify(cuda, gen, **MAMBA2_ODD, T=3, R=9, flush=False, large=large), seed,
                    f"mamba2 verify nonflush mma (BLOCK_M {block_m}, large={large})")
