@@ -107,6 +107,9 @@ share a row's dot products (fewer shuffles; each dot one reduction, a lane's pro
 same bytes; a flush row's fold coefficient c_j / |k_j| carries the key's norm instead of normalising k_j
 element-wise.  ``window_dot: split`` runs the window's dots against the tile on the tensor cores:
 [BV, K] x [K, 2T] (columns q^_i, k^_i) and, on a verify row, the history's [BV, LP] x [LP, 2T].
+``flush_rows: separate`` launches the looping kernel twice, built once for the rows that fold no history and once
+for those that do (``flush_v_stages`` deep); each program of the other kind returns at once, and neither build
+carries the other path's registers or shared memory (the packaged choice for fp32 states, with ``flush: mma``).
 
 Numerics
 --------
