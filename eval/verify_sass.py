@@ -154,7 +154,7 @@ def analyse(family: str, name: str, config: Dict[str, Any], T: int = 4, hist: in
 
 def _analyse_launch(family, name, config, calls, launch, T, hist, batch_model, dump, trips) -> Dict[str, Any]:
     """One launch of the main kernel (a config that launches it twice, e.g. GDN ``flush_rows: separate``, gives two
-    rows: ``name`` and ``name#2``); the pre-kernels' issue time is added to each."""
+    rows: ``name`` and ``name#2``); the pre-kernels are the first row's (their issue time added to it alone)."""
     geom = GEOMETRIES[family]
     built = compile_offline(launch)
     rep = ptxas_report(built["ptx"])
@@ -167,7 +167,7 @@ def _analyse_launch(family, name, config, calls, launch, T, hist, batch_model, d
     rate = H200_SMS * SCHEDULERS_PER_SM * H200_CLOCK_HZ
     pre = {}
     for kname in PRE_KERNELS[family]:
-        if kname in calls:  # scale the recorded batch to batch_model (every program as if its row took every branch)
+        if kname in calls and "#" not in name:  # scale the recorded batch to batch_model (every program as if its row took every branch)
             pb = compile_offline(calls[kname])
             pr = ptxas_report(pb["ptx"])
             p_insns, p_labels = parse_sass(disassemble(pb["cubin"]))

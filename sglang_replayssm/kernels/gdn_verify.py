@@ -109,17 +109,19 @@ element-wise.  ``window_dot: split`` runs the window's dots against the tile on 
 [BV, K] x [K, 2T] (columns q^_i, k^_i) and, on a verify row, the history's [BV, LP] x [LP, 2T].
 ``flush_rows: separate`` launches the looping kernel twice, built once for the rows that fold no history and once
 for those that do (``flush_v_stages`` deep); each program of the other kind returns at once, and neither build
-carries the other path's registers or shared memory (the packaged choice for fp32 states, with ``flush: mma``).
+carries the other path's registers or shared memory (the packaged choice for fp32 states).  The looping kernel
+folds a flush row's history on the tensor cores: e^G S + (d_hist c/|k|) [BV, LP] x k_hist [LP, K], and runs the folded
+tile's window dots there too.
 
 Numerics
 --------
 Every reduction and every element-wise product is fp32 on CUDA cores, but for the
-window dots of ``window_dot: split`` (and the fold of ``flush: mma``), fp32-accurate on the tensor cores: each fp32
+window dots of ``window_dot: split`` and the looping kernel's fold, fp32-accurate on the tensor cores: each fp32
 operand is split into a tf32 hi and the exact remainder lo, and hi.hi' + hi.lo' + lo.hi' summed in tf32 passes with
 an fp32 accumulator (a 16-bit tile is exact in tf32: two passes); plain tf32 is never used.  Decays come from the
 standard-decode helper ``_history_weights`` (exclusive suffix sums summed directly, so nothing is subtracted; the window's
 e^{Gamma_i - Gamma_j} likewise come from sums over g_{j+1..i}), keys are
-re-normalised with the same fp32 formula as the current token.  The flush fold
+re-normalised with the same fp32 formula as the current token.  The one-tile launches' flush fold
 is w exact fp32 rank-1 updates (``flush: rank1``, default) or one ``tl.dot`` [BV, LP] x
 [LP, K] with ``dot_precision`` "tf32x3" / "ieee" (``flush: dot``; plain tf32 is
 refused).  The window d_i stay fp32 inside the solve; the only roundings are the stores (out, ring d
@@ -158,7 +160,7 @@ from .spec_tree import _tree_ancestor_mask, check_parents_arg
 __all__ = ["gdn_verify", "gdn_tree_verify", "gdn_verify_launch_params", "GDN_VERIFY_DEFAULT_LAUNCH",
            "gdn_verify_key"]
 
-_FLUSH_MODES = ("rank1", "dot", "mma")
+_FLUSH_MODES = ("rank1", "dot")
 _REDUCE_MODES = ("bcast", "token")
 _WINDOW_DOTS = ("fma", "split")
 _SCORES_MODES = ("inline", "pre")
@@ -172,9 +174,9 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     "BV": block_param(16),  # value rows per program (the whole K row sits in one program)
     "num_warps": warps_param(1),
     "num_stages": count_param(1, 1),
-    # flush fold: "rank1" (exact fp32 CUDA-core FMAs), "dot" (tl.dot, dot_precision; one-tile launches only) or
-    # "mma" (the looping kernel's fold and the folded tile's window dots as tf32 tl.dot passes over hi/lo halves,
-    # fp32-accurate; its one-tile launches, under v_loop_min_batch rows, fold with rank1)
+    # the one-tile launches' flush fold: "rank1" (exact fp32 CUDA-core FMAs) or "dot" (tl.dot, dot_precision). The
+    # looping kernel (v_loop) always folds on the tensor cores in hi/lo tf32 passes, fp32-accurate: its rank-1 fold
+    # lost on the H200 at both state dtypes and is removed (eval/results/spec-variants-h200/, round 11)
     "flush": choice_param("rank1", _FLUSH_MODES),
     "dot_precision": dot_precision_param(),
     # the window's dots against the state tile and each other: "bcast" (one [BV, T, K] broadcast-and-sum) or
@@ -195,7 +197,7 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     # software-pipelining depth of that loop (Triton's num_stages for it; 1: none)
     "v_stages": count_param(3, 1),
     # with v_loop > 1: a value tile is held as k_parts slices of its K row, so fewer lanes share a row's dot
-    # products (v_loop > 1 always reduces per token; it folds a flush with rank-1 updates or, flush: mma, dots)
+    # products (v_loop > 1 always reduces per token and folds a flush on the tensor cores)
     "k_parts": block_param(2),
     # with v_loop > 1: batches of fewer rows still launch one value tile per program (too few programs to loop)
     "v_loop_min_batch": count_param(64),
@@ -213,6 +215,10 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     "flush_rows": choice_param("fused", _FLUSH_ROWS),
     # with flush_rows: separate, the flush launch's pipelining depth (0: as v_stages)
     "flush_v_stages": count_param(0, 0, " (0: as v_stages)"),
+    # with flush_rows: separate, the flush launch's value tiles a program (0: as v_loop; more programs, each with
+    # fewer tiles, put more flush work in flight at the cost of repeating the per-program prologue; 1: the one-tile
+    # kernel, folding as flush says)
+    "flush_v_loop": count_param(0, 0, " (0: as v_loop)"),
 })
 
 
@@ -365,10 +371,9 @@ def _token_coeffs(i, o_t, beta, g_win, kk, kq, anc, TP: tl.constexpr, IS_TREE: t
 
 @triton.jit
 def _vloop_fma_dots(s, q3, k3, d_hist, hq, hk, eG, c, o_t, BV: tl.constexpr, TP: tl.constexpr, KS: tl.constexpr,
-                    KW: tl.constexpr, FOLD: tl.constexpr):
-    """The window's dots against a [BV, KS, KW] state tile on the CUDA cores (fp32 FMAs, row reductions): s.q^_i,
-    s.k^_i for every token i, on a verify row (not ``FOLD``) as e^G s.q^_i plus the history's sum_j c_j d_j k^_j.q^_i
-    (likewise k^_i); returns [BV, TP] each."""
+                    KW: tl.constexpr):
+    """A verify row's window dots against a [BV, KS, KW] state tile on the CUDA cores (fp32 FMAs, row reductions):
+    e^G s.q^_i plus the history's sum_j c_j d_j k^_j.q^_i for every token i (likewise k^_i); returns [BV, TP] each."""
     s_q = tl.zeros([BV, TP], dtype=tl.float32)
     s_k = tl.zeros([BV, TP], dtype=tl.float32)
     for i in tl.static_range(TP):
@@ -379,11 +384,10 @@ def _vloop_fma_dots(s, q3, k3, d_hist, hq, hk, eG, c, o_t, BV: tl.constexpr, TP:
         # [BV]: one reduction over the [KS, KW] row (a lane's products summed in one FMA chain)
         sq_i = tl.sum(tl.reshape(s * q_i[None, :, :], [BV, KS * KW]), axis=1)
         sk_i = tl.sum(tl.reshape(s * k_i[None, :, :], [BV, KS * KW]), axis=1)
-        if not FOLD:
-            hq_i = tl.sum(tl.where(col, hq, 0.0), axis=1)  # [LP]
-            hk_i = tl.sum(tl.where(col, hk, 0.0), axis=1)
-            sq_i = eG * sq_i + tl.sum(d_hist * (c * hq_i)[None, :], axis=1)
-            sk_i = eG * sk_i + tl.sum(d_hist * (c * hk_i)[None, :], axis=1)
+        hq_i = tl.sum(tl.where(col, hq, 0.0), axis=1)  # [LP]
+        hk_i = tl.sum(tl.where(col, hk, 0.0), axis=1)
+        sq_i = eG * sq_i + tl.sum(d_hist * (c * hq_i)[None, :], axis=1)
+        sk_i = eG * sk_i + tl.sum(d_hist * (c * hk_i)[None, :], axis=1)
         s_q = tl.where(col, sq_i[:, None], s_q)
         s_k = tl.where(col, sk_i[:, None], s_k)
     return s_q, s_k
@@ -394,14 +398,31 @@ def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2,
                     out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw, org, w, R,
                     q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
                     V: tl.constexpr, T: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr, KS: tl.constexpr,
-                    KW: tl.constexpr, FOLD: tl.constexpr, WDOT: tl.constexpr, FOLD_TC: tl.constexpr):
+                    KW: tl.constexpr, FOLD: tl.constexpr, WDOT: tl.constexpr):
     """One value tile (BV rows) of a (row, v-head) in ``v_loop``, held as [BV, KS, KW] (the K row cut in KS
     parts of KW: fewer lanes share a row's K, so its dot products take fewer shuffles): the checkpoint tile
     (folded and stored on a flush row, ``FOLD``), the window's dots against it, the forward substitution (its
     per-token scalars computed once per program), and the tile's out and ring d."""
     o_v = v0 + tl.arange(0, BV)
     mask_v = o_v < V
-    if WDOT and not FOLD:  # a verify row's tile: loaded as the dot's operand
+    if FOLD:
+        # the fold on the tensor cores: e^G S + (d_hist * cd) [BV, LP] x k_hist [LP, K] (hi/lo split, tf32 passes),
+        # stored; then the window's dots against the stored checkpoint (empty history) on the tensor cores too
+        d_hist = tl.load(d_head + ph[None, :] * stride_d2 + o_v[:, None], mask=mask_v[:, None] & valid[None, :],
+                         other=0).to(tl.float32)
+        kh = tl.load(k_head + ph[:, None] * stride_k2 + o_k[None, :], mask=valid[:, None] & mask_k[None, :],
+                     other=0).to(tl.float32)
+        kh_hi, kh_lo = tf32_split(kh)
+        s2 = tl.load(s_head + o_v[:, None] * stride_s2 + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :],
+                     other=0).to(tl.float32)
+        s2 = split_dot(d_hist * cd[None, :], kh_hi, kh_lo, eG * s2, tl.float32)
+        s_st = _cast_rtne(s2, s_head.dtype.element_ty)
+        tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :], s_st, mask=mask_v[:, None] & mask_k[None, :])
+        s = tl.reshape(s_st.to(tl.float32), [BV, KS, KW])
+        acc = split_dot(tl.reshape(s, [BV, KS * KW]), qk2, qk_lo, tl.zeros([BV, 2 * TP], dtype=tl.float32),
+                        s_head.dtype.element_ty)
+        s_q, s_k = tl.split(tl.reshape(acc, [BV, TP, 2]))
+    elif WDOT:  # a verify row's tile, loaded as the dot's operand
         # the window's dots on the tensor cores: e^G [BV, K] x [K, 2TP] (columns q^_i, k^_i interleaved) plus the
         # history's [BV, LP] x [LP, 2TP] (c_j k^_j.q^_i, c_j k^_j.k^_i)
         s2 = tl.load(s_head + o_v[:, None] * stride_s2 + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :],
@@ -412,45 +433,12 @@ def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2,
         acc = split_dot(s2, qk2, qk_lo, tl.zeros([BV, 2 * TP], dtype=tl.float32), s_head.dtype.element_ty)
         acc = split_dot(d_hist, hc_hi, hc_lo, eG * acc, d_head.dtype.element_ty)
         s_q, s_k = tl.split(tl.reshape(acc, [BV, TP, 2]))
-    else:
-        if FOLD and FOLD_TC:
-            # the fold on the tensor cores: e^G S + (d_hist * cd) [BV, LP] x k_hist [LP, K] (hi/lo split, tf32 passes)
-            d_hist = tl.load(d_head + ph[None, :] * stride_d2 + o_v[:, None], mask=mask_v[:, None] & valid[None, :],
-                             other=0).to(tl.float32)
-            kh = tl.load(k_head + ph[:, None] * stride_k2 + o_k[None, :], mask=valid[:, None] & mask_k[None, :],
+    else:  # a verify row's tile, its window dots on the CUDA cores
+        s = tl.load(s_head + o_v[:, None, None] * stride_s2 + o_k3[None, :, :],
+                    mask=mask_v[:, None, None] & mask_k3[None, :, :], other=0).to(tl.float32)
+        d_hist = tl.load(d_head + ph[None, :] * stride_d2 + o_v[:, None], mask=mask_v[:, None] & valid[None, :],
                          other=0).to(tl.float32)
-            kh_hi, kh_lo = tf32_split(kh)
-            s2 = tl.load(s_head + o_v[:, None] * stride_s2 + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :],
-                         other=0).to(tl.float32)
-            s2 = split_dot(d_hist * cd[None, :], kh_hi, kh_lo, eG * s2, tl.float32)
-            s_st = _cast_rtne(s2, s_head.dtype.element_ty)
-            tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :], s_st, mask=mask_v[:, None] & mask_k[None, :])
-            s = tl.reshape(s_st.to(tl.float32), [BV, KS, KW])
-        else:
-            offs = o_v[:, None, None] * stride_s2 + o_k3[None, :, :]  # [BV, KS, KW]
-            mask3 = mask_v[:, None, None] & mask_k3[None, :, :]
-            s = tl.load(s_head + offs, mask=mask3, other=0).to(tl.float32)
-            d_hist = tl.load(d_head + ph[None, :] * stride_d2 + o_v[:, None], mask=mask_v[:, None] & valid[None, :],
-                             other=0).to(tl.float32)
-        if FOLD and not FOLD_TC:
-            s = eG * s
-            # fp32 rank-1 updates c_j d_j k^_j^T, the key's norm folded into the coefficient cd_j = c_j / |k_j|
-            # (the raw k_j re-read per tile: L1/L2-resident)
-            for j in range(0, w):
-                p_j = (org + j) % R
-                cd_j = tl.sum(tl.where(o_j == j, cd, 0.0), axis=0)
-                d_j = tl.load(d_head + p_j * stride_d2 + o_v, mask=mask_v, other=0).to(tl.float32)
-                k_j = tl.load(k_head + p_j * stride_k2 + o_k3, mask=mask_k3, other=0).to(tl.float32)
-                s += (cd_j * d_j)[:, None, None] * k_j[None, :, :]
-            s_st = _cast_rtne(s, s_head.dtype.element_ty)
-            tl.store(s_head + offs, s_st, mask=mask3)
-            s = s_st.to(tl.float32)  # the window runs on the stored checkpoint, with an empty history
-        if FOLD and (WDOT or FOLD_TC):  # the folded tile's window dots on the tensor cores (operand via smem)
-            acc = split_dot(tl.reshape(s, [BV, KS * KW]), qk2, qk_lo, tl.zeros([BV, 2 * TP], dtype=tl.float32),
-                             s_head.dtype.element_ty)
-            s_q, s_k = tl.split(tl.reshape(acc, [BV, TP, 2]))
-        else:
-            s_q, s_k = _vloop_fma_dots(s, q3, k3, d_hist, hq, hk, eG, c, o_t, BV, TP, KS, KW, FOLD)
+        s_q, s_k = _vloop_fma_dots(s, q3, k3, d_hist, hq, hk, eG, c, o_t, BV, TP, KS, KW)
     d_win = tl.zeros([BV, TP], dtype=tl.float32)
     o_win = tl.zeros([BV, TP], dtype=tl.float32)
     for i in tl.static_range(T):
@@ -493,7 +481,7 @@ def _gdn_verify_kernel(
     USE_L2NORM: tl.constexpr, ROUND_BETA: tl.constexpr, FLUSH_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, PER_TOKEN: tl.constexpr, SCORES_PRE: tl.constexpr,
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, VL: tl.constexpr, V_STAGES: tl.constexpr, KS: tl.constexpr,
-    WDOT: tl.constexpr, FOLD_TC: tl.constexpr, ROWS: tl.constexpr,
+    WDOT: tl.constexpr, ROWS: tl.constexpr,
 ):
     """One program per VL value tiles (BV rows each) of a (row, v-head).  VL == 1: the tile is held as [BV, K];
     VL > 1 (``v_loop``): what does not depend on the value rows (gates, q^/k^, key scores, Gram, the
@@ -721,7 +709,7 @@ def _gdn_verify_kernel(
             coef_a = tl.where(row, a_row[None, :], coef_a)
             coef_w = tl.where(row, w_row[None, :], coef_w)
 
-        if WDOT or FOLD_TC:  # the window's dot operands (see _gdn_vloop_tile), once per program
+        if WDOT or ROWS != 1:  # the window's dot operands (see _gdn_vloop_tile), once per program
             qk2, qk_lo = tf32_split(tl.reshape(tl.join(tl.trans(q_hat), tl.trans(k_hat)), [BK, 2 * TP]))
             hc2 = tl.reshape(tl.join(c[:, None] * hq, c[:, None] * hk), [LP, 2 * TP])
         else:
@@ -734,25 +722,25 @@ def _gdn_verify_kernel(
                 _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
                                 stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw,
                                 org, w, R, q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
-                                V, T, BV, TP, KS, KW, True, WDOT, FOLD_TC)
+                                V, T, BV, TP, KS, KW, True, WDOT)
         elif ROWS == 1:
             for vi in tl.range(0, VL, num_stages=V_STAGES):
                 _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
                                 stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw,
                                 org, w, R, q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
-                                V, T, BV, TP, KS, KW, False, WDOT, FOLD_TC)
+                                V, T, BV, TP, KS, KW, False, WDOT)
         elif fold:
             for vi in tl.range(0, VL, num_stages=V_STAGES):
                 _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
                                 stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw,
                                 org, w, R, q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
-                                V, T, BV, TP, KS, KW, True, WDOT, FOLD_TC)
+                                V, T, BV, TP, KS, KW, True, WDOT)
         else:
             for vi in tl.range(0, VL, num_stages=V_STAGES):
                 _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
                                 stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw,
                                 org, w, R, q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
-                                V, T, BV, TP, KS, KW, False, WDOT, FOLD_TC)
+                                V, T, BV, TP, KS, KW, False, WDOT)
 
 
 # ----------------------------------------------------------------------------------
@@ -769,12 +757,9 @@ def gdn_verify_launch_params(HV: int, Hk: int, K: int, V: int, R: int, T: int, s
     cfg = _CFG_CACHE.get(ck)
     if cfg is None:
         cfg = launch_config("gdn_verify", keys)  # entries checked against the registration above
-        if cfg["v_loop"] > 1 and (cfg["reduce"] != "token" or cfg["flush"] == "dot"):
-            raise ValueError(f"gdn_verify: v_loop > 1 needs reduce: token and flush: rank1 or mma, got reduce: "
-                             f"{cfg['reduce']}, flush: {cfg['flush']}; set v_loop: 1 with them ({config_file()})")
-        if cfg["v_loop"] == 1 and cfg["flush"] == "mma":
-            raise ValueError(f"gdn_verify: flush: mma is the looping kernel's (v_loop > 1), got v_loop: 1; set "
-                             f"flush: rank1 or dot, or v_loop > 1 ({config_file()})")
+        if cfg["v_loop"] > 1 and cfg["reduce"] != "token":
+            raise ValueError(f"gdn_verify: v_loop > 1 needs reduce: token, got reduce: {cfg['reduce']}; set v_loop: 1 "
+                             f"with it ({config_file()})")
         _CFG_CACHE[ck] = cfg
     return cfg
 
@@ -927,16 +912,16 @@ def gdn_verify(
         sc = out  # never read
     VL = (min(cfg["v_loop"], triton.cdiv(V, BV)) if B >= cfg["v_loop_min_batch"] and T <= cfg["v_loop_max_window"]
           else 1)
-    loop_args = dict(VL=1, V_STAGES=1, KS=1, WDOT=False, FOLD_TC=False) if VL == 1 else dict(
-        VL=VL, V_STAGES=cfg["v_stages"], KS=min(cfg["k_parts"], BK), WDOT=cfg["window_dot"] == "split",
-        FOLD_TC=cfg["flush"] == "mma")
+    loop_args = dict(VL=1, V_STAGES=1, KS=1, WDOT=False) if VL == 1 else dict(
+        VL=VL, V_STAGES=cfg["v_stages"], KS=min(cfg["k_parts"], BK), WDOT=cfg["window_dot"] == "split")
     if VL > 1 and cfg["flush_rows"] == "separate":  # verify rows, then flush rows: each launch compiled for one path
-        launches = [dict(loop_args, ROWS=1, FOLD_TC=False),
-                    dict(loop_args, ROWS=2, V_STAGES=cfg["flush_v_stages"] or cfg["v_stages"])]
+        VLF = min(cfg["flush_v_loop"] or VL, triton.cdiv(V, BV))
+        launches = [dict(loop_args, ROWS=1),
+                    dict(loop_args, ROWS=2, V_STAGES=cfg["flush_v_stages"] or cfg["v_stages"], VL=VLF)]
     else:
         launches = [dict(loop_args, ROWS=0)]
-    grid = (triton.cdiv(V, BV * VL), B, HV)
     for rows_args in launches:
+        grid = (triton.cdiv(V, BV * rows_args["VL"]), B, HV)
         _gdn_verify_kernel[grid](
             mixed_qkv, a, b, A_log, dt_bias,
             state, d_ring, k_ring, g_ring,
@@ -958,7 +943,7 @@ def gdn_verify(
             IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
             DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-            **rows_args, **register_cap(cfg if VL == 1 or cfg["v_loop_maxnreg"] == -1 else
+            **rows_args, **register_cap(cfg if rows_args["VL"] == 1 or cfg["v_loop_maxnreg"] == -1 else
                                         dict(cfg, maxnreg=cfg["v_loop_maxnreg"])),
         )
     return out

@@ -653,7 +653,9 @@ def test_real_geometry_qwen3_next(device, seed, launch):
     (16, 40, dict(BV=16, num_warps=1, reduce="token", scores="pre", maxnreg=168, flush="dot", v_loop=1)),
     (64, 12, None),
     (64, 12, dict(window_dot="fma")),
-    (64, 12, dict(flush="mma"))], ids=["b16-packaged", "b16-dot", "b64-packaged", "b64-fma-dots", "b64-flush-mma"])
+    (64, 12, dict(flush_rows="fused")),
+    (64, 12, dict(flush_rows="separate"))],
+    ids=["b16-packaged", "b16-dot", "b64-packaged", "b64-fma-dots", "b64-fused", "b64-separate"])
 @pytest.mark.parametrize("prec", ["s32-a16b", "s16b-a16b"])
 def test_qwen3_next_gpu(device, seed, launch, prec, batch, steps, entries):
     """Verify + commit steps over random history lengths on the Qwen3-Next geometry with the packaged launch config
@@ -782,10 +784,10 @@ def test_validation_out(device, bad_out):
 
 
 def test_launch_config_validation(tmp_path, monkeypatch):
-    for n, (body, what) in enumerate((("{v_loop: 2, flush: dot}", "v_loop: 1"), ("{v_loop: 2, reduce: bcast}", "v_loop: 1"),
+    for n, (body, what) in enumerate((("{v_loop: 2, reduce: bcast}", "v_loop: 1"),
                        ("fold_stages: 2", "unknown"), ("dot_precision: tf32", "tf32"), ("BV: 24", "BV"), ("flush: fancy", "flush"),
                        ("num_warps: 0", "num_warps"), ("BLOCK_Q: 4", "unknown"),
-                       ("{v_loop: 1, flush: mma}", "v_loop > 1"), ("flush: split", "flush"), ("fold_BV: 32", "fold_BV"),
+                       ("flush: mma", "flush must be one of"), ("flush: split", "flush"), ("fold_BV: 32", "fold_BV"),
                        ("reduce: dot", "reduce"))):
         f = tmp_path / f"cfg_{n}.yaml"  # one file per case (configs are cached by path)
         f.write_text("gdn_verify:\n  default:\n    " + body + "\n")
@@ -812,15 +814,14 @@ VARIANTS = {"bcast-inline": dict(reduce="bcast", scores="inline", num_warps=4, v
                                         v_loop_min_batch=1),
             "vloop-whole-k": dict(reduce="token", scores="pre", v_loop=2, k_parts=1, v_loop_min_batch=1),
             "vloop-fma-dots": dict(reduce="token", scores="pre", v_loop=2, window_dot="fma", v_loop_min_batch=1),
-            "vloop-flush-mma": dict(reduce="token", scores="pre", v_loop=2, flush="mma", v_loop_min_batch=1),
-            "vloop-flush-mma-fma-dots": dict(reduce="token", scores="inline", v_loop=2, flush="mma", window_dot="fma",
-                                             v_loop_min_batch=1),
+            "vloop-inline-fma-dots": dict(reduce="token", scores="inline", v_loop=2, window_dot="fma",
+                                          v_loop_min_batch=1),
             "vloop-window-split": dict(reduce="token", scores="inline", v_loop=2, window_dot="split",
                                        v_loop_min_batch=1),
+            "vloop-fused": dict(reduce="token", scores="pre", v_loop=2, flush_rows="fused", v_loop_min_batch=1),
             "vloop-separate": dict(reduce="token", scores="pre", v_loop=2, flush_rows="separate", v_loop_min_batch=1),
-            "vloop-separate-flush-mma": dict(reduce="token", scores="inline", v_loop=2, flush="mma",
-                                             flush_rows="separate", flush_v_stages=2, window_dot="fma",
-                                             v_loop_min_batch=1)}
+            "vloop-separate-inline-fma-dots": dict(reduce="token", scores="inline", v_loop=2, flush_rows="separate",
+                                                   flush_v_stages=2, window_dot="fma", v_loop_min_batch=1)}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -837,18 +838,38 @@ def test_launch_variants_match_reference_and_oracle(device, seed, launch, prec, 
     assert sim.flushes == 2
 
 
-@pytest.mark.parametrize("v_loop,window_dot,flush", [(2, "fma", "rank1"), (3, "fma", "rank1"), (3, "split", "rank1"),
-                                                     (2, "split", "rank1"), (3, "fma", "mma"), (2, "split", "mma")])
-def test_v_loop_odd_geometry_masked_tiles(device, seed, launch, v_loop, window_dot, flush):
+@pytest.mark.parametrize("v_loop,window_dot,flush_rows", [(2, "fma", "fused"), (3, "fma", "fused"), (3, "split", "fused"),
+                                                          (2, "split", "fused"), (3, "fma", "separate"),
+                                                          (2, "split", "separate")])
+def test_v_loop_odd_geometry_masked_tiles(device, seed, launch, v_loop, window_dot, flush_rows):
     """v_loop at V = 40, K = 24 with BV = 16: a program's last tiles are part or wholly past V (masked), the
     prologue's scalars serve every tile; verify and flush rows, padded and null rows, fp32 and bf16 states."""
-    launch(always=True, BV=16, v_loop=v_loop, v_stages=2, v_loop_min_batch=6, window_dot=window_dot, flush=flush)
+    launch(always=True, BV=16, v_loop=v_loop, v_stages=2, v_loop_min_batch=6, window_dot=window_dot,
+           flush_rows=flush_rows)
     for sd, ad in (PRECISIONS["s32-a32"], PRECISIONS["s16b-a16b"]):
         sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, Bh=6, T=3, **small_geom(Hk=2, HV=4, K=24, V=40, n_slots=7))
         for s, (w, o) in {1: (3, 7), 2: (6, 5), 3: (0, 4), 5: (4, 0)}.items():
             sim.seed_history(s, w, o)
         sim.step([1, -1, 2, 3, 0, 5], out_dtype=F32 if sd == F32 else ad, commit=False)
         assert sim.flushes == 2
+
+
+@pytest.mark.parametrize("flush_v_loop,flush", [(2, "rank1"), (1, "rank1"), (1, "dot")])
+def test_flush_v_loop_odd_geometry(device, seed, launch, monkeypatch, flush_v_loop, flush):
+    """flush_rows: separate with the flush launch's own tiles a program (flush_v_loop) at V = 40, BV = 16: the verify
+    launch loops over 3 tiles a program, the flush launch over 2 (its second program's tiles partly masked and
+    wholly past V) or one (the one-tile kernel, folding as ``flush`` says); verify and flush rows, padded and null
+    rows, both states."""
+    launch(always=True, BV=16, v_loop=3, v_stages=2, v_loop_min_batch=6, flush=flush, flush_rows="separate",
+           flush_v_loop=flush_v_loop)
+    launches = _record_verify_launches(monkeypatch)
+    for sd, ad in (PRECISIONS["s32-a32"], PRECISIONS["s16b-a16b"]):
+        sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, Bh=6, T=3, **small_geom(Hk=2, HV=4, K=24, V=40, n_slots=7))
+        for s, (w, o) in {1: (3, 7), 2: (6, 5), 3: (0, 4), 5: (4, 0)}.items():
+            sim.seed_history(s, w, o)
+        sim.step([1, -1, 2, 3, 0, 5], out_dtype=F32 if sd == F32 else ad, commit=False)
+        assert sim.flushes == 2
+    assert [(vl, g[0]) for vl, g in launches] == [(3, 1), (flush_v_loop, -(-3 // flush_v_loop))] * 2, launches
 
 
 def test_v_loop_min_batch_keeps_small_batches_one_tile_a_program(device, seed, launch, monkeypatch):

@@ -31,7 +31,8 @@ GDN_KCHUNK = dict(GDN_WHOLE_TILE, BKC=32, BV=32, flush="dot", inline_BKC=0, inli
 GDN_VERIFY = {"BV": 16, "dot_precision": "tf32x3", "flush": "rank1", "inline_scores_max_batch": 1, "maxnreg": 168,
               "num_stages": 1, "num_warps": 1, "reduce": "token", "scores": "pre", "scores_num_warps": 1,
               "v_loop": 8, "v_stages": 3, "k_parts": 2, "v_loop_min_batch": 64, "v_loop_max_window": 4,
-              "v_loop_maxnreg": 0, "window_dot": "split", "flush_rows": "fused", "flush_v_stages": 0}
+              "v_loop_maxnreg": 0, "window_dot": "split", "flush_rows": "fused", "flush_v_stages": 0,
+              "flush_v_loop": 0}
 MAMBA2 = {"BLOCK_M": 32, "BLOCK_NC": 64, "bc_num_warps": 2, "dot_precision": "tf32x3", "flush_first_max_batch": 0, "flush_unroll": 1,
           "inline_bc_max_batch": 1, "inline_maxnreg": -1, "maxnreg": 0, "num_stages": 1, "num_warps": 1,
           "state_first": 1}
@@ -45,19 +46,17 @@ MAMBA2_VERIFY = {"BLOCK_M": 32, "BLOCK_NC": 32, "bc": "pre", "bc_num_warps": 1, 
 
 GDN_GEOMS = ["HV32_HK16_K128_V128", "HV64_HK16_K128_V128", "HV16_HK16_K128_V128", "HV4_HK2_K32_V32"]
 MAMBA2_GEOMS = ["H128_P64_N128_G8", "H256_P64_N128_G8", "H4_P16_N16_G2"]
-# default.yaml's default_Sfp32: an fp32 state's GDN verify window dots on the CUDA cores, its flush rows in their
-# own launch folding on the tensor cores, every geometry
-GDN_VERIFY_FP32 = dict(GDN_VERIFY, window_dot="fma", flush="mma", flush_rows="separate", flush_v_stages=2)
-# its default_Sbf16 / default_Sfp16: a 16-bit state's GDN verify flush fold and Mamba2 verify non-flush dots on the
-# tensor cores
-GDN_VERIFY_16 = dict(GDN_VERIFY, flush="mma")
+# default.yaml's default_Sfp32: an fp32 state's GDN verify window dots on the CUDA cores and its flush rows in a
+# launch of their own, every geometry
+GDN_VERIFY_FP32 = dict(GDN_VERIFY, window_dot="fma", flush_rows="separate", flush_v_stages=2)
+# its default_Sbf16 / default_Sfp16: a 16-bit state's Mamba2 verify non-flush dots on the tensor cores
 MAMBA2_VERIFY_16 = dict(MAMBA2_VERIFY, nonflush="mma")
 
 
 def _default_yaml_entry(family, tag):
     """What default.yaml resolves for every geometry of a family and state dtype."""
     if family == "gdn_verify":
-        return GDN_VERIFY_FP32 if tag == "fp32" else GDN_VERIFY_16
+        return GDN_VERIFY_FP32 if tag == "fp32" else GDN_VERIFY
     if family == "mamba2_verify":
         return MAMBA2_VERIFY if tag == "fp32" else MAMBA2_VERIFY_16
     return common.family_defaults(family)
@@ -101,7 +100,7 @@ def test_the_wrappers_resolve_the_pinned_h200_configs(monkeypatch):
     assert gdn_verify.gdn_verify_launch_params(32, 16, 128, 128, 20, 4, torch.float32) == GDN_VERIFY_FP32
     assert gdn_verify.gdn_verify_launch_params(32, 16, 128, 128, 24, 8, torch.float32) == dict(GDN_VERIFY_FP32,
                                                                                                maxnreg=0)
-    assert gdn_verify.gdn_verify_launch_params(32, 16, 128, 128, 24, 8, torch.bfloat16) == GDN_VERIFY_16  # untimed
+    assert gdn_verify.gdn_verify_launch_params(32, 16, 128, 128, 24, 8, torch.bfloat16) == GDN_VERIFY  # untimed
     keys = common.config_keys(mamba2_replay.geometry_key(128, 64, 128, 8, 16), torch.bfloat16)
     assert common.launch_config("mamba2_output_only", keys) == MAMBA2_BF16
 
@@ -129,9 +128,7 @@ def test_h200_file_holds_only_geometry_entries():
     assert set(doc) == {"gdn_decode", "gdn_verify", "mamba2_output_only"}
     assert all("default" not in entries for entries in doc.values())
     assert yaml.safe_load(DEFAULT.read_text()) == {
-        "gdn_verify": {"default_Sfp32": {"window_dot": "fma", "flush": "mma", "flush_rows": "separate",
-                                         "flush_v_stages": 2}, "default_Sbf16": {"flush": "mma"},
-                       "default_Sfp16": {"flush": "mma"}},
+        "gdn_verify": {"default_Sfp32": {"window_dot": "fma", "flush_rows": "separate", "flush_v_stages": 2}},
         "mamba2_verify": {"default_Sbf16": {"nonflush": "mma"}, "default_Sfp16": {"nonflush": "mma"}}}
 
 

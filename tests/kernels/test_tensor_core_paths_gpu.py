@@ -5,7 +5,7 @@ cannot tell tf32x3 from tf32 or a mis-tiled dot at a partial tile. These run onl
 (eval/gpu_kernels.sh on the H200) and skip elsewhere. Paths: the Mamba2 decode flush rebuild
 (``_rebuild_chunk``, unrolled and runtime chunk loop), the Mamba2 verify flush fold and ``nonflush: mma``, the GDN
 decode flush ``flush: dot`` on the whole tile and on the K-chunked tile (``BKC``), the GDN verify ``flush: dot``
-fold, ``window_dot`` and ``flush: mma`` (the looping kernel's window dots and fold), and both materialize folds;
+fold, the looping kernel's window dots (``window_dot``) and fold, and both materialize folds;
 the Triton dots at ``dot_precision`` tf32x3 (the default) and ieee, the kernels' own hi/lo splits as they are; at
 geometries whose dims are no power of two (Mamba2 H=3, P=24, N=40; GDN Hk=3, HV=6, K=40, V=24 and K=96).
 
@@ -160,11 +160,11 @@ def test_gdn_verify_window_dot(cuda, launch, flush, geom, large):
 @pytest.mark.parametrize("geom", list(GDN_ODD))
 @pytest.mark.parametrize("large", [False, True], ids=["small", "large"])
 @pytest.mark.parametrize("flush_rows", ["fused", "separate"])
-def test_gdn_verify_flush_mma(cuda, launch, window_dot, geom, large, flush_rows):
-    """The looping verify kernel's ``flush: mma``: a flush row's fold and its window dots as tf32 passes over hi/lo
-    halves, flush rows at odd K and V (the checkpoint checked too), in the one launch or the flush rows' own."""
-    launch("gdn_verify", v_loop=2, v_loop_min_batch=1, flush="mma", window_dot=window_dot, BV=16, flush_rows=flush_rows,
+def test_gdn_verify_vloop_fold(cuda, launch, window_dot, geom, large, flush_rows):
+    """The looping verify kernel's fold: a flush row's fold and its window dots as tf32 passes over hi/lo halves,
+    flush rows at odd K and V (the checkpoint checked too), in the one launch or the flush rows' own."""
+    launch("gdn_verify", v_loop=2, v_loop_min_batch=1, window_dot=window_dot, BV=16, flush_rows=flush_rows,
            flush_v_stages=2)
     gen, seed = make_gen()
     check_fp32_bar(run_gdn_verify(cuda, gen, **GDN_ODD[geom], T=3, R=9, flush=True, large=large), seed,
-                   f"gdn verify flush mma ({geom}, window_dot {window_dot}, large={large})")
+                   f"gdn verify looping fold ({geom}, window_dot {window_dot}, large={large})")
