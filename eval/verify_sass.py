@@ -148,11 +148,12 @@ def analyse(family: str, name: str, config: Dict[str, Any], T: int = 4, hist: in
     geom = GEOMETRIES[family]
     calls = capture(family, config, geom, T, hist, state_dtype or torch.float32, act_dtype or torch.bfloat16)
     return [_analyse_launch(family, name if k == KERNEL[family] else name + k[len(KERNEL[family]):], config, calls,
-                            calls[k], T, hist, batch_model, dump, trips)
+                            calls[k], T, hist, batch_model, dump, trips, with_pre=k == KERNEL[family])
             for k in calls if k.partition("#")[0] == KERNEL[family]]
 
 
-def _analyse_launch(family, name, config, calls, launch, T, hist, batch_model, dump, trips) -> Dict[str, Any]:
+def _analyse_launch(family, name, config, calls, launch, T, hist, batch_model, dump, trips,
+                    with_pre: bool) -> Dict[str, Any]:
     """One launch of the main kernel (a config that launches it twice, e.g. GDN ``flush_rows: separate``, gives two
     rows: ``name`` and ``name#2``); the pre-kernels are the first row's (their issue time added to it alone)."""
     geom = GEOMETRIES[family]
@@ -167,7 +168,8 @@ def _analyse_launch(family, name, config, calls, launch, T, hist, batch_model, d
     rate = H200_SMS * SCHEDULERS_PER_SM * H200_CLOCK_HZ
     pre = {}
     for kname in PRE_KERNELS[family]:
-        if kname in calls and "#" not in name:  # scale the recorded batch to batch_model (every program as if its row took every branch)
+        # scale the recorded batch to batch_model (every program as if its row took every branch)
+        if kname in calls and with_pre:
             pb = compile_offline(calls[kname])
             pr = ptxas_report(pb["ptx"])
             p_insns, p_labels = parse_sass(disassemble(pb["cubin"]))

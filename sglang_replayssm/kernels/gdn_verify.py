@@ -395,8 +395,8 @@ def _vloop_fma_dots(s, q3, k3, d_hist, hq, hk, eG, c, o_t, BV: tl.constexpr, TP:
 
 @triton.jit
 def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row, stride_x1,
-                    out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw, org, w, R,
-                    q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
+                    out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, valid, o_t, mask_t, ph, pw, q3, k3, hq, hk, eG, c,
+                    cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
                     V: tl.constexpr, T: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr, KS: tl.constexpr,
                     KW: tl.constexpr, FOLD: tl.constexpr, WDOT: tl.constexpr):
     """One value tile (BV rows) of a (row, v-head) in ``v_loop``, held as [BV, KS, KW] (the K row cut in KS
@@ -503,11 +503,12 @@ def _gdn_verify_kernel(
     is_flush = tl.load(flush + slot * stride_fl) != 0
     w = tl.minimum(tl.maximum(w, 0), R - T)  # memory safety only (the commit rule keeps w + T <= R)
     org = tl.minimum(tl.maximum(org, 0), R - 1)
+    fold = is_flush & (w > 0)  # a flush of an empty history is a verify from the checkpoint
     if ROWS == 1:
-        if is_flush & (w > 0):
+        if fold:
             return  # a folding row: the other launch's
     if ROWS == 2:
-        if not (is_flush & (w > 0)):
+        if not fold:
             return
 
     o_k = tl.arange(0, BK)
@@ -651,7 +652,6 @@ def _gdn_verify_kernel(
                  mask=mask_vt)
     else:
         x_row = qkv + i_n * stride_x0
-        fold = is_flush & (w > 0)  # a flush of an empty history is a verify from the checkpoint
 
         g_hist = tl.load(g_head + ph * stride_g2, mask=valid, other=0.0)
         g_win, beta, q_hat, k_hat = _verify_window_inputs(
@@ -721,20 +721,20 @@ def _gdn_verify_kernel(
             FOLD_ROWS: tl.constexpr = ROWS == 2
             for vi in tl.range(0, VL, num_stages=V_STAGES):
                 _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
-                                stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw,
-                                org, w, R, q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
+                                stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, valid, o_t, mask_t, ph, pw,
+                                q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
                                 V, T, BV, TP, KS, KW, FOLD_ROWS, WDOT)
         elif fold:
             for vi in tl.range(0, VL, num_stages=V_STAGES):
                 _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
-                                stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw,
-                                org, w, R, q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
+                                stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, valid, o_t, mask_t, ph, pw,
+                                q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
                                 V, T, BV, TP, KS, KW, True, WDOT)
         else:
             for vi in tl.range(0, VL, num_stages=V_STAGES):
                 _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
-                                stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, o_j, valid, o_t, mask_t, ph, pw,
-                                org, w, R, q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
+                                stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, valid, o_t, mask_t, ph, pw,
+                                q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
                                 V, T, BV, TP, KS, KW, False, WDOT)
 
 
