@@ -215,10 +215,6 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     "flush_rows": choice_param("fused", _FLUSH_ROWS),
     # with flush_rows: separate, the flush launch's pipelining depth (0: as v_stages)
     "flush_v_stages": count_param(0, 0, " (0: as v_stages)"),
-    # with flush_rows: separate, the flush launch's value tiles a program (0: as v_loop; more programs, each with
-    # fewer tiles, put more flush work in flight at the cost of repeating the per-program prologue; 1: the one-tile
-    # kernel, folding as flush says)
-    "flush_v_loop": count_param(0, 0, " (0: as v_loop)"),
 })
 
 
@@ -487,8 +483,8 @@ def _gdn_verify_kernel(
     VL > 1 (``v_loop``): what does not depend on the value rows (gates, q^/k^, key scores, Gram, the
     substitution's per-token scalars, a flush's key norms) is computed once per program and the tiles, each
     held as [BV, KS, K / KS], run in a loop (:func:`_gdn_vloop_tile`).  ROWS: 0 every row, 1 the rows that fold
-    no history (verify rows, flushes of an empty history), 2 the rows that do (``flush_rows: separate``; with
-    ``flush_v_loop: 1`` the flush launch is a VL == 1 one); the other rows' programs return at once."""
+    no history (verify rows, flushes of an empty history), 2 the rows that do (``flush_rows: separate``); the other
+    rows' programs return at once."""
     i_v = tl.program_id(0)
     i_n = tl.program_id(1).to(tl.int64)
     i_hv = tl.program_id(2)
@@ -910,13 +906,11 @@ def gdn_verify(
     loop_args = dict(VL=1, V_STAGES=1, KS=1, WDOT=False) if VL == 1 else dict(
         VL=VL, V_STAGES=cfg["v_stages"], KS=min(cfg["k_parts"], BK), WDOT=cfg["window_dot"] == "split")
     if VL > 1 and cfg["flush_rows"] == "separate":  # verify rows, then flush rows: each launch compiled for one path
-        VLF = min(cfg["flush_v_loop"] or VL, triton.cdiv(V, BV))
-        launches = [dict(loop_args, ROWS=1),
-                    dict(loop_args, ROWS=2, V_STAGES=cfg["flush_v_stages"] or cfg["v_stages"], VL=VLF)]
+        launches = [dict(loop_args, ROWS=1), dict(loop_args, ROWS=2, V_STAGES=cfg["flush_v_stages"] or cfg["v_stages"])]
     else:
         launches = [dict(loop_args, ROWS=0)]
     for rows_args in launches:
-        grid = (triton.cdiv(V, BV * rows_args["VL"]), B, HV)
+        grid = (triton.cdiv(V, BV * VL), B, HV)
         _gdn_verify_kernel[grid](
             mixed_qkv, a, b, A_log, dt_bias,
             state, d_ring, k_ring, g_ring,
@@ -938,7 +932,7 @@ def gdn_verify(
             IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
             DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-            **rows_args, **register_cap(cfg if rows_args["VL"] == 1 or cfg["v_loop_maxnreg"] == -1 else
+            **rows_args, **register_cap(cfg if VL == 1 or cfg["v_loop_maxnreg"] == -1 else
                                         dict(cfg, maxnreg=cfg["v_loop_maxnreg"])),
         )
     return out

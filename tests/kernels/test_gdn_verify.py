@@ -860,19 +860,6 @@ def test_v_loop_odd_geometry_masked_tiles(device, seed, launch, v_loop, window_d
     _odd_geometry_verify(device, seed)
 
 
-@pytest.mark.parametrize("flush_v_loop,flush", [(2, "rank1"), (1, "rank1"), (1, "dot")])
-def test_flush_v_loop_odd_geometry(device, seed, launch, monkeypatch, flush_v_loop, flush):
-    """flush_rows: separate with the flush launch's own tiles a program (flush_v_loop) at V = 40, BV = 16: the verify
-    launch loops over 3 tiles a program, the flush launch over 2 (its second program's tiles partly masked and
-    wholly past V) or one (the one-tile kernel, folding as ``flush`` says); verify and flush rows, padded and null
-    rows, both states."""
-    launch(always=True, BV=16, v_loop=3, v_stages=2, v_loop_min_batch=6, flush=flush, flush_rows="separate",
-           flush_v_loop=flush_v_loop)
-    launches = _record_verify_launches(monkeypatch)
-    _odd_geometry_verify(device, seed)
-    assert [(vl, g[0]) for vl, g in launches] == [(3, 1), (flush_v_loop, -(-3 // flush_v_loop))] * 2, launches
-
-
 def test_v_loop_min_batch_keeps_small_batches_one_tile_a_program(device, seed, launch, monkeypatch):
     """v_loop with v_loop_min_batch: a batch of fewer rows launches the one-tile-a-program kernel, a batch at the
     limit the looping one; both match the reference and oracle."""
