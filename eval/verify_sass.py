@@ -40,8 +40,6 @@ GEOMETRIES = {
 }
 FAMILY_KEY = {"mamba2": "mamba2_verify", "gdn": "gdn_verify"}
 KERNEL = {"mamba2": "_mamba2_verify_kernel", "gdn": "_gdn_verify_kernel"}
-# other main kernels a variant may launch (reported as "<variant>+<suffix>")
-OTHER_KERNELS = {"mamba2": {"_mamba2_verify_loop_kernel": "loop"}, "gdn": {}}
 # launched before the main kernel by some variants (grid axis 0 runs over the batch)
 PRE_KERNELS = {"mamba2": ("_mamba2_verify_bc_kernel",), "gdn": ("_gdn_verify_scores_kernel",)}
 # the H200 file (one warp, per-token reductions, pre-kernels: timed 3.46x / 1.74x stock) sits at 255 registers,
@@ -114,7 +112,7 @@ def capture(family: str, config: Dict[str, Any], geom: Dict[str, int], T: int, h
     prev = os.environ.get(ENV_CONFIG_FILE)
     os.environ[ENV_CONFIG_FILE] = str(tmp)
     calls: Dict[str, Any] = {}
-    names = (KERNEL[family],) + tuple(OTHER_KERNELS[family]) + PRE_KERNELS[family]
+    names = (KERNEL[family],) + PRE_KERNELS[family]
     saved = {n: getattr(mod, n) for n in names}
     for n in names:
         setattr(mod, n, _Recorder(saved[n], calls))
@@ -149,16 +147,9 @@ def analyse(family: str, name: str, config: Dict[str, Any], T: int = 4, hist: in
 
     geom = GEOMETRIES[family]
     calls = capture(family, config, geom, T, hist, state_dtype or torch.float32, act_dtype or torch.bfloat16)
-    other = OTHER_KERNELS[family]
-    main = [k for k in calls if k.partition("#")[0] == KERNEL[family] or k.partition("#")[0] in other]
-
-    def label(k):
-        base, sep, nth = k.partition("#")
-        return (name if base == KERNEL[family] else f"{name}+{other[base]}") + sep + nth
-
-    # the pre-kernels are counted with the first main launch
-    return [_analyse_launch(family, label(k), config, calls, calls[k], T, hist, batch_model, dump, trips,
-                            with_pre=k == main[0]) for k in main]
+    return [_analyse_launch(family, name if k == KERNEL[family] else name + k[len(KERNEL[family]):], config, calls,
+                            calls[k], T, hist, batch_model, dump, trips, with_pre=k == KERNEL[family])
+            for k in calls if k.partition("#")[0] == KERNEL[family]]
 
 
 def _analyse_launch(family, name, config, calls, launch, T, hist, batch_model, dump, trips,

@@ -116,14 +116,6 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     # and window loads are issued before this chunk's checkpoint store; chunks never overlap, so nothing is read
     # stale). 2 won over the loop unrolled, which is removed (eval/results/spec-variants-h200/, round 8)
     "flush_stages": count_param(2, 1),
-    # with nonflush "stream" (chain windows, bc: pre): the non-flush rows' P tiles a program (1: one tile a program,
-    # every row in one launch). Above 1 a program computes what does not depend on the tile once per (row, head) and
-    # loops over m_loop tiles of BLOCK_M, m_stages deep (the next tiles' loads in flight during this one's dots);
-    # the flush rows then run in a launch of their own (the one-tile kernel built for the chunked fold alone)
-    "m_loop": count_param(1, 1),
-    "m_stages": count_param(2, 1),
-    # m_loop applies from this many rows up (smaller batches keep one launch)
-    "m_loop_min_batch": count_param(64, 1),
 })
 
 @triton.jit
@@ -275,10 +267,8 @@ def _mamba2_verify_kernel(
     BLOCK_M: tl.constexpr, BLOCK_NC: tl.constexpr, N_CHUNKS: tl.constexpr, WH: tl.constexpr, TP: tl.constexpr,
     PER_TOKEN: tl.constexpr, BC_PRE: tl.constexpr, STREAM: tl.constexpr, BLOCK_N: tl.constexpr,
     STREAM_CHUNK: tl.constexpr, FLUSH_STAGES: tl.constexpr,
-    IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, NF_MMA: tl.constexpr, FLUSH_ONLY: tl.constexpr,
+    IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, NF_MMA: tl.constexpr,
 ):
-    """One program per BLOCK_M value rows of a (row, head). FLUSH_ONLY: the non-flush rows' programs return at once
-    (``m_loop``: :func:`_mamba2_verify_loop_kernel` took them)."""
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     h = tl.program_id(2).to(tl.int64)
@@ -289,9 +279,6 @@ def _mamba2_verify_kernel(
     wp = tl.load(wp_ptr + slot).to(tl.int32)
     org = tl.load(org_ptr + slot).to(tl.int32)
     flag = tl.load(fl_ptr + slot)
-    if FLUSH_ONLY:
-        if flag == 0:
-            return
     is_flush = flag != 0
     no_flush = flag == 0
     wp = tl.minimum(tl.maximum(wp, 0), R - T)  # memory safety only (the commit rule keeps wp + T <= R)
@@ -447,127 +434,6 @@ def _mamba2_verify_kernel(
         tl.store(dtr_base + phys_t * s_dtr_r, d_win.to(dtr_ptr.dtype.element_ty), mask=mask_t)
 
 
-@triton.jit
-def _mamba2_verify_loop_kernel(
-    state_ptr, xr_ptr, Br_ptr, dtr_ptr,
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, dtb_ptr, out_ptr,
-    slot_ptr, wp_ptr, org_ptr, fl_ptr, bc_ptr,
-    null_slot, P, N, R, T, heads_per_group,
-    s_st_s, s_st_h, s_st_p, s_st_n,
-    s_xr_s, s_xr_h, s_xr_r, s_xr_p,
-    s_Br_s, s_Br_g, s_Br_r, s_Br_n,
-    s_dtr_s, s_dtr_h, s_dtr_r,
-    s_x_b, s_x_t, s_x_h, s_x_p,
-    s_dt_b, s_dt_t, s_dt_h,
-    s_A_h,
-    s_B_b, s_B_t, s_B_g, s_B_n,
-    s_C_b, s_C_t, s_C_g, s_C_n,
-    s_D_h, s_D_p,
-    s_z_b, s_z_t, s_z_h, s_z_p,
-    s_dtb_h,
-    s_o_b, s_o_t, s_o_h, s_o_p,
-    s_bc_b, s_bc_g,
-    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
-    BLOCK_M: tl.constexpr, WH: tl.constexpr, TP: tl.constexpr, BLOCK_N: tl.constexpr,
-    STREAM_CHUNK: tl.constexpr, ML: tl.constexpr, M_STAGES: tl.constexpr,
-):
-    """``m_loop``: the non-flush rows of a chain window (flush rows return at once: the one-tile kernel's
-    FLUSH_ONLY launch folds them), ML tiles of BLOCK_M value rows a program. The window's Δ and μ, the history's
-    fold weights, the B·C dots (from the pre-kernel's scratch) and the per-(m, s) / (k, s) output weights are
-    computed once a program; each tile then reads its S_ck rows in one stream (``stream_chunk``), its window and
-    history x, and writes its outputs and ring entries -- the same math and fp32 order of terms as the one-tile
-    kernel's stream path."""
-    pid_m = tl.program_id(0)
-    row = tl.program_id(1).to(tl.int64)
-    h = tl.program_id(2).to(tl.int64)
-    g = h // heads_per_group
-    slot = tl.load(slot_ptr + row).to(tl.int64)
-    if (slot < 0) | (slot == null_slot):
-        return
-    if tl.load(fl_ptr + slot) != 0:
-        return  # a flush row: the other launch's
-    wp = tl.minimum(tl.maximum(tl.load(wp_ptr + slot).to(tl.int32), 0), R - T)  # memory safety only
-    org = tl.minimum(tl.maximum(tl.load(org_ptr + slot).to(tl.int32), 0), R - 1)
-
-    offs_t = tl.arange(0, TP)
-    mask_t = offs_t < T
-    offs_k = tl.arange(0, WH)
-    valid_k = offs_k < wp
-    phys_k = ((org + offs_k) % R).to(tl.int64)
-    phys_t = ((org + wp + offs_t) % R).to(tl.int64)
-    A = tl.load(A_ptr + h * s_A_h).to(tl.float32)
-    if HAS_DT_BIAS:
-        dtb = tl.load(dtb_ptr + h * s_dtb_h)
-    else:
-        dtb = 0.0
-
-    # ---- once a program: Δ_s, μ_s, the history's fold weights, the output weights ----
-    dt_win = tl.load(dt_ptr + row * s_dt_b + offs_t * s_dt_t + h * s_dt_h, mask=mask_t, other=0.0)
-    d_win = tl.where(mask_t, _delta_from_raw(dt_win, dtb, HAS_DT_BIAS, DT_SOFTPLUS), 0.0)
-    mu = tl.cumsum(d_win, 0)
-    xr_base = xr_ptr + slot * s_xr_s + h * s_xr_h
-    dtr_base = dtr_ptr + slot * s_dtr_s + h * s_dtr_h
-    Br_base = Br_ptr + slot * s_Br_s + g * s_Br_g
-    st_base = state_ptr + slot * s_st_s + h * s_st_h
-    d_hist = tl.load(dtr_base + phys_k * s_dtr_r, mask=valid_k, other=0.0).to(tl.float32)
-    lam_end = tl.sum(d_hist, 0)
-    s_hist = tl.where(valid_k, d_hist * tl.exp(A * suffix_sum_excl(d_hist, offs_k)), 0.0)
-    bc_base = bc_ptr + row * s_bc_b + g * s_bc_g
-    bc_h = tl.load(bc_base + offs_k[:, None] * TP + offs_t[None, :])            # [k, s]
-    bc_w = tl.load(bc_base + (WH + offs_t)[:, None] * TP + offs_t[None, :])     # [m, s]
-    causal = (offs_t[:, None] <= offs_t[None, :]) & mask_t[:, None]  # [m, s]: m <= s
-    between_i = (offs_t[None, None, :] > offs_t[:, None, None]) & (offs_t[None, None, :] <= offs_t[None, :, None])
-    between = tl.sum(tl.where(between_i, d_win[None, None, :], 0.0), 2)
-    expo = tl.where(causal, A * between, 0.0)
-    w_w = tl.where(causal, d_win[:, None] * tl.exp(expo) * bc_w, 0.0)  # [m, s]
-    e_sc = tl.exp(A * (lam_end + mu))
-    e_mu = tl.exp(A * mu)
-    if (pid_m == 0) & (h % heads_per_group == 0):  # the window's B into the ring, once per (row, group)
-        offs_n = tl.arange(0, BLOCK_N)
-        bm = mask_t[:, None] & (offs_n < N)[None, :]
-        B_wn = tl.load(B_ptr + row * s_B_b + g * s_B_g + offs_t[:, None] * s_B_t + offs_n[None, :] * s_B_n, mask=bm,
-                       other=0.0)
-        tl.store(Br_base + phys_t[:, None] * s_Br_r + offs_n[None, :] * s_Br_n, B_wn.to(Br_ptr.dtype.element_ty),
-                 mask=bm)
-    if pid_m == 0:
-        tl.store(dtr_base + phys_t * s_dtr_r, d_win.to(dtr_ptr.dtype.element_ty), mask=mask_t)
-    C_row = C_ptr + row * s_C_b + g * s_C_g
-
-    # ---- ML tiles of BLOCK_M value rows, M_STAGES deep ----
-    for mi in tl.range(0, ML, num_stages=M_STAGES):
-        offs_m = (pid_m * ML + mi) * BLOCK_M + tl.arange(0, BLOCK_M)
-        mask_m = offs_m < P
-        om = mask_m[:, None] & mask_t[None, :]
-        x_win = tl.load(x_ptr + row * s_x_b + h * s_x_h + offs_m[:, None] * s_x_p + offs_t[None, :] * s_x_t,
-                        mask=om, other=0.0).to(tl.float32)  # [BLOCK_M, TP]
-        x_hist = tl.load(xr_base + offs_m[:, None] * s_xr_p + phys_k[None, :] * s_xr_r,
-                         mask=mask_m[:, None] & valid_k[None, :], other=0.0).to(tl.float32)  # [BLOCK_M, WH]
-        SC = tl.zeros([BLOCK_M, TP], dtype=tl.float32)
-        for t in tl.static_range(TP):
-            SC = _add_token_dot_chunked(SC, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row + t * s_C_t, s_C_n,
-                                        t < T, (offs_t == t)[None, :], BLOCK_N, STREAM_CHUNK)
-        y = SC * e_sc[None, :]
-        for t in tl.static_range(TP):
-            sel = offs_t == t
-            w_t = tl.sum(tl.where(sel[None, :], w_w, 0.0), 1)                       # [m]
-            y_t = tl.sum(x_win * w_t[None, :], 1)
-            bc_t = tl.sum(tl.where(sel[None, :], bc_h, 0.0), 1)                     # [k]
-            wh_t = s_hist * bc_t * tl.sum(tl.where(sel, e_mu, 0.0), 0)
-            y_t += tl.sum(x_hist * wh_t[None, :], 1)
-            y += tl.where(sel[None, :], y_t[:, None], 0.0)
-        if HAS_D:
-            Dv = tl.load(D_ptr + h * s_D_h + offs_m * s_D_p, mask=mask_m, other=0.0).to(tl.float32)
-            y += Dv[:, None] * x_win
-        if HAS_Z:
-            zv = tl.load(z_ptr + row * s_z_b + h * s_z_h + offs_m[:, None] * s_z_p + offs_t[None, :] * s_z_t,
-                         mask=om, other=0.0).to(tl.float32)
-            y *= zv * tl.sigmoid(zv)
-        tl.store(out_ptr + row * s_o_b + h * s_o_h + offs_m[:, None] * s_o_p + offs_t[None, :] * s_o_t,
-                 y.to(out_ptr.dtype.element_ty), mask=om)
-        tl.store(xr_base + offs_m[:, None] * s_xr_p + phys_t[None, :] * s_xr_r, x_win.to(xr_ptr.dtype.element_ty),
-                 mask=om)
-
-
 def _err(msg: str):
     raise ValueError(f"mamba2_verify: {msg}")
 
@@ -689,26 +555,6 @@ def mamba2_verify(
         )
     else:
         bc = out  # never read
-    ML = min(cfg["m_loop"], triton.cdiv(P, BLOCK_M))
-    loop = (ML > 1 and parents is None and bc_pre and cfg["nonflush"] == "stream"
-            and batch >= cfg["m_loop_min_batch"])  # host-side: one CUDA graph per batch size
-    stream_chunk = min(cfg["stream_chunk"], max(16, next_pow2(N))) if cfg["nonflush"] == "stream" else 0
-    if loop:  # the non-flush rows, ML tiles a program; the flush rows below, in a launch of their own
-        _mamba2_verify_loop_kernel[(triton.cdiv(P, BLOCK_M * ML), batch, H)](
-            state, x_ring, B_ring, dt_ring,
-            x, dt, A, B, C,
-            D if D is not None else x, z if z is not None else x, dt_bias if dt_bias is not None else dt,
-            out, state_indices, wp, origin, flush, bc,
-            -1 if null_slot is None else int(null_slot), P, N, R, T, H // G,
-            *state.stride(), *x_ring.stride(), *B_ring.stride(), *dt_ring.stride(),
-            *x.stride(), dt.stride(0), dt.stride(1), dt.stride(2), s_A_h,
-            *B.stride(), *C.stride(),
-            s_D_h, s_D_p, *dz, s_dtb_h, *out.stride(), bc.stride(0), bc.stride(1),
-            HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
-            DT_SOFTPLUS=bool(dt_softplus), BLOCK_M=BLOCK_M, WH=WH, TP=TP, BLOCK_N=max(16, next_pow2(N)),
-            STREAM_CHUNK=stream_chunk, ML=ML, M_STAGES=int(cfg["m_stages"]),
-            num_warps=int(cfg["num_warps"]), num_stages=1, **register_cap(cfg),
-        )
     grid = (triton.cdiv(P, BLOCK_M), batch, H)
     _mamba2_verify_kernel[grid](
         state, x_ring, B_ring, dt_ring,
@@ -726,9 +572,10 @@ def mamba2_verify(
         DT_SOFTPLUS=bool(dt_softplus), DOT_PRECISION=cfg["dot_precision"],
         BLOCK_M=BLOCK_M, BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP,
         PER_TOKEN=cfg["reduce"] == "token", BC_PRE=bc_pre,
-        STREAM=cfg["nonflush"] in ("stream", "mma") and not loop, BLOCK_N=max(16, next_pow2(N)),
-        NF_MMA=cfg["nonflush"] == "mma", STREAM_CHUNK=stream_chunk, FLUSH_STAGES=int(cfg["flush_stages"]),
-        IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1, FLUSH_ONLY=loop,
+        STREAM=cfg["nonflush"] in ("stream", "mma"), BLOCK_N=max(16, next_pow2(N)), NF_MMA=cfg["nonflush"] == "mma",
+        STREAM_CHUNK=min(cfg["stream_chunk"], max(16, next_pow2(N))) if cfg["nonflush"] == "stream" else 0,
+        FLUSH_STAGES=int(cfg["flush_stages"]),
+        IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg),
     )
     return out

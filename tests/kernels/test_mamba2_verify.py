@@ -617,32 +617,3 @@ def test_inline_bc_max_batch_keeps_small_batches_in_one_launch(device, tmp_path,
         h.step(pads=("neg",))
     assert len(launches) == 8, "the B·C pre-kernel ran for a batch within inline_bc_max_batch"
     assert h.flushes >= 2, f"{h.tag()} the stream must cross flushes, saw {h.flushes}"
-
-
-@pytest.mark.parametrize("geom,variant,grids", [
-    (ODD, "m_loop: 2, BLOCK_M: 16", (1, 2)),                      # P = 24: the last tile partly past P
-    ((2, 40, 24, 1), "m_loop: 2, BLOCK_M: 16, m_stages: 3", (2, 3)),  # P = 40: the second program's last tile wholly
-    ((2, 40, 24, 1), "m_loop: 4, BLOCK_M: 16, m_stages: 1", (1, 3))])  # m_loop over the 3 tiles there are: 3
-def test_m_loop_matches_sequential_recurrence(device, tmp_path, monkeypatch, geom, variant, grids):
-    """m_loop: the non-flush rows in their own launch, several BLOCK_M tiles a program, the flush rows in the one-tile
-    kernel's FLUSH_ONLY launch; verify, flush, padded and null rows under the stream checks, fp32 and bf16 states."""
-    from sglang_replayssm.kernels import mamba2_verify as mv
-
-    f = tmp_path / "cfg.yaml"
-    f.write_text("mamba2_verify:\n  default: {nonflush: stream, m_loop_min_batch: 1, " + variant + "}\n")
-    monkeypatch.setenv(common.ENV_CONFIG_FILE, str(f))
-    launches = []
-    for name in ("_mamba2_verify_loop_kernel", "_mamba2_verify_kernel"):
-        orig = getattr(mv, name)
-        monkeypatch.setattr(mv, name, type("K", (), {"__getitem__": lambda self, grid, n=name, o=orig: (
-            launches.append((n, grid)), o[grid])[1]})())
-    for sd in (F32, BF16):
-        launches.clear()
-        h = SpecHarness(device, geom, 3, 4, sd, BF16, n_req=2)
-        for _ in range(10):
-            h.step()
-        assert h.flushes >= 2, f"{h.tag()} the stream must cross flushes, saw {h.flushes}"
-        rows = (4, geom[0])  # 2 requests + a negative and a null row, heads
-        assert launches[:2] == [("_mamba2_verify_loop_kernel", (grids[0], *rows)),
-                                ("_mamba2_verify_kernel", (grids[1], *rows))], launches[:2]
-        assert len(launches) == 20
