@@ -569,6 +569,8 @@ def spec_summary(results, eagle: bool = False) -> Dict[str, Any]:
         if setup["spec"] in (None, "none") or _eagle(setup) != eagle or _shared_prefix(res):
             continue
         s = res["summary"]
+        if s.get("b") is None:  # one arm, compared with nothing (e.g. a profiled run of our server alone)
+            continue
         ka, kb = _kinds(res)
         if kb in STOCK_KINDS:  # the stock:nospec baseline of a spec run: speed only (spec_speed)
             continue

@@ -197,7 +197,8 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     # software-pipelining depth of that loop (Triton's num_stages for it; 1: none)
     "v_stages": count_param(3, 1),
     # with v_loop > 1: a value tile is held as k_parts slices of its K row, so fewer lanes share a row's dot
-    # products (v_loop > 1 always reduces per token and folds a flush on the tensor cores)
+    # products (v_loop > 1 always reduces per token and folds a flush on the tensor cores); slices are kept at
+    # least MIN_K_SLICE wide (fewer parts where K is small)
     "k_parts": block_param(2),
     # with v_loop > 1: batches of fewer rows still launch one value tile per program (too few programs to loop)
     "v_loop_min_batch": count_param(64),
@@ -216,6 +217,19 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     # with flush_rows: separate, the flush launch's pipelining depth (0: as v_stages)
     "flush_v_stages": count_param(0, 0, " (0: as v_stages)"),
 })
+
+
+# The narrowest K slice of a looping kernel's value tile. Compiled for the H200, the window dots on the CUDA cores
+# (window_dot: fma) over [BV, KS, 16] (or 8) slices came out wrong while the interpreter passed (24 CUDA tests at
+# a040a5c, K = 24 and 32 with k_parts 2 and 4); slices of 32 and more passed there (K = 32 whole, K = 40 and 96 in
+# halves, Qwen3-Next's 128 in halves).
+MIN_K_SLICE = 32
+
+
+def k_slices(k_parts: int, BK: int) -> int:
+    """How many slices a looping kernel's value tile holds its K row in: ``k_parts``, fewer where a slice would be
+    narrower than MIN_K_SLICE (one where BK itself is)."""
+    return max(1, min(k_parts, BK // MIN_K_SLICE))
 
 
 def gdn_verify_key(HV: int, Hk: int, K: int, V: int, R: int, T: int) -> str:
@@ -904,7 +918,7 @@ def gdn_verify(
     VL = (min(cfg["v_loop"], triton.cdiv(V, BV)) if B >= cfg["v_loop_min_batch"] and T <= cfg["v_loop_max_window"]
           else 1)
     loop_args = dict(VL=1, V_STAGES=1, KS=1, WDOT=False) if VL == 1 else dict(
-        VL=VL, V_STAGES=cfg["v_stages"], KS=min(cfg["k_parts"], BK), WDOT=cfg["window_dot"] == "split")
+        VL=VL, V_STAGES=cfg["v_stages"], KS=k_slices(cfg["k_parts"], BK), WDOT=cfg["window_dot"] == "split")
     if VL > 1 and cfg["flush_rows"] == "separate":  # verify rows, then flush rows: each launch compiled for one path
         launches = [dict(loop_args, ROWS=1), dict(loop_args, ROWS=2, V_STAGES=cfg["flush_v_stages"] or cfg["v_stages"])]
     else:

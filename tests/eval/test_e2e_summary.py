@@ -661,6 +661,22 @@ def test_shared_prefix_runs_are_no_speculative_run_or_non_speculative_baseline()
     assert any("/prefix-tiny-qwen3-next-nextn/" in r["file"] for r in e2e_summary.prefix_runs(results))
 
 
+def test_a_single_arm_run_is_no_speculative_comparison():
+    """The committed profiled run of our NEXTN server alone (spec-nemotron-h-8b-prof-a040a5c, one arm) compares
+    nothing: it is not among the speculative runs and no target reads it; the standard-workload run beside it
+    still gives the Nemotron-H-8B ratios."""
+    root = Path(__file__).resolve().parents[2] / "eval" / "results" / "e2e-h200"
+    results = e2e_summary.load_results([root / "spec-nemotron-h-8b-prof-a040a5c", root / "spec-nemotron-h-8b-std-16b1851"])
+    ((_, alone),) = [(f, r) for f, r in results if "-prof-" in str(f)]
+    assert alone["summary"]["b"] is None and len(alone["arms"]) == 1
+    runs = e2e_summary.spec_summary(results)["runs"]
+    assert [Path(r["file"]).parent.name for r in runs] == ["spec-nemotron-h-8b-std-16b1851"]
+    assert runs[0]["arms"] == "staged vs stock"
+    rows = [r for r in e2e_summary.spec_speed(results) if r["batch"] == 256]
+    assert rows and all("-prof-" not in r["file"] for r in rows)
+    assert any(r["spec_vs_stock_nonspec"] and abs(r["spec_vs_stock_nonspec"] - 1.329) < 1e-3 for r in rows)
+
+
 def test_capped_rates_are_read_only_where_the_log_can_tell_the_run(tmp_path):
     """capped_decode_rate: a result recorded with the cap (``full_batch`` in its rates) keeps what it recorded; an
     arm with two batches above its cap gets none (their lines cannot be told apart); the log is the run's own

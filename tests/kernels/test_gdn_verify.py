@@ -860,6 +860,19 @@ def test_v_loop_odd_geometry_masked_tiles(device, seed, launch, v_loop, window_d
     _odd_geometry_verify(device, seed)
 
 
+def test_k_parts_keep_slices_at_least_32_wide(device, seed, launch, monkeypatch):
+    """The looping kernel's K slices are at least MIN_K_SLICE (32) wide: k_parts 4 at K = 24 (BK 32) holds the row
+    whole (on the H200 the CUDA-core window dots over 16-wide slices came out wrong), and the verify stays on the
+    reference and oracle; wider rows keep their k_parts."""
+    assert gv.MIN_K_SLICE == 32
+    assert [gv.k_slices(p, bk) for p, bk in ((2, 32), (4, 32), (2, 64), (4, 64), (2, 128), (4, 128), (1, 128))] == \
+        [1, 1, 2, 2, 2, 4, 1]
+    launch(always=True, BV=16, v_loop=3, v_stages=2, v_loop_min_batch=6, window_dot="fma", k_parts=4)
+    ks = _record_verify_launches(monkeypatch, key="KS")
+    _odd_geometry_verify(device, seed)
+    assert ks and set(ks) == {1}, ks
+
+
 def test_v_loop_min_batch_keeps_small_batches_one_tile_a_program(device, seed, launch, monkeypatch):
     """v_loop with v_loop_min_batch: a batch of fewer rows launches the one-tile-a-program kernel, a batch at the
     limit the looping one; both match the reference and oracle."""
@@ -878,15 +891,17 @@ def test_v_loop_min_batch_keeps_small_batches_one_tile_a_program(device, seed, l
     assert sim.flushes >= 2
 
 
-def _record_verify_launches(monkeypatch, rows=None):
-    """(VL, grid) of every main verify launch from now on (the kernel still runs); ``rows``: (ROWS, V_STAGES)."""
+def _record_verify_launches(monkeypatch, rows=None, key=None):
+    """(VL, grid) of every main verify launch from now on (the kernel still runs); ``rows``: (ROWS, V_STAGES);
+    ``key``: that launch argument alone."""
     launches = []
     orig = gv._gdn_verify_kernel
 
     class Rec:
         def __getitem__(self, grid):
             def run(*args, **kwargs):
-                launches.append((kwargs["VL"], grid) if rows is None else (kwargs["ROWS"], kwargs["V_STAGES"]))
+                launches.append(kwargs[key] if key else
+                                (kwargs["VL"], grid) if rows is None else (kwargs["ROWS"], kwargs["V_STAGES"]))
                 return orig[grid](*args, **kwargs)
             return run
 
