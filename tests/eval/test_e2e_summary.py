@@ -133,8 +133,9 @@ def test_spec_nonspec_baseline_borrowed_from_the_nearest_run():
     time (run 2), flagged as borrowed; ratios are recomputed from the arms' own throughputs.  The `stream`
     run's stock:nospec arm was skipped (deadline): a skipped arm is no baseline, so it borrows the one of
     `stream-nospec` (staged against stock:nospec only, minutes later).  Each target reads the latest run
-    that measured it, the non-spec ratio only from a run with its own baseline: `std` (the standard workload,
-    2026-12-03), whose SGLang decode-rate ratio the summary reports beside it; a borrowed baseline gives none."""
+    that measured it, the non-spec ratio only from a run with its own baseline: `std-16b1851` (the standard
+    workload, 2026-12-04, repeating `std` of 2026-12-03), whose SGLang decode-rate ratio the summary reports beside
+    it; a borrowed baseline gives none. The profiled run of our server alone (`prof-a040a5c`) compares nothing."""
     root = Path(__file__).parents[2] / "eval" / "results" / "e2e-h200"
     dirs = sorted(root.glob("spec-nemotron-h-8b*"))
     results = e2e_summary.load_results(dirs)
@@ -144,14 +145,14 @@ def test_spec_nonspec_baseline_borrowed_from_the_nearest_run():
     nospec = {st: next(a for a in arms.values() if a["kind"] == "stock" and not a["spec"] and measured(a))
               for (m, st), arms in runs.items()
               if any(a["kind"] == "stock" and not a["spec"] and measured(a) for a in arms.values())}
-    assert len(nospec) == 6  # run 1, run 2, the picked-config run, stream-nospec, streamchunk and std
+    assert len(nospec) == 7  # run 1, run 2, the picked-config run, stream-nospec, streamchunk, std, std-16b1851
     skipped = [a for arms in runs.values() for a in arms.values() if a["kind"] == "stock" and not a["spec"]
                and not measured(a)]
     assert len(skipped) == 1 and "spec-nemotron-h-8b-stream/" in skipped[0]["file"]
     by = {name: [r for r in rows if f"/{name}/" in r["file"]]
           for name in ("spec-nemotron-h-8b", "spec-nemotron-h-8b-picked", "spec-nemotron-h-8b-stream",
                        "spec-nemotron-h-8b-stream-nospec", "spec-nemotron-h-8b-streamchunk",
-                       "spec-nemotron-h-8b-std")}
+                       "spec-nemotron-h-8b-std", "spec-nemotron-h-8b-std-16b1851")}
     assert sum(map(len, by.values())) == len(rows)
     assert {r["batch"] for r in by["spec-nemotron-h-8b"]} == {1, 32, 128, 256}
     run2 = next(a for a in nospec.values() if "run2" in a["file"])
@@ -166,12 +167,13 @@ def test_spec_nonspec_baseline_borrowed_from_the_nearest_run():
         assert r["nonspec_same_run"] is False
         assert r["stock_nonspec_file"] is None or "stream-nospec/" in r["stock_nonspec_file"]
         assert r["latest_for"] == ["spec_vs_stock_spec", "capacity_ratio"]
-    for name in ("spec-nemotron-h-8b-stream-nospec", "spec-nemotron-h-8b-streamchunk", "spec-nemotron-h-8b-std"):
-        for r in by[name]:  # no stock spec arm: the non-spec ratio only; the latest (std) is read
+    for name in ("spec-nemotron-h-8b-stream-nospec", "spec-nemotron-h-8b-streamchunk", "spec-nemotron-h-8b-std",
+                 "spec-nemotron-h-8b-std-16b1851"):
+        for r in by[name]:  # no stock spec arm: the non-spec ratio only; the latest (std-16b1851) is read
             assert r["stock_spec_tok_s"] is None and r["spec_vs_stock_spec"] is None and r["capacity_ratio"] is None
             assert r["nonspec_same_run"] is True
-            assert r["latest_for"] == (["spec_vs_stock_nonspec"] if name.endswith("-std") else [])
-    for r in by["spec-nemotron-h-8b-std"]:  # SGLang's decode rates of the same run beside the client's ratio
+            assert r["latest_for"] == (["spec_vs_stock_nonspec"] if name.endswith("-16b1851") else [])
+    for r in by["spec-nemotron-h-8b-std"] + by["spec-nemotron-h-8b-std-16b1851"]:  # SGLang's decode rates beside
         assert r["staged_decode_tok_s"] and r["stock_nonspec_decode_tok_s"]
         assert r["spec_vs_stock_nonspec_decode"] == report.ratio(r["staged_decode_tok_s"],
                                                                  r["stock_nonspec_decode_tok_s"])
@@ -183,12 +185,13 @@ def test_spec_nonspec_baseline_borrowed_from_the_nearest_run():
     doc = e2e_summary.spec_summary(results)
     at256 = {name: next(r for r in rs if r["batch"] == 256) for name, rs in by.items()}
     assert doc["summary"]["spec_vs_stock_spec_bs256"] == at256["spec-nemotron-h-8b-stream"]["spec_vs_stock_spec"]
-    assert doc["summary"]["spec_vs_stock_nonspec_bs256"] == at256["spec-nemotron-h-8b-std"]["spec_vs_stock_nonspec"]
+    latest = at256["spec-nemotron-h-8b-std-16b1851"]
+    assert doc["summary"]["spec_vs_stock_nonspec_bs256"] == latest["spec_vs_stock_nonspec"]
     assert doc["summary"]["capacity_ratio"] == at256["spec-nemotron-h-8b-stream"]["capacity_ratio"]
     assert doc["summary"]["bs256_by_model"]["spec_vs_stock_nonspec"] == {
-        "nemotron-h-8b": at256["spec-nemotron-h-8b-std"]["spec_vs_stock_nonspec"]}
+        "nemotron-h-8b": latest["spec_vs_stock_nonspec"]}
     assert doc["summary"]["bs256_by_model"]["spec_vs_stock_nonspec_decode"] == {
-        "nemotron-h-8b": at256["spec-nemotron-h-8b-std"]["spec_vs_stock_nonspec_decode"]}
+        "nemotron-h-8b": latest["spec_vs_stock_nonspec_decode"]}
 
 
 def test_decode_targets_read_the_latest_run_and_its_profiled_decode_steps(tmp_path):
