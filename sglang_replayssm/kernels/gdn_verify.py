@@ -428,8 +428,7 @@ def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2,
         s2 = split_dot(d_hist * cd[None, :], kh_hi, kh_lo, eG * s2, tl.float32)
         s_st = _cast_rtne(s2, s_head.dtype.element_ty)
         tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :], s_st, mask=mask_v[:, None] & mask_k[None, :])
-        s = tl.reshape(s_st.to(tl.float32), [BV, KS, KW])
-        acc = split_dot(tl.reshape(s, [BV, KS * KW]), qk2, qk_lo, tl.zeros([BV, 2 * TP], dtype=tl.float32),
+        acc = split_dot(s_st.to(tl.float32), qk2, qk_lo, tl.zeros([BV, 2 * TP], dtype=tl.float32),
                         s_head.dtype.element_ty)
         s_q, s_k = tl.split(tl.reshape(acc, [BV, TP, 2]))
     elif WDOT:  # a verify row's tile, loaded as the dot's operand
@@ -923,8 +922,8 @@ def gdn_verify(
         launches = [dict(loop_args, ROWS=1), dict(loop_args, ROWS=2, V_STAGES=cfg["flush_v_stages"] or cfg["v_stages"])]
     else:
         launches = [dict(loop_args, ROWS=0)]
+    grid = (triton.cdiv(V, BV * VL), B, HV)
     for rows_args in launches:
-        grid = (triton.cdiv(V, BV * VL), B, HV)
         _gdn_verify_kernel[grid](
             mixed_qkv, a, b, A_log, dt_bias,
             state, d_ring, k_ring, g_ring,
