@@ -61,9 +61,10 @@ def doctor(as_json: bool = False, apply_patches: bool = False) -> int:
         problems.append(f"config error: {e}")
     # what a server with this config applies: the launch checks, and the seams unless replay_ring is false
     seams_on = cfg.replay_ring if cfg is not None else True
+    conv_on = cfg.conv_verify if cfg is not None else False
     missing = info["sglang"] == SGLANG_MISSING
     try:  # SGLang missing or outside every patch's range: enabling would patch nothing
-        require_applicable(active_patches(seams_on))
+        require_applicable(active_patches(seams_on, conv_on))
     except PatchError as e:
         problems.append(str(e))
     if not info["entry_point_registered"]:
@@ -80,7 +81,7 @@ def doctor(as_json: bool = False, apply_patches: bool = False) -> int:
             problems.append(bad)
     if apply_patches and not missing:
         try:
-            active = active_patches(seams_on)
+            active = active_patches(seams_on, conv_on)
             apply(active)
             verify(active)
         except Exception as e:

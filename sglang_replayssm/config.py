@@ -132,6 +132,9 @@ SETTINGS: Tuple[Setting, ...] = (
             "the radix cache and the overlap scheduler), with and without speculative decoding: the states SGLang "
             "tracks for the radix tree are materialised from the ring (default on). false: the launcher refuses "
             "extra_buffer and names no_buffer and --disable-radix-cache", "BOOL"),
+    Setting("conv_verify", _parse_bool, "run the speculative target verify's causal conv1d (its outputs, the "
+            "per-draft conv windows the rollback reads, the new conv state) with the package's Triton kernel "
+            "instead of SGLang's causal_conv1d_update (default off: not yet timed on a GPU)", "BOOL"),
     Setting("log_level", _choice(LOG_LEVELS), "log level of the sglang_replayssm logger (default info)", "LEVEL"),
     Setting("kernel_config", _parse_existing_file, "YAML file of tuned kernel launch configs, used instead of the "
             "packaged file for the detected GPU and read over the packaged default.yaml", "PATH"),
@@ -178,6 +181,7 @@ class ReplaySSMConfig:
     spec_max_running: str = "sglang"
     replay_ring: bool = True
     extra_buffer: bool = True
+    conv_verify: bool = False
     log_level: str = "info"
     kernel_config: Optional[str] = None
     source: Dict[str, str] = field(default_factory=dict, compare=False)

@@ -258,7 +258,7 @@ def dot_precision_param(default: str = "tf32x3") -> Param:
 
 _FAMILIES: Dict[str, Dict[str, Param]] = {}
 # the modules that register the kernel families (imported by validate_config_file)
-_FAMILY_MODULES = ("gdn_replay", "gdn_verify", "mamba2_replay", "mamba2_verify")
+_FAMILY_MODULES = ("conv_verify", "gdn_replay", "gdn_verify", "mamba2_replay", "mamba2_verify")
 
 
 def register_family(family: str, params: Dict[str, Param]) -> Dict[str, Any]:

@@ -1,6 +1,7 @@
 """One module per SGLang seam (no math). The registry's content: :func:`launch_check_patches` (applied whenever
-the package is enabled) and :func:`replay_ring_patches` (the replay-ring seams, unless ``--replayssm-replay-ring
-false``); :func:`active_patches` is what an enabled process applies."""
+the package is enabled), :func:`replay_ring_patches` (the replay-ring seams, unless ``--replayssm-replay-ring
+false``) and :func:`conv_verify_patches` (``--replayssm-conv-verify``); :func:`active_patches` is what an enabled
+process applies."""
 
 from __future__ import annotations
 
@@ -34,9 +35,18 @@ def replay_ring_patches() -> List[Patch]:
             + list(prefix_track.PATCHES))
 
 
-def active_patches(replay_ring: bool) -> List[Patch]:
-    """What an enabled process applies: the launch checks, plus the replay-ring seams when ``replay_ring``."""
-    return launch_check_patches() + (replay_ring_patches() if replay_ring else [])
+def conv_verify_patches() -> List[Patch]:
+    """The target verify's conv1d on the package's kernel (``--replayssm-conv-verify``; independent of the ring)."""
+    from . import conv_verify
+
+    return list(conv_verify.PATCHES)
+
+
+def active_patches(replay_ring: bool, conv_verify: bool = False) -> List[Patch]:
+    """What an enabled process applies: the launch checks, plus the replay-ring seams when ``replay_ring`` and the
+    conv1d verify seam when ``conv_verify``."""
+    return (launch_check_patches() + (replay_ring_patches() if replay_ring else [])
+            + (conv_verify_patches() if conv_verify else []))
 
 
 # the old names, for one release: each logs one deprecation line per process

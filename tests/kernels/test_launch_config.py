@@ -175,7 +175,7 @@ def test_malformed_files(tmp_path, text, match):
     # sections
     ("gdn_decod:\n  default: {BV: 16}\n",
      r"unknown section \[gdn_decod\] \(did you mean 'gdn_decode'\?\); known kernel families: "
-     r"\['gdn_decode', 'gdn_verify', 'mamba2_output_only', "
+     r"\['conv1d_verify', 'gdn_decode', 'gdn_verify', 'mamba2_output_only', "
      r"'mamba2_verify'\]"),
     ("mamba2_route:\n  default: {route: output_only}\n", r"unknown section \[mamba2_route\]"),
     ("mamba2_state_and_output:\n  default: {BLOCK_M: 32}\n", r"unknown section \[mamba2_state_and_output\]"),
