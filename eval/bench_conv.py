@@ -5,9 +5,9 @@ rollback reads and the new conv state (kernels/conv_verify.py).  Per case (model
 replays one launch per slot set (disjoint slots, fresh inputs and windows, enough sets that a replay touches
 several times the L2), timed as CUDA graph replays; bytes each launch must move against the run's measured copy
 bandwidth; the outputs, windows and states of both kernels compared on one set first.  ``--configs`` times
-several launch configurations of ours in the same run (BLOCK_F x num_warps, ``t``: tile stores).
+several launch configurations of ours in the same run (BLOCK_F x num_warps, optionally ``:stores``).
 
-    python -m eval.bench_conv --out eval/results/conv-verify-h200.json [--batches 1 8 64 256] [--configs 256x4 128x4]
+    python -m eval.bench_conv --out eval/results/conv-verify-h200.json [--batches 1 8 64 256] [--configs 256x4 256x4:runs]
 
 On CPU (``--device cpu``, Triton's interpreter) it runs tiny shapes to check the harness: not speed numbers.
 Writes <out> (JSON), <out>.md and <out>.png.
@@ -37,19 +37,28 @@ GEOMETRIES: Dict[str, Dict[str, Any]] = {
 CPU_GEOMETRIES = {"tiny-mamba2": dict(dim=48, K=4, layout="mamba2"), "tiny-gdn": dict(dim=40, K=4, layout="gdn")}
 
 
-def parse_config(s: str) -> Dict[str, int]:
-    """``256x4``: BLOCK_F 256 on 4 warps; a trailing ``t`` (``256x4t``) stores as tiles (flat_stores 0)."""
+def parse_config(s: str) -> Dict[str, Any]:
+    """``256x4``: BLOCK_F 256 on 4 warps, the packaged ``stores``; ``256x4:runs``: with stores "runs"."""
+    from sglang_replayssm.kernels.conv_verify import STORE_MODES
+
+    head, _, stores = s.lower().partition(":")
     try:
-        t = s.lower()
-        flat = 0 if t.endswith("t") else 1
-        f, w = t.rstrip("t").split("x")
-        return {"BLOCK_F": int(f), "num_warps": int(w), "flat_stores": flat}
+        f, w = head.split("x")
+        cfg: Dict[str, Any] = {"BLOCK_F": int(f), "num_warps": int(w)}
     except ValueError:
-        raise argparse.ArgumentTypeError(f"config {s!r}: expected BLOCK_FxNUM_WARPS[t], e.g. 256x4 or 256x4t")
+        raise argparse.ArgumentTypeError(f"config {s!r}: expected BLOCK_FxNUM_WARPS[:STORES], e.g. 256x4 or "
+                                         f"256x4:runs")
+    if stores:
+        if stores not in STORE_MODES:
+            raise argparse.ArgumentTypeError(f"config {s!r}: stores {stores!r} not in {STORE_MODES}")
+        cfg["stores"] = stores
+    return cfg
 
 
 def config_tag(cfg: Optional[Dict[str, int]]) -> str:
-    return "packaged" if cfg is None else f"{cfg['BLOCK_F']}x{cfg['num_warps']}{'' if cfg['flat_stores'] else 't'}"
+    if cfg is None:
+        return "packaged"
+    return f"{cfg['BLOCK_F']}x{cfg['num_warps']}" + (f":{cfg['stores']}" if "stores" in cfg else "")
 
 
 def make_set(geom: Dict[str, Any], batch: int, T: int, slots, num_slots: int, dtype, device: str, gen):
@@ -192,8 +201,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=int, nargs="+", default=None, help="default 1 8 64 256 (cpu: 2)")
     ap.add_argument("--window", type=int, default=4, help="draft tokens T a row (--speculative-num-draft-tokens)")
     ap.add_argument("--configs", type=parse_config, nargs="+", default=None,
-                    help="our launch configurations BLOCK_FxNUM_WARPS, t at the end for tile stores (flat_stores 0; "
-                         "default: the packaged configuration)")
+                    help="our launch configurations BLOCK_FxNUM_WARPS[:STORES] (STORES: rows, runs or tile, see "
+                         "kernels/conv_verify.py; default: the packaged configuration)")
     ap.add_argument("--geometries", nargs="+", default=None, help=f"subset of {sorted(GEOMETRIES)}")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)

@@ -34,19 +34,24 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (FLOAT_DTYPES, INDEX_DTYPES, block_param, flag_param, launch_config, next_pow2, register_family,
-                     warps_param)
+from .common import (FLOAT_DTYPES, INDEX_DTYPES, block_param, choice_param, launch_config, next_pow2,
+                     register_family, warps_param)
 
 __all__ = ["conv1d_verify", "CONV1D_VERIFY_DEFAULT_LAUNCH", "window_is_deduplicated"]
+
+STORE_MODES = ("rows", "runs", "tile")
+_STORE_CODE = {"tile": 0, "runs": 1, "rows": 2}
 
 CONV1D_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("conv1d_verify", {
     # channels a program (one row); SGLang's own kernel uses 256 channels on 4 warps
     "BLOCK_F": block_param(256, 16),
     "num_warps": warps_param(4),
-    # 1: where a conv state's / window's rows are contiguous per channel (SGLang's Mamba2 layouts), the program's
-    # block of them is stored as one contiguous run (gathered in memory order from the loaded inputs); 0: as a
-    # [BLOCK_F, columns] tile. Untimed choice: both are timed by eval/bench_conv.py
-    "flat_stores": flag_param(1),
+    # how a conv state / window whose columns are contiguous per channel (SGLang's Mamba2 layouts) is stored:
+    # "rows" a [BLOCK_F, columns] tile addressed with compile-time strides (each thread stores a channel's row in
+    # 4-byte pieces), "runs" the program's block as one contiguous run in 16-byte pieces (gathered in memory order
+    # from what the program loaded), "tile" the tile with the tensors' own strides (SGLang's 2-byte stores); other
+    # layouts (GDN's) always take "tile". Untimed choice: eval/bench_conv.py times all three
+    "stores": choice_param("rows", STORE_MODES),
 })
 
 
@@ -106,7 +111,7 @@ def _conv1d_verify_kernel(
     s_o_b, s_o_d, s_o_t,
     T: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
     HAS_BIAS: tl.constexpr, SILU: tl.constexpr, HAS_SLOTS: tl.constexpr, HAS_WIN: tl.constexpr,
-    HAS_WIN_ROWS: tl.constexpr, DEDUP: tl.constexpr, STATE_FLAT: tl.constexpr, WIN_FLAT: tl.constexpr,
+    HAS_WIN_ROWS: tl.constexpr, DEDUP: tl.constexpr, STATE_MODE: tl.constexpr, WIN_MODE: tl.constexpr,
     EVEN_F: tl.constexpr, BLOCK_F: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -120,6 +125,20 @@ def _conv1d_verify_kernel(
     mask_f = offs_f < dim
     x_row = x_ptr + b.to(tl.int64) * s_x_b
     st_row = state_ptr + slot * s_st_s
+    # a channel's state / window columns contiguous, channels back to back (modes 1, 2): compile-time strides, so
+    # that the compiler sees the alignment of a channel's row
+    if STATE_MODE == 0:
+        st_d = s_st_d
+        st_c = s_st_c
+    else:
+        st_d: tl.constexpr = K - 1
+        st_c: tl.constexpr = 1
+    if WIN_MODE == 0:
+        w_d = s_win_d
+        w_c = s_win_c
+    else:
+        w_d: tl.constexpr = T + K - 2
+        w_c: tl.constexpr = 1
 
     # every load before the first store: the state tile read here is overwritten below (tl.debug_barrier)
     kk = tl.arange(0, KP)
@@ -130,11 +149,11 @@ def _conv1d_verify_kernel(
     else:
         acc0 = tl.zeros([BLOCK_F], dtype=tl.float32)
     f0 = tl.program_id(1) * BLOCK_F
-    if STATE_FLAT:  # a channel's K-1 columns contiguous, channels back to back: one contiguous run a program
-        new_state, st_offs, st_mask = _in_flat(x_row, st_row, f0, s_x_d, s_x_t, s_st_d, s_st_c, dim, T - K + 1, K - 1,
+    if STATE_MODE == 1:  # a channel's K-1 columns contiguous, channels back to back: one contiguous run a program
+        new_state, st_offs, st_mask = _in_flat(x_row, st_row, f0, s_x_d, s_x_t, st_d, st_c, dim, T - K + 1, K - 1,
                                                KP, K, EVEN_F, BLOCK_F)
     else:
-        new_state = _in_tile(x_row, st_row, offs_f, mask_f, s_x_d, s_x_t, s_st_d, s_st_c, T - K + 1, K - 1, K, T,
+        new_state = _in_tile(x_row, st_row, offs_f, mask_f, s_x_d, s_x_t, st_d, st_c, T - K + 1, K - 1, K, T,
                              KP)
     if HAS_WIN:
         if HAS_WIN_ROWS:
@@ -144,11 +163,11 @@ def _conv1d_verify_kernel(
         win_ok = (wrow >= 0) & (wrow < n_win_rows)
         win_row = win_ptr + wrow * s_win_r
         if DEDUP:  # window step t, column c at physical column t + c: T + K - 2 columns in(-(K-2)) .. in(T-1)
-            if WIN_FLAT:
-                win, win_offs, win_mask = _in_flat(x_row, st_row, f0, s_x_d, s_x_t, s_st_d, s_st_c, dim, 2 - K,
+            if WIN_MODE == 1:
+                win, win_offs, win_mask = _in_flat(x_row, st_row, f0, s_x_d, s_x_t, st_d, st_c, dim, 2 - K,
                                                    T + K - 2, WP, K, EVEN_F, BLOCK_F)
             else:
-                win = _in_tile(x_row, st_row, offs_f, mask_f, s_x_d, s_x_t, s_st_d, s_st_c, 2 - K, T + K - 2, K, T,
+                win = _in_tile(x_row, st_row, offs_f, mask_f, s_x_d, s_x_t, st_d, st_c, 2 - K, T + K - 2, K, T,
                                WP)
 
     o_row = out_ptr + b.to(tl.int64) * s_o_b
@@ -156,7 +175,7 @@ def _conv1d_verify_kernel(
         acc = acc0
         for j in tl.static_range(K):
             w_j = tl.sum(tl.where((kk == j)[None, :], w, 0.0), 1)
-            acc += w_j * _in_vec(x_row, st_row, offs_f, mask_f, s_x_d, s_x_t, s_st_d, s_st_c, t - K + 1 + j, K)
+            acc += w_j * _in_vec(x_row, st_row, offs_f, mask_f, s_x_d, s_x_t, st_d, st_c, t - K + 1 + j, K)
         if SILU:
             acc = acc / (1.0 + tl.exp(-acc))
         tl.store(o_row + offs_f * s_o_d + t * s_o_t, acc.to(out_ptr.dtype.element_ty), mask=mask_f)
@@ -165,25 +184,25 @@ def _conv1d_verify_kernel(
             cc = tl.arange(0, KP)
             wmask = mask_f[:, None] & (cc < K - 1)[None, :] & win_ok
             for t in tl.static_range(T):
-                wt = _in_tile(x_row, st_row, offs_f, mask_f, s_x_d, s_x_t, s_st_d, s_st_c, t - K + 2, K - 1, K, T,
+                wt = _in_tile(x_row, st_row, offs_f, mask_f, s_x_d, s_x_t, st_d, st_c, t - K + 2, K - 1, K, T,
                               KP)
-                tl.store(win_row + t * s_win_t + offs_f[:, None] * s_win_d + cc[None, :] * s_win_c,
+                tl.store(win_row + t * s_win_t + offs_f[:, None] * w_d + cc[None, :] * w_c,
                          wt.to(win_ptr.dtype.element_ty), mask=wmask)
 
     tl.debug_barrier()
-    if STATE_FLAT:
+    if STATE_MODE == 1:
         tl.store(st_row + st_offs, new_state.to(state_ptr.dtype.element_ty), mask=st_mask)
     else:
         cs = tl.arange(0, KP)
-        tl.store(st_row + offs_f[:, None] * s_st_d + cs[None, :] * s_st_c, new_state.to(state_ptr.dtype.element_ty),
+        tl.store(st_row + offs_f[:, None] * st_d + cs[None, :] * st_c, new_state.to(state_ptr.dtype.element_ty),
                  mask=mask_f[:, None] & (cs < K - 1)[None, :])
     if HAS_WIN:
         if DEDUP:
-            if WIN_FLAT:
+            if WIN_MODE == 1:
                 tl.store(win_row + win_offs, win.to(win_ptr.dtype.element_ty), mask=win_mask & win_ok)
             else:
                 cw = tl.arange(0, WP)
-                tl.store(win_row + offs_f[:, None] * s_win_d + cw[None, :] * s_win_c,
+                tl.store(win_row + offs_f[:, None] * w_d + cw[None, :] * w_c,
                          win.to(win_ptr.dtype.element_ty), mask=mask_f[:, None] & (cw < T + K - 2)[None, :] & win_ok)
 
 
@@ -255,7 +274,9 @@ def conv1d_verify(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tenso
     if launch:  # explicit launch parameters (benchmarks, tests) on top of the configured ones
         cfg = {**cfg, **launch}
     BLOCK_F = int(cfg["BLOCK_F"])
-    flat = bool(cfg["flat_stores"])
+    stores = cfg["stores"]
+    if stores not in STORE_MODES:
+        raise ValueError(f"conv1d_verify: launch parameter stores={stores!r}; expected one of {STORE_MODES}")
     dedup = win is not None and window_is_deduplicated(win)
     ws = win.stride() if win is not None else (0, 0, 0, 0)
     grid = (batch, triton.cdiv(dim, BLOCK_F))
@@ -269,7 +290,7 @@ def conv1d_verify(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tenso
         T=T, K=K, KP=next_pow2(K), WP=next_pow2(T + K - 2),
         HAS_BIAS=bias is not None, SILU=activation is not None, HAS_SLOTS=conv_state_indices is not None,
         HAS_WIN=win is not None, HAS_WIN_ROWS=intermediate_state_indices is not None, DEDUP=dedup,
-        STATE_FLAT=flat and conv_state.stride(2) == 1 and conv_state.stride(1) == K - 1,
-        WIN_FLAT=flat and dedup and ws[3] == 1 and ws[2] == T + K - 2, EVEN_F=dim % BLOCK_F == 0,
+        STATE_MODE=_STORE_CODE[stores] if conv_state.stride(2) == 1 and conv_state.stride(1) == K - 1 else 0,
+        WIN_MODE=_STORE_CODE[stores] if dedup and ws[3] == 1 and ws[2] == T + K - 2 else 0, EVEN_F=dim % BLOCK_F == 0,
         BLOCK_F=BLOCK_F, num_warps=int(cfg["num_warps"]))
     return out.squeeze(-1) if squeeze else out
