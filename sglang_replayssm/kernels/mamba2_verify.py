@@ -68,7 +68,7 @@ import triton.language as tl
 
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
 from .common import split_dot, suffix_sum_excl, tf32_split
-from .common import (block_param, choice_param, config_keys, count_param, dot_precision_param, launch_config,
+from .common import (block_param, choice_param, config_keys, count_param, dot_precision_param, flag_param, launch_config,
                      maxnreg_param, next_pow2, register_cap, register_family, warps_param)
 from .mamba2_replay import _delta_from_raw, _head_param
 from .spec_tree import _tree_ancestor_mask, check_parents_arg
@@ -116,6 +116,11 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     # and window loads are issued before this chunk's checkpoint store; chunks never overlap, so nothing is read
     # stale). 2 won over the loop unrolled, which is removed (eval/results/spec-variants-h200/, round 8)
     "flush_stages": count_param(2, 1),
+    # with nonflush "stream" (the CUDA-core dots): 1 issues the S_ck tile's loads and its dots S_ck·C_s on every row
+    # right after the slot is known, before the cursors (flush rows discard them: the fold recomputes theirs), and
+    # the pre-kernel's B·C before the slot; 0 waits for the flush flag first. The dependent loads a program waits
+    # on before its first dot go from slot -> flag -> tile to slot -> tile. Untimed
+    "early_state": flag_param(0),
 })
 
 @triton.jit
@@ -267,15 +272,31 @@ def _mamba2_verify_kernel(
     BLOCK_M: tl.constexpr, BLOCK_NC: tl.constexpr, N_CHUNKS: tl.constexpr, WH: tl.constexpr, TP: tl.constexpr,
     PER_TOKEN: tl.constexpr, BC_PRE: tl.constexpr, STREAM: tl.constexpr, BLOCK_N: tl.constexpr,
     STREAM_CHUNK: tl.constexpr, FLUSH_STAGES: tl.constexpr,
-    IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, NF_MMA: tl.constexpr,
+    IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, NF_MMA: tl.constexpr, EARLY: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     h = tl.program_id(2).to(tl.int64)
     g = h // heads_per_group
+    offs_t = tl.arange(0, TP)
+    offs_k = tl.arange(0, WH)
+    if EARLY and BC_PRE:  # indexed by the row alone: issued before the slot is known
+        bc_base = bc_ptr + row * s_bc_b + g * s_bc_g
+        bc_h_pre = tl.load(bc_base + offs_k[:, None] * TP + offs_t[None, :])
+        bc_w_pre = tl.load(bc_base + (WH + offs_t)[:, None] * TP + offs_t[None, :])
     slot = tl.load(slot_ptr + row).to(tl.int64)
     if (slot < 0) | (slot == null_slot):
         return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < P
+    mask_t = offs_t < T
+    st_base = state_ptr + slot * s_st_s + h * s_st_h
+    C_row = C_ptr + row * s_C_b + g * s_C_g
+    if EARLY:  # S_ck·C_s on every row as soon as the slot is known (kept for non-flush rows only, below)
+        SC_early = tl.zeros([BLOCK_M, TP], dtype=tl.float32)
+        for t in tl.static_range(TP):
+            SC_early = _add_token_dot_chunked(SC_early, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row + t * s_C_t,
+                                              s_C_n, t < T, (offs_t == t)[None, :], BLOCK_N, STREAM_CHUNK)
     wp = tl.load(wp_ptr + slot).to(tl.int32)
     org = tl.load(org_ptr + slot).to(tl.int32)
     flag = tl.load(fl_ptr + slot)
@@ -284,11 +305,6 @@ def _mamba2_verify_kernel(
     wp = tl.minimum(tl.maximum(wp, 0), R - T)  # memory safety only (the commit rule keeps wp + T <= R)
     org = tl.minimum(tl.maximum(org, 0), R - 1)
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < P
-    offs_t = tl.arange(0, TP)
-    mask_t = offs_t < T
-    offs_k = tl.arange(0, WH)
     valid_k = offs_k < wp
     phys_k = ((org + offs_k) % R).to(tl.int64)
     phys_t = ((org + wp + offs_t) % R).to(tl.int64)
@@ -314,7 +330,6 @@ def _mamba2_verify_kernel(
     xr_base = xr_ptr + slot * s_xr_s + h * s_xr_h
     dtr_base = dtr_ptr + slot * s_dtr_s + h * s_dtr_h
     Br_base = Br_ptr + slot * s_Br_s + g * s_Br_g
-    st_base = state_ptr + slot * s_st_s + h * s_st_h
     d_hist = tl.load(dtr_base + phys_k * s_dtr_r, mask=valid_k, other=0.0).to(tl.float32)
     lam_end = tl.sum(d_hist, 0)
     x_hist = tl.load(xr_base + offs_m[:, None] * s_xr_p + phys_k[None, :] * s_xr_r,
@@ -323,13 +338,15 @@ def _mamba2_verify_kernel(
     s_hist = tl.where(valid_k, d_hist * tl.exp(A * suffix_sum_excl(d_hist, offs_k)), 0.0)
 
     # ---- N chunks: S·C_s (S = S_ck, or the folded S_c on flush), B_k·C_s, B_m·C_s ----
-    SC = tl.zeros([BLOCK_M, TP], dtype=tl.float32)
+    if EARLY:
+        SC = tl.where(no_flush, SC_early, 0.0)  # a flush row's dots come from its folded state (the chunk loop)
+    else:
+        SC = tl.zeros([BLOCK_M, TP], dtype=tl.float32)
     bc_h = tl.zeros([WH, TP], dtype=tl.float32)
     bc_w = tl.zeros([TP, TP], dtype=tl.float32)  # [m, s]
     decay_end = tl.exp(A * lam_end)
     write_B = (pid_m == 0) & (h % heads_per_group == 0)
     B_row = B_ptr + row * s_B_b + g * s_B_g
-    C_row = C_ptr + row * s_C_b + g * s_C_g
     if STREAM:
         # non-flush rows: one streaming read of the whole [BLOCK_M, N] S_ck tile, in column chunks of STREAM_CHUNK
         # summed element-wise per token (all loads issued together, as the decode kernel does); flush rows take the
@@ -358,7 +375,7 @@ def _mamba2_verify_kernel(
                 if not BC_PRE:
                     C_t = tl.load(C_row + t * s_C_t + offs_nf * s_C_n, mask=mask_nf & (t < T),
                                   other=0.0).to(tl.float32)
-                if not NF_MMA:
+                if (not NF_MMA) and (not EARLY):
                     SC = _add_token_dot_chunked(SC, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row + t * s_C_t,
                                                 s_C_n, t < T, col, BLOCK_N, STREAM_CHUNK)
                 if not BC_PRE:
@@ -377,9 +394,13 @@ def _mamba2_verify_kernel(
                 no_flush, wp, decay_end, x_hist, s_hist, DOT_PRECISION, BLOCK_NC, TP, PER_TOKEN, BC_PRE)
 
     if BC_PRE:
-        bc_base = bc_ptr + row * s_bc_b + g * s_bc_g
-        bc_h = tl.load(bc_base + offs_k[:, None] * TP + offs_t[None, :])
-        bc_w = tl.load(bc_base + (WH + offs_t)[:, None] * TP + offs_t[None, :])
+        if EARLY:
+            bc_h = bc_h_pre
+            bc_w = bc_w_pre
+        else:
+            bc_base = bc_ptr + row * s_bc_b + g * s_bc_g
+            bc_h = tl.load(bc_base + offs_k[:, None] * TP + offs_t[None, :])
+            bc_w = tl.load(bc_base + (WH + offs_t)[:, None] * TP + offs_t[None, :])
 
     # ---- outputs ----
     # μ_s − μ_m [m, s], summed directly over the Δ between (nothing subtracted: no cancellation)
@@ -576,6 +597,7 @@ def mamba2_verify(
         STREAM_CHUNK=min(cfg["stream_chunk"], max(16, next_pow2(N))) if cfg["nonflush"] == "stream" else 0,
         FLUSH_STAGES=int(cfg["flush_stages"]),
         IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
+        EARLY=bool(cfg["early_state"]) and cfg["nonflush"] == "stream",
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg),
     )
     return out
