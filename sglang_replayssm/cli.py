@@ -33,7 +33,8 @@ def doctor(as_json: bool = False, apply_patches: bool = False) -> int:
     from . import __version__
     from .config import ConfigError, from_env
     from .launch_server import entry_point_registered, kernel_config_problem, plugins_allowlist_problem
-    from .patches import active_patches, apply, launch_check_patches, replay_ring_patches, status, verify
+    from .patches import (active_patches, apply, conv_verify_patches, launch_check_patches, replay_ring_patches,
+                          status, verify)
     from .patches.registry import SGLANG_MISSING, PatchError, require_applicable, sglang_version
 
     info = {
@@ -91,7 +92,9 @@ def doctor(as_json: bool = False, apply_patches: bool = False) -> int:
     info["targets"] = [{"target": t, "state": s, "detail": d} for t, s, d in rows]
     seams = [] if missing else status(replay_ring_patches())
     info["replay_ring_targets"] = [{"target": t, "state": s, "detail": d} for t, s, d in seams]
-    gone = [t for t, s, _ in rows + (seams if seams_on else []) if s == "missing"]
+    convs = [] if missing else status(conv_verify_patches())
+    info["conv_verify_targets"] = [{"target": t, "state": s, "detail": d} for t, s, d in convs]
+    gone = [t for t, s, _ in rows + (seams if seams_on else []) + (convs if conv_on else []) if s == "missing"]
     if gone:
         problems.append(f"{len(gone)} patch target(s) missing in SGLang {info['sglang']}: {', '.join(gone)}")
     info["problems"] = problems
@@ -115,6 +118,10 @@ def doctor(as_json: bool = False, apply_patches: bool = False) -> int:
         print(f"  replay-ring seams, applied unless --replayssm-replay-ring false ({len(seams)}"
               + ("" if seams_on else "; off in this config") + "):")
         for t, s, d in seams:
+            print(f"    [{s:<8}] {t}" + (f"  -- {d}" if s == "missing" else ""))
+        print(f"  conv1d verify seam, applied with --replayssm-conv-verify true ({len(convs)}"
+              + ("" if conv_on else "; off in this config") + "):")
+        for t, s, d in convs:
             print(f"    [{s:<8}] {t}" + (f"  -- {d}" if s == "missing" else ""))
     for msg in problems:
         print(f"  error: {msg}")

@@ -77,6 +77,12 @@ def test_doctor_lists_targets_resolved():
     assert "[patched ] sglang.srt.server_args.ServerArgs.check_server_args" in r.stdout
     assert "[resolved] sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool._init_mamba_pool" in r.stdout
     assert "off in this config" in r.stdout
+    # the conv1d verify seam: listed always, applied only with conv_verify
+    conv = "sglang.kernels.ops.mamba.causal_conv1d_triton.causal_conv1d_update"
+    assert f"[resolved] {conv}" in r.stdout
+    r = run(["-m", "sglang_replayssm", "doctor", "--apply"], env=clean_env(SGLANG_REPLAYSSM_CONV_VERIFY="1"))
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    assert f"[patched ] {conv}" in r.stdout and "conv_verify      True" in r.stdout
 
 
 def test_serve_command_for_builtin_model(tmp_path):
