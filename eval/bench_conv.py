@@ -28,13 +28,15 @@ from eval import report  # noqa: E402
 from eval.bench_common import (CPU_NOTE, L2_BYTES, Timer, copy_bandwidth, gbps, git_commit, log,  # noqa: E402
                                pick_device, progress, release_device_memory, sglang_version, slot_sets_needed)
 
-# conv channels per TP rank and state layout: Mamba2 keeps a channel's K-1 inputs contiguous ([slots, dim, K-1]);
-# GDN keeps a column's channels contiguous ([slots, K-1, dim], handed to the kernels transposed)
+# conv channels per TP rank and state layout. SGLang's Mamba2 and GDN pools (Mamba2StateShape) keep a channel's K-1
+# inputs contiguous ([slots, dim, K-1], "rows"); "transposed" ([slots, K-1, dim] handed over as a transposed view,
+# with a deduplicated [rows, T+K-2, dim] window) checks the kernels on the other layout they accept
 GEOMETRIES: Dict[str, Dict[str, Any]] = {
-    "nemotron-h-8b": dict(dim=128 * 64 + 2 * 8 * 128, K=4, layout="mamba2"),
-    "qwen3-next-80b": dict(dim=2 * 16 * 128 + 32 * 128, K=4, layout="gdn"),
+    "nemotron-h-8b": dict(dim=128 * 64 + 2 * 8 * 128, K=4, layout="rows"),
+    "qwen3-next-80b": dict(dim=2 * 16 * 128 + 32 * 128, K=4, layout="rows"),
 }
-CPU_GEOMETRIES = {"tiny-mamba2": dict(dim=48, K=4, layout="mamba2"), "tiny-gdn": dict(dim=40, K=4, layout="gdn")}
+CPU_GEOMETRIES = {"tiny-rows": dict(dim=48, K=4, layout="rows"), "tiny-transposed": dict(dim=40, K=4,
+                                                                                        layout="transposed")}
 
 
 def parse_config(s: str) -> Dict[str, Any]:
@@ -69,7 +71,7 @@ def make_set(geom: Dict[str, Any], batch: int, T: int, slots, num_slots: int, dt
     dim, K = geom["dim"], geom["K"]
     x = torch.randn(batch * T, dim, generator=gen, device=device).to(dtype).view(batch, T, dim).transpose(1, 2)
     rows = torch.arange(batch, dtype=torch.int32, device=device)
-    if geom["layout"] == "mamba2":
+    if geom["layout"] == "rows":
         phys = torch.zeros(batch + 1, dim, T + K - 2, dtype=dtype, device=device)
         s = phys.stride()
         win = phys.as_strided((batch + 1, T, dim, K - 1), (s[0], s[2], s[1], s[2]))
@@ -84,7 +86,7 @@ def make_pool(geom: Dict[str, Any], num_slots: int, dtype, device: str, gen):
     import torch
 
     dim, K = geom["dim"], geom["K"]
-    if geom["layout"] == "mamba2":
+    if geom["layout"] == "rows":
         return torch.randn(num_slots, dim, K - 1, generator=gen, device=device).to(dtype)
     return torch.randn(num_slots, K - 1, dim, generator=gen, device=device).to(dtype).transpose(1, 2)
 

@@ -1,11 +1,11 @@
 """Offline sm_90a builds of the verify's conv1d: ours (kernels/conv_verify.py) and SGLang's Triton kernel.
 
 No GPU: both wrappers are called on CPU tensors of a real geometry (Nemotron-H-8B's 10240 conv channels, or
-Qwen3-Next's transposed layout), their Triton kernel swapped for a recorder, and each recorded launch compiled for
+Qwen3-Next's 8192), their Triton kernel swapped for a recorder, and each recorded launch compiled for
 ``GPUTarget("cuda", 90, 64)`` (the machinery of :mod:`eval.gdn_sass`). Prints registers and the global/shared memory
 instructions of each build: how many stores a thread issues and how wide. Must run WITHOUT ``TRITON_INTERPRET``::
 
-    python -m eval.conv_sass [--layout mamba2|gdn] [--configs 256x4 256x4t 128x4]
+    python -m eval.conv_sass [--geometry nemotron-h-8b|qwen3-next-80b] [--configs 256x4 256x4:runs 128x4]
 """
 
 from __future__ import annotations

@@ -20,8 +20,9 @@ Memory layout, the reason this kernel exists: SGLang's conv state is ``[slots, d
 of a channel contiguous, and on CUDA its chain window is a deduplicated ``as_strided`` view of a
 ``[rows, dim, T+K-2]`` buffer (window step t, column c at physical column t + c).  A kernel that holds one
 channel per lane and writes one column at a time writes 2 bytes every 6 (state) or 12 (window) bytes a store,
-each store touching many 32-byte sectors partly.  Here a program's rows of those tiles are written whole
-(each thread stores a channel's contiguous inputs), one store for the deduplicated window, one for the state.
+each store touching many 32-byte sectors partly.  Here a channel's row is written whole (launch parameter
+``stores``: a thread stores a channel's contiguous inputs with compile-time strides, or the program's block goes
+out as contiguous 16-byte runs), one store for the deduplicated window, one for the state.
 
 Programs: grid (batch, cdiv(dim, BLOCK_F)); launch parameters in the family ``conv1d_verify``.
 """
@@ -46,11 +47,11 @@ CONV1D_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("conv1d_verify", 
     # channels a program (one row); SGLang's own kernel uses 256 channels on 4 warps
     "BLOCK_F": block_param(256, 16),
     "num_warps": warps_param(4),
-    # how a conv state / window whose columns are contiguous per channel (SGLang's Mamba2 layouts) is stored:
+    # how a conv state / window whose columns are contiguous per channel (SGLang's Mamba2 and GDN pools) is stored:
     # "rows" a [BLOCK_F, columns] tile addressed with compile-time strides (each thread stores a channel's row in
     # 4-byte pieces), "runs" the program's block as one contiguous run in 16-byte pieces (gathered in memory order
     # from what the program loaded), "tile" the tile with the tensors' own strides (SGLang's 2-byte stores); other
-    # layouts (GDN's) always take "tile". Untimed choice: eval/bench_conv.py times all three
+    # layouts (e.g. a transposed state) always take "tile". Untimed choice: eval/bench_conv.py times all three
     "stores": choice_param("rows", STORE_MODES),
 })
 

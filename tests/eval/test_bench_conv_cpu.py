@@ -64,4 +64,4 @@ def test_main_on_cpu(tmp_path):
         assert c["best_ours"] in c["kernels"] and c["speedup"] > 0
     md = out.with_suffix(".md").read_text()
     assert "ours 32x2:runs" in md and "state+windows equal" in md
-    assert any(k.startswith("conv_verify_speedup_tiny_mamba2") for k in res["summary"])
+    assert any(k.startswith("conv_verify_speedup_tiny_rows") for k in res["summary"])

@@ -198,10 +198,10 @@ def test_bad_arguments_raise(bad):
 
 
 @pytest.mark.parametrize("stores", STORE_MODES)
-def test_gdn_layout_against_sglang_and_reference(stores):
-    """GDN's conv state is [slots, K-1, dim] (handed over transposed: channels contiguous) and its deduplicated
-    window buffer [rows, T+K-2, dim]: the store modes for channel-contiguous rows do not apply, the results are the
-    same."""
+def test_transposed_layout_against_sglang_and_reference(stores):
+    """A conv state [slots, K-1, dim] handed over transposed (channels contiguous, as SGLang's kernel accepts) and a
+    deduplicated window buffer [rows, T+K-2, dim]: the store modes for channel-contiguous rows do not apply, the
+    results are the same."""
     gen, seed = make_gen()
     batch, dim, T, K, n_slots = 3, 48, 4, 4, 5
     x, _, w, b, slots, rows = _case(gen, batch, dim, T, K, n_slots)
