@@ -4,7 +4,8 @@ Both compute the target verify's causal conv over T draft tokens and write the p
 rollback reads and the new conv state (kernels/conv_verify.py).  Per case (model geometry, batch): each graph
 replays one launch per slot set (disjoint slots, fresh inputs and windows, enough sets that a replay touches
 several times the L2), timed as CUDA graph replays; bytes each launch must move against the run's measured copy
-bandwidth; the outputs, windows and states of both kernels compared on one set first.  ``--configs`` times
+bandwidth; the outputs, windows and states of both kernels compared on one set first (states and windows bit for
+bit, outputs within OUT_RTOL of the largest; any mismatch: exit status 1).  ``--configs`` times
 several launch configurations of ours in the same run (BLOCK_F x num_warps, optionally ``:stores``).
 
     python -m eval.bench_conv --out eval/results/conv-verify-h200.json [--batches 1 8 64 256] [--configs 256x4 256x4:runs]
@@ -55,6 +56,10 @@ def parse_config(s: str) -> Dict[str, Any]:
             raise argparse.ArgumentTypeError(f"config {s!r}: stores {stores!r} not in {STORE_MODES}")
         cfg["stores"] = stores
     return cfg
+
+
+# outputs against SGLang's: it rounds each product to bf16 before summing (a few bf16 units of the largest output)
+OUT_RTOL = 2 ** -5
 
 
 def config_tag(cfg: Optional[Dict[str, int]]) -> str:
@@ -142,7 +147,10 @@ def run_case(name: str, geom: Dict[str, Any], batch: int, T: int, configs: List[
         err = (out_o.float() - out_s.float()).abs().max().item()
         scale = out_s.float().abs().max().item()
         check[tag] = {"state_equal": bool(torch.equal(pool, state_s)), "window_equal": bool(torch.equal(s0["phys"], win_s)),
-                      "out_max_abs_diff": err, "out_max_abs": scale}
+                      "out_max_abs_diff": err, "out_max_abs": scale, "out_tolerance": OUT_RTOL * scale,
+                      # Triton's CPU interpreter computes SGLang's outputs wrong (its running sum aliases its bias
+                      # across tokens): outputs are compared on CUDA only
+                      "out_ok": bool(err <= OUT_RTOL * scale) if device == "cuda" else None}
         pool.copy_(before)
         s0["phys"].zero_()
     del before, state_s, win_s
@@ -165,6 +173,11 @@ def run_case(name: str, geom: Dict[str, Any], batch: int, T: int, configs: List[
     return case
 
 
+def _ok(check: Dict[str, Any]) -> bool:
+    """State and windows bit for bit, outputs within OUT_RTOL of SGLang's (on CUDA; None: not compared)."""
+    return check["state_equal"] and check["window_equal"] and check["out_ok"] is not False
+
+
 def markdown(result: Dict[str, Any]) -> List[tuple]:
     tags = [k for k in result["cases"][0]["kernels"]] if result["cases"] else []
     rows = []
@@ -173,9 +186,9 @@ def markdown(result: Dict[str, Any]) -> List[tuple]:
                     + [f"{report.fmt(c['kernels'][k]['us'], 1)} ({report.fmt(c['kernels'][k]['bw_fraction'], 2)})"
                        for k in tags]
                     + [report.fmt(c["speedup"], 2),
-                       "yes" if all(v["state_equal"] and v["window_equal"] for v in c["check"].values()) else "NO"])
+                       "yes" if all(_ok(v) for v in c["check"].values()) else "NO"])
     table = report.markdown_table(["geometry", "batch", "MB/launch"] + [f"{k} µs (of copy bw)" for k in tags]
-                                  + ["speedup (best ours)", "state+windows equal"], rows)
+                                  + ["speedup (best ours)", "same as SGLang"], rows)
     sections = [("Run", report.markdown_kv({k: result[k] for k in ("git_commit", "sglang_version", "gpu", "torch",
                                                                      "triton", "copy_bw_GBps", "T", "wall_s")})),
                 ("Per launch", table),
@@ -253,10 +266,9 @@ def main(argv=None) -> int:
     report.write_markdown(out.with_suffix(".md"), f"Chain-verify conv1d vs SGLang ({result['gpu']})", markdown(result))
     drew = plot(result, out.with_suffix(".png"))
     log(f"-- wrote {out}, {out.with_suffix('.md')}" + (f", {out.with_suffix('.png')}" if drew else ""))
-    bad = [(c["geometry"], c["batch"], k) for c in result["cases"] for k, v in c["check"].items()
-           if not (v["state_equal"] and v["window_equal"])]
+    bad = [(c["geometry"], c["batch"], k) for c in result["cases"] for k, v in c["check"].items() if not _ok(v)]
     if bad:
-        log(f"MISMATCH against SGLang's state/window writes: {bad}")
+        log(f"MISMATCH against SGLang's state/window writes or outputs: {bad}")
         return 1
     return 0
 

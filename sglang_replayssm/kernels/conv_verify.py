@@ -216,6 +216,62 @@ def _geometry_key(dim: int, K: int, T: int) -> str:
     return f"D{dim}_K{K}_T{T}"
 
 
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors share storage (conservatively: the same storage at all)."""
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def argument_problem(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
+                     bias: Optional[torch.Tensor] = None, activation: Any = None, *,
+                     conv_state_indices: Optional[torch.Tensor] = None,
+                     intermediate_conv_window: Optional[torch.Tensor] = None,
+                     intermediate_state_indices: Optional[torch.Tensor] = None,
+                     out: Optional[torch.Tensor] = None) -> Optional[str]:
+    """Why :func:`conv1d_verify` refuses these arguments (None: it takes them). The seam hands refused calls to
+    SGLang's own kernel."""
+    if not (activation in (None, False, True) or activation in ("silu", "swish")):
+        return f"activation {activation!r}; expected None, 'silu' or 'swish'"
+    if x.dim() == 2:
+        x = x.unsqueeze(-1)
+        if out is not None:
+            out = out.unsqueeze(-1)
+    if x.dim() != 3:
+        return f"x has shape {tuple(x.shape)}; expected [batch, dim, T] or [batch, dim]"
+    batch, dim, T = x.shape
+    if weight.dim() != 2 or weight.shape[0] != dim:
+        return f"weight {tuple(weight.shape)} is not [dim={dim}, K]"
+    K = int(weight.shape[1])
+    if K < 2:
+        return f"kernel width {K} < 2"
+    if conv_state.dim() != 3 or conv_state.shape[1] != dim or conv_state.shape[2] < K - 1:
+        return f"conv_state {tuple(conv_state.shape)} is not [slots, dim={dim}, >= {K - 1}]"
+    if bias is not None and tuple(bias.shape) != (dim,):
+        return f"bias {tuple(bias.shape)} is not [{dim}]"
+    for name, t in (("x", x), ("conv_state", conv_state), ("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype not in FLOAT_DTYPES:
+            return f"{name} dtype {t.dtype} not in {FLOAT_DTYPES}"
+    for name, t in (("conv_state_indices", conv_state_indices),
+                    ("intermediate_state_indices", intermediate_state_indices)):
+        # as SGLang's kernel: the first batch entries are read
+        if t is not None and (t.dtype not in INDEX_DTYPES or t.dim() != 1 or t.shape[0] < batch):
+            return f"{name} must be int32/int64 of shape (>= {batch},), got {t.dtype} {tuple(t.shape)}"
+    win = intermediate_conv_window
+    if win is not None:
+        if win.dim() != 4 or win.shape[1] < T or win.shape[2] != dim or win.shape[3] != K - 1:
+            return f"intermediate_conv_window {tuple(win.shape)} is not [rows, >= T={T}, dim={dim}, K-1={K - 1}]"
+        if win.dtype not in FLOAT_DTYPES:
+            return f"intermediate_conv_window dtype {win.dtype} not in {FLOAT_DTYPES}"
+    if out is not None:
+        if tuple(out.shape) != (batch, dim, T):
+            return f"out {tuple(out.shape)} is not {(batch, dim, T)}"
+        if out.dtype not in FLOAT_DTYPES:
+            return f"out dtype {out.dtype} not in {FLOAT_DTYPES}"
+        if any(_overlaps(out, t) for t in (x, conv_state) + ((win,) if win is not None else ())):
+            return ("out shares memory with x, conv_state or the window (a token's inputs are read after earlier "
+                    "tokens' outputs are stored)")
+    return None
+
+
 def conv1d_verify(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
                   activation: Any = None, *, conv_state_indices: Optional[torch.Tensor] = None,
                   intermediate_conv_window: Optional[torch.Tensor] = None,
@@ -225,50 +281,33 @@ def conv1d_verify(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tenso
 
     x [batch, dim, T] (any strides; a 2-D [batch, dim] is one token), conv_state [slots, dim, >= K-1] (columns
     0..K-2 are the committed inputs, oldest first), weight [dim, K], bias [dim] or None, activation None / False
-    or "silu" / "swish" / True; conv_state_indices [batch] (None: row b is slot b; negative: a padded row);
-    intermediate_conv_window [rows, >= T, dim, K-1] or None, intermediate_state_indices [batch] (None: row b).
-    Returns ``out`` (default: ``torch.empty_like(x)``), same shape as x.
+    or "silu" / "swish" / True; conv_state_indices [>= batch] (None: row b is slot b; negative: a padded row);
+    intermediate_conv_window [rows, >= T, dim, K-1] or None, intermediate_state_indices [>= batch] (None: row b;
+    of both index tensors the first batch entries are read). Returns ``out`` (default: ``torch.empty_like(x)``),
+    same shape as x, sharing no memory with the inputs. Arguments :func:`argument_problem` refuses raise ValueError.
     """
+    problem = argument_problem(x, conv_state, weight, bias, activation, conv_state_indices=conv_state_indices,
+                               intermediate_conv_window=intermediate_conv_window,
+                               intermediate_state_indices=intermediate_state_indices, out=out)
+    if problem is not None:
+        raise ValueError(f"conv1d_verify: {problem}")
     if isinstance(activation, bool):
         activation = "silu" if activation else None
-    if activation not in (None, "silu", "swish"):
-        raise ValueError(f"conv1d_verify: activation {activation!r}; expected None, 'silu' or 'swish'")
     squeeze = x.dim() == 2
     if squeeze:
         x = x.unsqueeze(-1)
         if out is not None:
             out = out.unsqueeze(-1)
-    if x.dim() != 3:
-        raise ValueError(f"conv1d_verify: x has shape {tuple(x.shape)}; expected [batch, dim, T] or [batch, dim]")
     batch, dim, T = x.shape
-    if weight.dim() != 2 or weight.shape[0] != dim:
-        raise ValueError(f"conv1d_verify: weight {tuple(weight.shape)} is not [dim={dim}, K]")
     K = int(weight.shape[1])
-    if K < 2:
-        raise ValueError(f"conv1d_verify: kernel width {K} < 2")
-    if conv_state.dim() != 3 or conv_state.shape[1] != dim or conv_state.shape[2] < K - 1:
-        raise ValueError(f"conv1d_verify: conv_state {tuple(conv_state.shape)} is not [slots, dim={dim}, >= {K - 1}]")
-    if bias is not None and tuple(bias.shape) != (dim,):
-        raise ValueError(f"conv1d_verify: bias {tuple(bias.shape)} is not [{dim}]")
-    for name, t in (("x", x), ("conv_state", conv_state), ("weight", weight)):
-        if t.dtype not in FLOAT_DTYPES:
-            raise ValueError(f"conv1d_verify: {name} dtype {t.dtype} not in {FLOAT_DTYPES}")
-    for name, t in (("conv_state_indices", conv_state_indices), ("intermediate_state_indices",
-                                                                 intermediate_state_indices)):
-        if t is not None and (t.dtype not in INDEX_DTYPES or tuple(t.shape) != (batch,)):
-            raise ValueError(f"conv1d_verify: {name} must be int32/int64 of shape ({batch},), got "
-                             f"{t.dtype} {tuple(t.shape)}")
     win = intermediate_conv_window
-    if win is not None:
-        if win.dim() != 4 or win.shape[1] < T or win.shape[2] != dim or win.shape[3] != K - 1:
-            raise ValueError(f"conv1d_verify: intermediate_conv_window {tuple(win.shape)} is not "
-                             f"[rows, >= T={T}, dim={dim}, K-1={K - 1}]")
-        if win.dtype not in FLOAT_DTYPES:
-            raise ValueError(f"conv1d_verify: intermediate_conv_window dtype {win.dtype} not in {FLOAT_DTYPES}")
+    # the kernel reads row b's indices at ptr + b: strided index views are copied (a no-op when contiguous)
+    if conv_state_indices is not None:
+        conv_state_indices = conv_state_indices[:batch].contiguous()
+    if intermediate_state_indices is not None:
+        intermediate_state_indices = intermediate_state_indices[:batch].contiguous()
     if out is None:
         out = torch.empty_like(x)
-    elif tuple(out.shape) != (batch, dim, T):
-        raise ValueError(f"conv1d_verify: out {tuple(out.shape)} is not {(batch, dim, T)}")
     if batch == 0:
         return out.squeeze(-1) if squeeze else out
     cfg = launch_config("conv1d_verify", _geometry_key(dim, K, T))

@@ -15,8 +15,9 @@ conv state.  The function lives in ``sglang.kernels.ops.mamba.causal_conv1d_trit
 (``propagate``).
 
 Routed to the package's kernel: a call with ``intermediate_conv_window``, a [batch, dim, T] ``x``, no tree
-(``retrieve_next_token`` None), no ``num_accept_tokens``, no ``cache_seqlens``, SGLang's pad slot -1 and a conv
-state with at least K-1 columns.  Everything else (decode, prefill, trees, other users) runs SGLang's code.
+(``retrieve_next_token`` None), no ``num_accept_tokens``, no ``cache_seqlens``, SGLang's pad slot -1 and arguments
+the kernel takes (``kernels.conv_verify.argument_problem``).  Everything else (decode, prefill, trees, other users,
+arguments the kernel refuses) runs SGLang's code.
 """
 
 from __future__ import annotations
@@ -57,12 +58,16 @@ def not_chain_verify(a: Dict[str, Any]) -> Optional[str]:
             return f"{name} is set"
     if a.get("pad_slot_id") != -1:
         return f"pad_slot_id={a.get('pad_slot_id')} (the kernel skips negative slots, SGLang's pad slot is -1)"
-    x, w, st = a["x"], a["weight"], a["conv_state"]
-    if x.dim() != 3 or w.dim() != 2 or st.dim() != 3 or st.shape[-1] < w.shape[-1] - 1:
-        return "x / weight / conv_state are not [batch, dim, T] / [dim, K] / [slots, dim, >= K-1]"
     if a.get("validate_data"):
         return "validate_data=True"
-    return None
+    if a["x"].dim() != 3:
+        return f"x has shape {tuple(a['x'].shape)}, not [batch, dim, T]"
+    from ..kernels.conv_verify import argument_problem
+
+    return argument_problem(a["x"], a["conv_state"], a["weight"], a["bias"], a["activation"],
+                            conv_state_indices=a["conv_state_indices"],
+                            intermediate_conv_window=a["intermediate_conv_window"],
+                            intermediate_state_indices=a["intermediate_state_indices"])
 
 
 def _kernel():
@@ -73,6 +78,8 @@ def _kernel():
 
 def conv_update_around(original, *args, **kwargs):
     """AROUND SGLang's Triton ``causal_conv1d_update``: chain target-verify calls to ``conv1d_verify``."""
+    if kwargs.get("intermediate_conv_window") is None and len(args) <= PARAMS.index("intermediate_conv_window"):
+        return original(*args, **kwargs)  # no window (decode, prefill): straight through, nothing bound
     a = _bind(original, args, kwargs)
     if not_chain_verify(a) is not None:
         return original(*args, **kwargs)

@@ -2,8 +2,9 @@
 
 * Bytes per launch against an independent count: the tensors each launch must touch built on the meta device from
   SGLang's layouts (the deduplicated window buffer as the pool allocates it) and their ``nbytes`` summed.
-* ``main --device cpu`` in-process (Triton's interpreter, tiny geometries, two launch configurations): the JSON and
-  Markdown it writes, the state / window comparison against SGLang's kernel, the exit status.
+* ``main --device cpu`` in-process (Triton's interpreter, tiny geometries, three launch configurations): the JSON and
+  Markdown it writes, the state / window comparison against SGLang's kernel (outputs: CUDA only), the exit status.
+* A mismatch makes the exit status 1.
 * The config syntax.
 """
 
@@ -59,9 +60,28 @@ def test_main_on_cpu(tmp_path):
     assert {c["geometry"] for c in res["cases"]} == set(bc.CPU_GEOMETRIES)
     for c in res["cases"]:
         assert set(c["kernels"]) == {"sglang", "ours 16x1", "ours 32x2:runs", "ours 16x2:tile"}
-        assert all(v["state_equal"] and v["window_equal"] for v in c["check"].values())
+        assert all(v["state_equal"] and v["window_equal"] and v["out_ok"] is None for v in c["check"].values())
         assert c["bytes_per_launch"] == bc.launch_bytes(bc.CPU_GEOMETRIES[c["geometry"]], c["batch"], c["T"], 2)
         assert c["best_ours"] in c["kernels"] and c["speedup"] > 0
     md = out.with_suffix(".md").read_text()
-    assert "ours 32x2:runs" in md and "state+windows equal" in md
+    assert "ours 32x2:runs" in md and "same as SGLang" in md
     assert any(k.startswith("conv_verify_speedup_tiny_rows") for k in res["summary"])
+
+
+def test_a_mismatch_fails_the_run(tmp_path, monkeypatch):
+    """Our kernel writing one window element wrong: the run still writes its files and exits 1."""
+    import sglang_replayssm.kernels.conv_verify as cv
+
+    real = cv.conv1d_verify
+
+    def wrong(*a, **k):
+        out = real(*a, **k)
+        k["intermediate_conv_window"][0, 0, 0, 0] += 1
+        return out
+
+    monkeypatch.setattr(cv, "conv1d_verify", wrong)
+    out = tmp_path / "conv.json"
+    assert bc.main(["--device", "cpu", "--out", str(out), "--configs", "16x1", "--geometries", "tiny-rows"]) == 1
+    res = json.loads(out.read_text())
+    assert res["cases"][0]["check"]["16x1"]["window_equal"] is False
+    assert "| NO |" in out.with_suffix(".md").read_text()

@@ -203,7 +203,7 @@ def test_transposed_layout_against_sglang_and_reference(stores):
     deduplicated window buffer [rows, T+K-2, dim]: the store modes for channel-contiguous rows do not apply, the
     results are the same."""
     gen, seed = make_gen()
-    batch, dim, T, K, n_slots = 3, 48, 4, 4, 5
+    batch, dim, T, K, n_slots = 3, 40, 4, 4, 5  # dim 40: a partial last block of 16 channels
     x, _, w, b, slots, rows = _case(gen, batch, dim, T, K, n_slots)
     state = torch.randn(n_slots, K - 1, dim, generator=gen).to(BF16).to(DEV).transpose(1, 2)
     res = {}
@@ -224,3 +224,58 @@ def test_transposed_layout_against_sglang_and_reference(stores):
         assert torch.equal(bits(res["ours"][2]), bits(res[other][2])), f"seed {seed}: windows vs {other}"
     worst, _ = mismatch(res["ours"][0].cpu(), res["ref"][0].cpu(), rtol=REF_RTOL, atol=1e-6)
     assert worst <= 1.0, f"seed {seed}: outputs vs the reference"
+
+
+def _sglang_update():
+    from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_update
+
+    return causal_conv1d_update
+
+
+@pytest.mark.parametrize("stores", STORE_MODES)
+@pytest.mark.parametrize("case", ["fp32_inputs_bf16_copies", "wider_state", "strided_indices"])
+def test_copies_bit_for_bit_with_sglang(case, stores):
+    """The copies SGLang's kernel also makes, bit for bit: fp32 inputs stored into a bf16 state and window (the
+    stores round), a conv state wider than K-1 columns (only the first K-1 are the committed inputs: the generic
+    store path), index tensors that are strided views (read by row, as SGLang reads them)."""
+    gen, seed = make_gen()
+    batch, dim, T, K, n_slots = 3, 40, 4, 4, 7
+    xdt = F32 if case == "fp32_inputs_bf16_copies" else BF16
+    x, state, w, b, slots, rows = _case(gen, batch, dim, T, K, n_slots, xdt=xdt)
+    if case == "wider_state":
+        state = torch.cat([state, torch.randn(n_slots, dim, 2, generator=gen).to(BF16).to(DEV)], 2)
+    if case == "strided_indices":
+        slots = torch.stack([slots, torch.full_like(slots, n_slots - 1)], 1)[:, 0]
+        rows = torch.stack([rows, torch.zeros_like(rows)], 1)[:, 0]
+        assert slots.stride() == (2,) and rows.stride() == (2,)
+    res = {}
+    for name, fn in (("ours", conv1d_verify), ("sglang", _sglang_update())):
+        kw = {"launch": {**SMALL, "stores": stores}} if fn is conv1d_verify else {}
+        st = state.clone()
+        phys, win = _window(batch + 1, T, dim, K, BF16, dedup=True)
+        out = fn(x, st, w, b, "silu", conv_state_indices=slots, intermediate_conv_window=win,
+                 intermediate_state_indices=rows, **kw)
+        res[name] = (out, st, phys)
+    assert torch.equal(bits(res["ours"][1]), bits(res["sglang"][1])), f"seed {seed}: conv state"
+    assert torch.equal(bits(res["ours"][2]), bits(res["sglang"][2])), f"seed {seed}: windows"
+    _check_against_oracle(res["ours"][0], x, state, w, b, "silu", slots, ())
+
+
+def test_index_tensors_longer_than_the_batch_read_their_first_entries():
+    gen, seed = make_gen()
+    batch, dim, T, K, n_slots = 2, 16, 4, 4, 6
+    x, state, w, b, slots, rows = _case(gen, batch, dim, T, K, n_slots)
+    long_slots = torch.cat([slots, torch.tensor([n_slots - 1], dtype=slots.dtype, device=DEV)])
+    long_rows = torch.cat([rows, torch.tensor([batch], dtype=rows.dtype, device=DEV)])
+    a = _run(conv1d_verify, x, state, w, b, "silu", long_slots, long_rows, batch + 1, T, dim, K, BF16, True,
+             launch=SMALL)
+    r = _run(conv1d_verify, x, state, w, b, "silu", slots, rows, batch + 1, T, dim, K, BF16, True, launch=SMALL)
+    for u, v in zip(a, r):
+        assert torch.equal(bits(u), bits(v)), f"seed {seed}"
+
+
+def test_out_sharing_memory_with_an_input_is_refused():
+    gen, _ = make_gen()
+    x, state, w, b, slots, rows = _case(gen, 2, 8, 4, 4, 3)
+    with pytest.raises(ValueError, match="shares memory"):
+        conv1d_verify(x, state, w, b, "silu", conv_state_indices=slots, out=x)

@@ -100,7 +100,19 @@ def test_chain_verify_goes_to_the_kernel_with_sglangs_side_effects(env, monkeypa
     assert torch.allclose(out[live].float(), ref[live].float(), rtol=2 ** -6, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["decode", "tree", "accept", "pad"])
+def test_positional_arguments_route_like_keywords(env, monkeypatch):
+    src = _source()
+    calls = []
+    real = seam._kernel()
+    monkeypatch.setattr(seam, "_kernel", lambda: (lambda *a, **k: calls.append(1) or real(*a, **k)))
+    apply(conv_verify_patches())
+    x, state, w, bias, phys, win, slots, rows = _case()
+    # x, conv_state, weight, bias, activation, cache_seqlens, conv_state_indices, num_accept_tokens, window, rows
+    src.causal_conv1d_update(x, state, w, bias, "silu", None, slots, None, win, rows)
+    assert calls == [1]
+
+
+@pytest.mark.parametrize("kind", ["decode", "tree", "accept", "pad", "validate", "refused"])
 def test_other_calls_run_sglangs_code(env, monkeypatch, kind):
     src = _source()
     calls = []
@@ -117,10 +129,18 @@ def test_other_calls_run_sglangs_code(env, monkeypatch, kind):
                   retrieve_parent_token=torch.zeros_like(nxt))
     elif kind == "accept":
         kw.update(num_accept_tokens=torch.ones(3, dtype=torch.int32))
-    else:  # another pad slot id (no row padded here: SGLang's kernel would read slot -1)
+    elif kind == "pad":  # another pad slot id (no row padded here: SGLang's kernel would read slot -1)
         kw.update(pad_slot_id=0, conv_state_indices=torch.tensor([3, 2, 1], dtype=torch.int32))
+    elif kind == "validate":
+        kw.update(validate_data=True)
+    else:  # arguments the kernel refuses (int16 slots) and SGLang's kernel takes: SGLang's code, not an error
+        kw.update(conv_state_indices=torch.tensor([3, 2, 1], dtype=torch.int16))
     assert seam.not_chain_verify(seam._bind(src.causal_conv1d_update.__wrapped__, (x, state, w, bias, "silu"), kw))
-    src.causal_conv1d_update(x, state, w, bias, "silu", **kw)
+    if kind == "validate":  # SGLang's own checks run (and refuse its own pool layout: it never validates)
+        with pytest.raises(AssertionError, match="contiguous along feat-dim"):
+            src.causal_conv1d_update(x, state, w, bias, "silu", **kw)
+    else:
+        src.causal_conv1d_update(x, state, w, bias, "silu", **kw)
     assert calls == []
 
 
