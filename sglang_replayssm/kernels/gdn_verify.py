@@ -152,7 +152,7 @@ import triton.language as tl
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES
 from .common import INDEX_DTYPES as _INT_DTYPES
 from .common import (L2NORM_EPS, SOFTPLUS_THRESHOLD, block_param, choice_param, config_file, config_keys,
-                     count_param, dot_precision_param, launch_config, maxnreg_param, next_pow2,
+                     count_param, dot_precision_param, flag_param, launch_config, maxnreg_param, next_pow2,
                      register_cap, register_family, split_dot, tf32_split, warps_param)
 from .gdn_replay import _cast_rtne, _gdn_gate, _history_weights, _l2norm_vec, _normalise_rows
 from .spec_tree import _tree_ancestor_mask, check_parents_arg
@@ -216,6 +216,10 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     "flush_rows": choice_param("fused", _FLUSH_ROWS),
     # with flush_rows: separate, the flush launch's pipelining depth (0: as v_stages)
     "flush_v_stages": count_param(0, 0, " (0: as v_stages)"),
+    # with flush_rows: separate and window_dot: fma, 1 issues the verify launch's first value tile right after the
+    # slot, before the cursors and the per-program prologue (its flush rows return without using it: 1/v_loop of
+    # their state read for nothing); the other tiles stay in the pipelined loop. Untimed
+    "early_tile": flag_param(0),
 })
 
 
@@ -406,13 +410,14 @@ def _vloop_fma_dots(s, q3, k3, d_hist, hq, hk, eG, c, o_t, BV: tl.constexpr, TP:
 @triton.jit
 def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row, stride_x1,
                     out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, valid, o_t, mask_t, ph, pw, q3, k3, hq, hk, eG, c,
-                    cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
+                    cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2, s_pre,
                     V: tl.constexpr, T: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr, KS: tl.constexpr,
-                    KW: tl.constexpr, FOLD: tl.constexpr, WDOT: tl.constexpr):
+                    KW: tl.constexpr, FOLD: tl.constexpr, WDOT: tl.constexpr, PRE: tl.constexpr):
     """One value tile (BV rows) of a (row, v-head) in ``v_loop``, held as [BV, KS, KW] (the K row cut in KS
     parts of KW: fewer lanes share a row's K, so its dot products take fewer shuffles): the checkpoint tile
     (folded and stored on a flush row, ``FOLD``), the window's dots against it, the forward substitution (its
-    per-token scalars computed once per program), and the tile's out and ring d."""
+    per-token scalars computed once per program), and the tile's out and ring d. ``PRE``: a verify row's tile on
+    the CUDA cores is ``s_pre``, loaded by the caller (``early_tile``)."""
     o_v = v0 + tl.arange(0, BV)
     mask_v = o_v < V
     if FOLD:
@@ -443,8 +448,11 @@ def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2,
         acc = split_dot(d_hist, hc_hi, hc_lo, eG * acc, d_head.dtype.element_ty)
         s_q, s_k = tl.split(tl.reshape(acc, [BV, TP, 2]))
     else:  # a verify row's tile, its window dots on the CUDA cores
-        s = tl.load(s_head + o_v[:, None, None] * stride_s2 + o_k3[None, :, :],
-                    mask=mask_v[:, None, None] & mask_k3[None, :, :], other=0).to(tl.float32)
+        if PRE:
+            s = s_pre
+        else:
+            s = tl.load(s_head + o_v[:, None, None] * stride_s2 + o_k3[None, :, :],
+                        mask=mask_v[:, None, None] & mask_k3[None, :, :], other=0).to(tl.float32)
         d_hist = tl.load(d_head + ph[None, :] * stride_d2 + o_v[:, None], mask=mask_v[:, None] & valid[None, :],
                          other=0).to(tl.float32)
         s_q, s_k = _vloop_fma_dots(s, q3, k3, d_hist, hq, hk, eG, c, o_t, BV, TP, KS, KW)
@@ -490,7 +498,7 @@ def _gdn_verify_kernel(
     USE_L2NORM: tl.constexpr, ROUND_BETA: tl.constexpr, FLUSH_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, PER_TOKEN: tl.constexpr, SCORES_PRE: tl.constexpr,
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, VL: tl.constexpr, V_STAGES: tl.constexpr, KS: tl.constexpr,
-    WDOT: tl.constexpr, ROWS: tl.constexpr,
+    WDOT: tl.constexpr, ROWS: tl.constexpr, EARLY_TILE: tl.constexpr,
 ):
     """One program per VL value tiles (BV rows each) of a (row, v-head).  VL == 1: the tile is held as [BV, K];
     VL > 1 (``v_loop``): what does not depend on the value rows (gates, q^/k^, key scores, Gram, the
@@ -506,6 +514,13 @@ def _gdn_verify_kernel(
     slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
     if (slot < 0) | (slot == null_slot):
         return  # padded / null row: nothing is written
+    if EARLY_TILE:  # the program's first value tile, in flight before the cursors are known (early_tile)
+        KW_E: tl.constexpr = BK // KS
+        o_k3_e = tl.arange(0, KS)[:, None] * KW_E + tl.arange(0, KW_E)[None, :]
+        o_v_e = i_v * (VL * BV) + tl.arange(0, BV)
+        s_first = tl.load(state + slot * stride_s0 + i_hv * stride_s1 + o_v_e[:, None, None] * stride_s2
+                          + o_k3_e[None, :, :], mask=(o_v_e < V)[:, None, None] & (o_k3_e < K)[None, :, :],
+                          other=0).to(tl.float32)
     # the slot's cursor (w history tokens from ring position org; flush: fold the history first)
     w = tl.load(wp + slot * stride_wp).to(tl.int32)
     org = tl.load(origin + slot * stride_org).to(tl.int32)
@@ -728,23 +743,31 @@ def _gdn_verify_kernel(
         v_base = i_v * (VL * BV)
         if ROWS != 0:  # one kind of row, known when compiling
             FOLD_ROWS: tl.constexpr = ROWS == 2
-            for vi in tl.range(0, VL, num_stages=V_STAGES):
+            if EARLY_TILE:  # the first tile was loaded at the top; the loop takes the rest
+                _gdn_vloop_tile(v_base, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
+                                stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, valid, o_t, mask_t, ph, pw,
+                                q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2, s_first,
+                                V, T, BV, TP, KS, KW, FOLD_ROWS, WDOT, True)
+                v_first: tl.constexpr = 1
+            else:
+                v_first: tl.constexpr = 0
+            for vi in tl.range(v_first, VL, num_stages=V_STAGES):
                 _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
                                 stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, valid, o_t, mask_t, ph, pw,
-                                q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
-                                V, T, BV, TP, KS, KW, FOLD_ROWS, WDOT)
+                                q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2, q3,
+                                V, T, BV, TP, KS, KW, FOLD_ROWS, WDOT, False)
         elif fold:
             for vi in tl.range(0, VL, num_stages=V_STAGES):
                 _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
                                 stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, valid, o_t, mask_t, ph, pw,
-                                q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
-                                V, T, BV, TP, KS, KW, True, WDOT)
+                                q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2, q3,
+                                V, T, BV, TP, KS, KW, True, WDOT, False)
         else:
             for vi in tl.range(0, VL, num_stages=V_STAGES):
                 _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
                                 stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, valid, o_t, mask_t, ph, pw,
-                                q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
-                                V, T, BV, TP, KS, KW, False, WDOT)
+                                q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2, q3,
+                                V, T, BV, TP, KS, KW, False, WDOT, False)
 
 
 # ----------------------------------------------------------------------------------
@@ -919,9 +942,12 @@ def gdn_verify(
     loop_args = dict(VL=1, V_STAGES=1, KS=1, WDOT=False) if VL == 1 else dict(
         VL=VL, V_STAGES=cfg["v_stages"], KS=k_slices(cfg["k_parts"], BK), WDOT=cfg["window_dot"] == "split")
     if VL > 1 and cfg["flush_rows"] == "separate":  # verify rows, then flush rows: each launch compiled for one path
-        launches = [dict(loop_args, ROWS=1), dict(loop_args, ROWS=2, V_STAGES=cfg["flush_v_stages"] or cfg["v_stages"])]
+        # early_tile: the verify launch's first value tile (window dots on the CUDA cores) loaded before the cursors
+        early = bool(cfg["early_tile"]) and not loop_args["WDOT"]
+        launches = [dict(loop_args, ROWS=1, EARLY_TILE=early),
+                    dict(loop_args, ROWS=2, V_STAGES=cfg["flush_v_stages"] or cfg["v_stages"], EARLY_TILE=False)]
     else:
-        launches = [dict(loop_args, ROWS=0)]
+        launches = [dict(loop_args, ROWS=0, EARLY_TILE=False)]
     grid = (triton.cdiv(V, BV * VL), B, HV)
     for rows_args in launches:
         _gdn_verify_kernel[grid](
