@@ -37,6 +37,7 @@ import triton.language as tl
 
 from .common import (FLOAT_DTYPES, INDEX_DTYPES, block_param, choice_param, launch_config, next_pow2,
                      register_family, warps_param)
+from .conv_verify_ref import as_window_call
 
 __all__ = ["conv1d_verify", "CONV1D_VERIFY_DEFAULT_LAUNCH", "window_is_deduplicated"]
 
@@ -231,10 +232,7 @@ def argument_problem(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Te
     SGLang's own kernel."""
     if not (activation in (None, False, True) or activation in ("silu", "swish")):
         return f"activation {activation!r}; expected None, 'silu' or 'swish'"
-    if x.dim() == 2:
-        x = x.unsqueeze(-1)
-        if out is not None:
-            out = out.unsqueeze(-1)
+    x, out, _, _ = as_window_call(x, out, None)
     if x.dim() != 3:
         return f"x has shape {tuple(x.shape)}; expected [batch, dim, T] or [batch, dim]"
     batch, dim, T = x.shape
@@ -291,13 +289,7 @@ def conv1d_verify(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tenso
                                intermediate_state_indices=intermediate_state_indices, out=out)
     if problem is not None:
         raise ValueError(f"conv1d_verify: {problem}")
-    if isinstance(activation, bool):
-        activation = "silu" if activation else None
-    squeeze = x.dim() == 2
-    if squeeze:
-        x = x.unsqueeze(-1)
-        if out is not None:
-            out = out.unsqueeze(-1)
+    x, out, activation, squeeze = as_window_call(x, out, activation)
     batch, dim, T = x.shape
     K = int(weight.shape[1])
     win = intermediate_conv_window

@@ -27,13 +27,9 @@ def conv1d_chain_oracle(committed: torch.Tensor, x: torch.Tensor, weight: torch.
     return y * torch.sigmoid(y) if silu else y
 
 
-@torch.no_grad()
-def conv1d_verify_ref(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
-                      bias: Optional[torch.Tensor] = None, activation: Any = None, *,
-                      conv_state_indices: Optional[torch.Tensor] = None,
-                      intermediate_conv_window: Optional[torch.Tensor] = None,
-                      intermediate_state_indices: Optional[torch.Tensor] = None,
-                      out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def as_window_call(x: torch.Tensor, out: Optional[torch.Tensor], activation: Any):
+    """(x [batch, dim, T], out or None, activation None or "silu"/"swish", squeeze): a 2-D one-token call as a window
+    of one, ``activation`` True / False as SGLang's causal_conv1d_update reads it. Shared with the kernel wrapper."""
     if isinstance(activation, bool):
         activation = "silu" if activation else None
     squeeze = x.dim() == 2
@@ -41,6 +37,17 @@ def conv1d_verify_ref(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.T
         x = x.unsqueeze(-1)
         if out is not None:
             out = out.unsqueeze(-1)
+    return x, out, activation, squeeze
+
+
+@torch.no_grad()
+def conv1d_verify_ref(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
+                      bias: Optional[torch.Tensor] = None, activation: Any = None, *,
+                      conv_state_indices: Optional[torch.Tensor] = None,
+                      intermediate_conv_window: Optional[torch.Tensor] = None,
+                      intermediate_state_indices: Optional[torch.Tensor] = None,
+                      out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    x, out, activation, squeeze = as_window_call(x, out, activation)
     batch, dim, T = x.shape
     K = weight.shape[1]
     if out is None:
