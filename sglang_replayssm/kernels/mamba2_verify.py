@@ -68,8 +68,8 @@ import triton.language as tl
 
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
 from .common import split_dot, suffix_sum_excl, tf32_split
-from .common import (block_param, choice_param, config_keys, count_param, dot_precision_param, flag_param, launch_config,
-                     maxnreg_param, next_pow2, register_cap, register_family, warps_param)
+from .common import (block_param, choice_param, config_keys, count_param, dot_precision_param, flag_param,
+                     launch_config, maxnreg_param, next_pow2, register_cap, register_family, warps_param)
 from .mamba2_replay import _delta_from_raw, _head_param
 from .spec_tree import _tree_ancestor_mask, check_parents_arg
 
@@ -278,25 +278,23 @@ def _mamba2_verify_kernel(
     row = tl.program_id(1).to(tl.int64)
     h = tl.program_id(2).to(tl.int64)
     g = h // heads_per_group
-    offs_t = tl.arange(0, TP)
-    offs_k = tl.arange(0, WH)
     if EARLY and BC_PRE:  # indexed by the row alone: issued before the slot is known
-        bc_base = bc_ptr + row * s_bc_b + g * s_bc_g
-        bc_h_pre = tl.load(bc_base + offs_k[:, None] * TP + offs_t[None, :])
-        bc_w_pre = tl.load(bc_base + (WH + offs_t)[:, None] * TP + offs_t[None, :])
+        o_t_e = tl.arange(0, TP)
+        bc_base_e = bc_ptr + row * s_bc_b + g * s_bc_g
+        bc_h_pre = tl.load(bc_base_e + tl.arange(0, WH)[:, None] * TP + o_t_e[None, :])
+        bc_w_pre = tl.load(bc_base_e + (WH + o_t_e)[:, None] * TP + o_t_e[None, :])
     slot = tl.load(slot_ptr + row).to(tl.int64)
     if (slot < 0) | (slot == null_slot):
         return
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < P
-    mask_t = offs_t < T
-    st_base = state_ptr + slot * s_st_s + h * s_st_h
-    C_row = C_ptr + row * s_C_b + g * s_C_g
     if EARLY:  # S_ck·C_s on every row as soon as the slot is known (kept for non-flush rows only, below)
+        o_m_e = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        o_t_e2 = tl.arange(0, TP)
+        C_row_e = C_ptr + row * s_C_b + g * s_C_g
         SC_early = tl.zeros([BLOCK_M, TP], dtype=tl.float32)
         for t in tl.static_range(TP):
-            SC_early = _add_token_dot_chunked(SC_early, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row + t * s_C_t,
-                                              s_C_n, t < T, (offs_t == t)[None, :], BLOCK_N, STREAM_CHUNK)
+            SC_early = _add_token_dot_chunked(SC_early, state_ptr + slot * s_st_s + h * s_st_h, s_st_p, s_st_n, o_m_e,
+                                              o_m_e < P, N, C_row_e + t * s_C_t, s_C_n, t < T,
+                                              (o_t_e2 == t)[None, :], BLOCK_N, STREAM_CHUNK)
     wp = tl.load(wp_ptr + slot).to(tl.int32)
     org = tl.load(org_ptr + slot).to(tl.int32)
     flag = tl.load(fl_ptr + slot)
@@ -305,6 +303,11 @@ def _mamba2_verify_kernel(
     wp = tl.minimum(tl.maximum(wp, 0), R - T)  # memory safety only (the commit rule keeps wp + T <= R)
     org = tl.minimum(tl.maximum(org, 0), R - 1)
 
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < P
+    offs_t = tl.arange(0, TP)
+    mask_t = offs_t < T
+    offs_k = tl.arange(0, WH)
     valid_k = offs_k < wp
     phys_k = ((org + offs_k) % R).to(tl.int64)
     phys_t = ((org + wp + offs_t) % R).to(tl.int64)
@@ -330,6 +333,7 @@ def _mamba2_verify_kernel(
     xr_base = xr_ptr + slot * s_xr_s + h * s_xr_h
     dtr_base = dtr_ptr + slot * s_dtr_s + h * s_dtr_h
     Br_base = Br_ptr + slot * s_Br_s + g * s_Br_g
+    st_base = state_ptr + slot * s_st_s + h * s_st_h
     d_hist = tl.load(dtr_base + phys_k * s_dtr_r, mask=valid_k, other=0.0).to(tl.float32)
     lam_end = tl.sum(d_hist, 0)
     x_hist = tl.load(xr_base + offs_m[:, None] * s_xr_p + phys_k[None, :] * s_xr_r,
@@ -347,6 +351,7 @@ def _mamba2_verify_kernel(
     decay_end = tl.exp(A * lam_end)
     write_B = (pid_m == 0) & (h % heads_per_group == 0)
     B_row = B_ptr + row * s_B_b + g * s_B_g
+    C_row = C_ptr + row * s_C_b + g * s_C_g
     if STREAM:
         # non-flush rows: one streaming read of the whole [BLOCK_M, N] S_ck tile, in column chunks of STREAM_CHUNK
         # summed element-wise per token (all loads issued together, as the decode kernel does); flush rows take the
