@@ -8,7 +8,8 @@ bandwidth; the outputs, windows and states of both kernels compared on one set f
 bit, outputs within OUT_RTOL of the largest; any mismatch: exit status 1).  ``--configs`` times
 several launch configurations of ours in the same run (BLOCK_F x num_warps, optionally ``:stores``).
 
-    python -m eval.bench_conv --out eval/results/conv-verify-h200.json [--batches 1 8 64 256] [--configs 256x4 256x4:runs]
+    python -m eval.bench_conv --out eval/results/conv-verify-h200.json [--batches 1 8 64 256] \
+        [--configs 256x4 256x4:runs]
 
 On CPU (``--device cpu``, Triton's interpreter) it runs tiny shapes to check the harness: not speed numbers.
 Writes <out> (JSON), <out>.md and <out>.png.
@@ -146,7 +147,8 @@ def run_case(name: str, geom: Dict[str, Any], batch: int, T: int, configs: List[
         tag = config_tag(cfg)
         err = (out_o.float() - out_s.float()).abs().max().item()
         scale = out_s.float().abs().max().item()
-        check[tag] = {"state_equal": bool(torch.equal(pool, state_s)), "window_equal": bool(torch.equal(s0["phys"], win_s)),
+        check[tag] = {"state_equal": bool(torch.equal(pool, state_s)),
+                      "window_equal": bool(torch.equal(s0["phys"], win_s)),
                       "out_max_abs_diff": err, "out_max_abs": scale, "out_tolerance": OUT_RTOL * scale,
                       # Triton's CPU interpreter computes SGLang's outputs wrong (its running sum aliases its bias
                       # across tokens): outputs are compared on CUDA only
