@@ -123,7 +123,8 @@ def _conv1d_verify_kernel(
         slot = b.to(tl.int64)
     if (slot < 0) | (slot >= n_slots):
         return
-    offs_f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    f0 = tl.program_id(1) * BLOCK_F
+    offs_f = f0 + tl.arange(0, BLOCK_F)
     mask_f = offs_f < dim
     x_row = x_ptr + b.to(tl.int64) * s_x_b
     st_row = state_ptr + slot * s_st_s
@@ -142,7 +143,8 @@ def _conv1d_verify_kernel(
         w_d: tl.constexpr = T + K - 2
         w_c: tl.constexpr = 1
 
-    # every load before the first store: the state tile read here is overwritten below (tl.debug_barrier)
+    # every conv-state load before the first conv-state store (the tl.debug_barrier below): the new state overwrites
+    # columns other threads read; outputs and windows never share memory with the inputs
     kk = tl.arange(0, KP)
     w = tl.load(w_ptr + offs_f[:, None] * s_w_d + kk[None, :] * s_w_k, mask=mask_f[:, None] & (kk < K)[None, :],
                 other=0.0).to(tl.float32)
@@ -150,7 +152,6 @@ def _conv1d_verify_kernel(
         acc0 = tl.load(bias_ptr + offs_f, mask=mask_f, other=0.0).to(tl.float32)
     else:
         acc0 = tl.zeros([BLOCK_F], dtype=tl.float32)
-    f0 = tl.program_id(1) * BLOCK_F
     if STATE_MODE == 1:  # a channel's K-1 columns contiguous, channels back to back: one contiguous run a program
         new_state, st_offs, st_mask = _in_flat(x_row, st_row, f0, s_x_d, s_x_t, st_d, st_c, dim, T - K + 1, K - 1,
                                                KP, K, EVEN_F, BLOCK_F)
