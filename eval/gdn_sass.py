@@ -74,8 +74,10 @@ class _Recorder:
         return launch
 
 
-def tuned_config(path: Optional[str] = None, key: Optional[str] = None) -> Dict[str, Any]:
-    """The gdn_decode entry of a per-GPU YAML (``default`` merged with ``key``)."""
+def tuned_config(path: Optional[str] = None, key: Optional[str] = None, state: Optional[str] = None
+                 ) -> Dict[str, Any]:
+    """The gdn_decode entry of a per-GPU YAML: ``default``, then ``key``, then ``key_S{state}`` (the state
+    dtype's entry, as the wrapper resolves it)."""
     import yaml
 
     from sglang_replayssm.kernels.common import CONFIG_DIR
@@ -83,8 +85,9 @@ def tuned_config(path: Optional[str] = None, key: Optional[str] = None) -> Dict[
     p = Path(path) if path else CONFIG_DIR / "h200.yaml"
     section = (yaml.safe_load(p.read_text()) or {}).get("gdn_decode") or {}
     cfg = dict(section.get("default") or {})
-    if key and section.get(key):
-        cfg.update(section[key])
+    for k in ([key] + ([f"{key}_S{state}"] if state else [])) if key else []:
+        if section.get(k):
+            cfg.update(section[k])
     return cfg
 
 
@@ -381,7 +384,7 @@ def main(argv=None) -> int:
     dt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     geom = GEOMETRIES[args.geometry]
     L = args.L
-    base = tuned_config(args.base, f'HV{geom["HV"]}_HK{geom["Hk"]}_K{geom["K"]}_V{geom["V"]}_L{L}')
+    base = tuned_config(args.base, f'HV{geom["HV"]}_HK{geom["Hk"]}_K{geom["K"]}_V{geom["V"]}_L{L}', args.state)
     results = []
     for spec in args.variant or DEFAULT_VARIANTS:
         name, cfg = parse_variant(spec, base)
