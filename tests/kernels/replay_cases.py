@@ -211,19 +211,23 @@ def _gdn_pools(rows, Hk, HV, K, V, R, S0, gh, dh, kh, positions):
     return state, d_ring, k_ring, g_ring
 
 
-def run_gdn_decode(device, gen, *, Hk, HV, K, V, L, w, rows=4, large=True) -> Case:
-    """One decode step at ring fill ``w`` (w == L-1: a flush, the checkpoint is checked too)."""
+def run_gdn_decode(device, gen, *, Hk, HV, K, V, L, w, rows=4, large=True, carry=False) -> Case:
+    """One decode step at ring fill ``w`` (w == L-1: a flush, the checkpoint is checked too; ``carry``: the
+    launch option, whose flush stores the checkpoint folded over the history alone)."""
     A_log, dt_bias, S0, gh, dh, kh, qkv, a, b = _gdn_inputs(gen, rows, Hk, HV, K, V, w, 1, large)
     _, positions = _ring_positions(gen, rows + 1, L, w, circular=False)
     pools = [t.to(device) for t in _gdn_pools(rows, Hk, HV, K, V, L, S0, gh, dh, kh, positions)]
     slots = torch.arange(1, rows + 1, dtype=torch.int32, device=device)
     out = gdn_replay_decode(qkv[:, 0].to(device), a[:, 0].to(device), b[:, 0].to(device), A_log.to(device),
-                            dt_bias.to(device), *pools, slots, torch.full((rows,), w, dtype=torch.int32, device=device))
-    res = {dt: gdn_step_oracle(qkv[:, 0], a[:, 0], b[:, 0], A_log, dt_bias, _gdn_fold(dt, S0, gh, dh, kh),
-                               num_k_heads=Hk, compute_dtype=dt) for dt in (F64, F32)}
+                            dt_bias.to(device), *pools, slots, torch.full((rows,), w, dtype=torch.int32, device=device),
+                            carry=carry)
+    folds = {dt: _gdn_fold(dt, S0, gh, dh, kh) for dt in (F64, F32)}
+    res = {dt: gdn_step_oracle(qkv[:, 0], a[:, 0], b[:, 0], A_log, dt_bias, folds[dt], num_k_heads=Hk,
+                               compute_dtype=dt) for dt in (F64, F32)}
     case = [("out", out.reshape(rows, HV, V).cpu(), res[F64][0], res[F32][0])]
     if w == L - 1:
-        case.append(("checkpoint", pools[0][slots.long()].cpu(), res[F64][1], res[F32][1]))
+        want = folds if carry else {dt: res[dt][1] for dt in (F64, F32)}
+        case.append(("checkpoint", pools[0][slots.long()].cpu(), want[F64], want[F32]))
     return case
 
 
