@@ -635,12 +635,12 @@ def amortise(phase_times: Dict[int, float], L: int, first: int = 0) -> Optional[
     flush = vals.get(L - 1)
     if flush is None:
         return None
-    if L == 1:
+    n = L - first
+    if n == 1:  # L = 1, or a carrying ring at L = 2: every step of the cycle flushes
         return flush
     nonflush = [t for w, t in vals.items() if w != L - 1]
     if not nonflush:
         return None
-    n = L - first
     return ((n - 1) * statistics.fmean(nonflush) + flush) / n
 
 

@@ -125,7 +125,8 @@ def capture(config: Dict[str, Any], geom: Dict[str, int], L: int, state_dtype, a
         idx = torch.arange(1, B + 1, dtype=torch.int32)
         wp = torch.full((B,), w, dtype=torch.int32)
         out = torch.empty(B, 1, HV, V, dtype=act_dtype)  # the layout SGLang's backend passes
-        gr.gdn_replay_decode(mq, a, b, A_log, dt_bias, state, d_ring, k_ring, g_ring, idx, wp, out=out)
+        gr.gdn_replay_decode(mq, a, b, A_log, dt_bias, state, d_ring, k_ring, g_ring, idx, wp, out=out,
+                             carry=bool(config.get("carry", 0)))
     finally:
         gr._gdn_replay_decode_kernel, gr._gdn_history_scores_kernel, gr._gdn_replay_decode_kchunk_kernel = saved
         if prev is None:

@@ -781,7 +781,7 @@ def gdn_replay_decode(
     use_qk_l2norm: bool = True,
     out: Optional[torch.Tensor] = None,
     null_slot: Optional[int] = 0,
-    carry: Optional[bool] = None,
+    carry: bool = False,
 ) -> torch.Tensor:
     """One GDN ReplaySSM decode step for a batch of rows (see the module docstring).
 
@@ -793,7 +793,8 @@ def gdn_replay_decode(
     mixed_qkv's dtype when None). Rows whose slot is < 0 or == ``null_slot`` are
     skipped entirely (``null_slot=None``: only negative slots). No device syncs.
 
-    ``carry`` (None: the launch config's ``carry``; ignored at L = 1): a flush row (w == L-1) stores the
+    ``carry`` (ignored at L = 1; only the owner of the cursor advance passes it: a carrying ring,
+    ``ReplayRing.carry``, reads the launch option ``carry`` once): a flush row (w == L-1) stores the
     checkpoint folded over its L-1 history entries only and appends the current token at ring position L-1;
     the caller then moves that entry to position 0 and sets the cursor to 1
     (``decode_cursor.advance_cursors(..., carry=...)``). Without it a flush row stores the state after the
@@ -883,7 +884,7 @@ def gdn_replay_decode(
         scale = K ** -0.5
 
     cfg = gdn_launch_params(HV, Hk, K, V, L, state.dtype)
-    carry = bool(cfg["carry"] if carry is None else carry) and L > 1
+    carry = bool(carry) and L > 1
     BK = max(16, next_pow2(K))
     small = B <= cfg["inline_scores_max_batch"]  # host-side, per graph batch
     BV = max(16, min(cfg["inline_BV"] if small and cfg["inline_BV"] else cfg["BV"], next_pow2(V)))

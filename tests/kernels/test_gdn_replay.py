@@ -494,6 +494,8 @@ CARRY_ROUTES = {
     "kchunk-rank1": dict(BV=32, BKC=16, flush="rank1"),
     "kchunk-dot": dict(BV=32, BKC=16, flush="dot", num_warps=4),
     "kchunk-inline": dict(BV=16, BKC=32, scores="inline"),
+    "kchunk-flush-first": dict(BV=32, BKC=16, flush="dot", num_warps=4, flush_first_max_batch=512),
+    "tile-dot": dict(BV=32, flush="dot", num_warps=4),
 }
 
 
