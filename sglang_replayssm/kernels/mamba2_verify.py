@@ -121,6 +121,10 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     # the pre-kernel's B·C before the slot; 0 waits for the flush flag first. The dependent loads a program waits
     # on before its first dot go from slot -> flag -> tile to slot -> tile. Untimed
     "early_state": flag_param(0),
+    # 1: a flush row's fold x_hist @ (s ⊙ B_hist) as two tf32 passes (common.split_dot): the ring's x is 16-bit,
+    # exact in tf32, so only s ⊙ B is split hi + lo; tf32x3's accuracy with one tensor-core pass fewer (an fp32
+    # x ring: three passes). 0: tl.dot at dot_precision. Untimed
+    "flush_split": flag_param(0),
 })
 
 @triton.jit
@@ -195,7 +199,8 @@ def _mamba2_verify_bc_kernel(
 def _verify_chunk(c, SC, bc_h, bc_w, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row, s_C_t, s_C_n, offs_t, mask_t, T,
                   B_row, s_B_t, s_B_n, write_B, Br_base, s_Br_r, s_Br_n, phys_k, valid_k, phys_t, is_flush, no_flush,
                   wp, decay_end, x_hist, s_hist, DOT_PRECISION: tl.constexpr, BLOCK_NC: tl.constexpr,
-                  TP: tl.constexpr, PER_TOKEN: tl.constexpr, BC_PRE: tl.constexpr):
+                  TP: tl.constexpr, PER_TOKEN: tl.constexpr, BC_PRE: tl.constexpr, SPLIT: tl.constexpr,
+                  X_EXACT: tl.constexpr):
     """State columns c·BLOCK_NC .. of one program: on a flush row the history folded into the checkpoint chunk
     (stored), then the chunk's per-token dots S·C_s (and B·C_s unless the pre-kernel made them); the window's B
     chunk goes to the ring. Returns (SC, bc_h, bc_w)."""
@@ -217,7 +222,14 @@ def _verify_chunk(c, SC, bc_h, bc_w, st_base, s_st_p, s_st_n, offs_m, mask_m, N,
     B_h = tl.load(Br_base + phys_k[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
                   mask=h_mask, other=0.0).to(tl.float32)  # [WH, NC]
     if is_flush:
-        S = decay_end * S + tl.dot(x_hist, B_h * s_hist[:, None], input_precision=DOT_PRECISION)
+        if SPLIT:  # x_hist exact in tf32 when the ring is 16-bit: two passes over the split s ⊙ B
+            b_hi, b_lo = tf32_split(B_h * s_hist[:, None])
+            if X_EXACT:
+                S = split_dot(x_hist, b_hi, b_lo, decay_end * S, tl.bfloat16)
+            else:
+                S = split_dot(x_hist, b_hi, b_lo, decay_end * S, tl.float32)
+        else:
+            S = decay_end * S + tl.dot(x_hist, B_h * s_hist[:, None], input_precision=DOT_PRECISION)
         if wp > 0:
             tl.store(st_ptrs, S.to(st_base.dtype.element_ty), mask=st_mask)
     if PER_TOKEN or BC_PRE:
@@ -273,6 +285,7 @@ def _mamba2_verify_kernel(
     PER_TOKEN: tl.constexpr, BC_PRE: tl.constexpr, STREAM: tl.constexpr, BLOCK_N: tl.constexpr,
     STREAM_CHUNK: tl.constexpr, FLUSH_STAGES: tl.constexpr,
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, NF_MMA: tl.constexpr, EARLY: tl.constexpr,
+    FLUSH_SPLIT: tl.constexpr, X_EXACT: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -396,7 +409,8 @@ def _mamba2_verify_kernel(
             SC, bc_h, bc_w = _verify_chunk(
                 c, SC, bc_h, bc_w, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row, s_C_t, s_C_n, offs_t, mask_t,
                 T, B_row, s_B_t, s_B_n, write_B, Br_base, s_Br_r, s_Br_n, phys_k, valid_k, phys_t, is_flush,
-                no_flush, wp, decay_end, x_hist, s_hist, DOT_PRECISION, BLOCK_NC, TP, PER_TOKEN, BC_PRE)
+                no_flush, wp, decay_end, x_hist, s_hist, DOT_PRECISION, BLOCK_NC, TP, PER_TOKEN, BC_PRE, FLUSH_SPLIT,
+                X_EXACT)
 
     if BC_PRE:
         if EARLY:
@@ -603,6 +617,7 @@ def mamba2_verify(
         FLUSH_STAGES=int(cfg["flush_stages"]),
         IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
         EARLY=bool(cfg["early_state"]) and cfg["nonflush"] == "stream",
+        FLUSH_SPLIT=bool(cfg["flush_split"]), X_EXACT=x_ring.dtype in (torch.bfloat16, torch.float16),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg),
     )
     return out

@@ -548,6 +548,34 @@ def test_inline_bc_small_batch_single_launch(device, config_file, monkeypatch, p
     assert len(launches) == 6, "the pre-kernel ran for a batch within inline_bc_max_batch"
 
 
+@pytest.mark.parametrize("unroll", [0, 1], ids=["loop", "unrolled"])
+@pytest.mark.parametrize("prec", [(F32, BF16), (BF16, BF16), (F32, F32)], ids=["s32a16b", "s16b_a16b", "s32a32"])
+def test_flush_split_matches_the_oracle(device, config_file, monkeypatch, prec, unroll):
+    """flush_split 1: the flush rebuild's dot as split tf32 passes (two on 16-bit activations, three on fp32 ones,
+    the X_EXACT flag the wrapper passes), through flushes, desynchronised rows and padding; against the oracle
+    and the reference every step (on the GPU the compiled tensor-core passes: test_tensor_core_paths_gpu.py)."""
+    from sglang_replayssm.kernels import mamba2_replay as mr
+
+    config_file(f"mamba2_output_only:\n  default: {{flush_split: 1, flush_unroll: {unroll}, BLOCK_NC: 16}}\n")
+    flags = []
+    orig = mr._mamba2_replay_kernel
+
+    class Rec:
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                flags.append((kw["FLUSH_SPLIT"], kw["X_EXACT"]))
+                return orig[grid](*a, **kw)
+            return launch
+
+    monkeypatch.setattr(mr, "_mamba2_replay_kernel", Rec())
+    h = Harness(device, ODD, 4, *prec, n_req=3)
+    h.step([0], pads=())
+    h.step([1, 0])
+    for _ in range(6):  # L = 4: every row flushes on its own phase
+        h.step([2, 0, 1])
+    assert flags and all(f == (True, prec[1] != F32) for f in flags), flags
+
+
 @pytest.mark.parametrize("first,inline,prec", [(1, 0, (F32, F32)), (1, 8, (F32, F32)), (1, 8, (BF16, BF16)),
                                                (0, 0, (F32, F32)), (0, 8, (BF16, BF16))],
                          ids=["pre-s32a32", "inline-s32a32", "inline-s16b_a16b", "window-first-pre-s32a32",

@@ -73,22 +73,31 @@ def check_fp32_bar(case, seed, what):
                                     f"{scale:.3e} (seed {seed}; replay: REPLAYSSM_TEST_SEED={seed})")
 
 
-@pytest.mark.parametrize("prec", PRECISIONS)
+@pytest.mark.parametrize("prec", PRECISIONS + ("split-a32", "split-a16b"))
 @pytest.mark.parametrize("unroll", [1, 0], ids=["unrolled", "loop"])
 def test_mamba2_decode_flush_dot(cuda, launch, prec, unroll):
-    launch("mamba2_output_only", BLOCK_M=16, BLOCK_NC=16, flush_unroll=unroll, dot_precision=prec)
+    """The flush rebuild's dot: tl.dot at tf32x3 / ieee, or ``flush_split`` (split tf32 passes: three with fp32
+    activations, two with bf16 ones, whose x is exact in tf32)."""
+    split = prec.startswith("split")
+    launch("mamba2_output_only", BLOCK_M=16, BLOCK_NC=16, flush_unroll=unroll,
+           **(dict(flush_split=1) if split else dict(dot_precision=prec)))
     gen, seed = make_gen()
     L = 5
-    check_fp32_bar(run_mamba2_decode(cuda, gen, **MAMBA2_ODD, L=L, w=L - 1, large=False), seed,
+    act = torch.bfloat16 if prec == "split-a16b" else None
+    check_fp32_bar(run_mamba2_decode(cuda, gen, **MAMBA2_ODD, L=L, w=L - 1, large=False, act=act), seed,
                    f"mamba2 decode flush ({prec}, unroll {unroll})")
 
 
-@pytest.mark.parametrize("prec", PRECISIONS)
+@pytest.mark.parametrize("prec", PRECISIONS + ("split-a32", "split-a16b"))
 @pytest.mark.parametrize("block_nc", [16, 64])
 def test_mamba2_verify_flush_dot(cuda, launch, prec, block_nc):
-    launch("mamba2_verify", BLOCK_M=16, BLOCK_NC=block_nc, dot_precision=prec)
+    """A flush row's fold: tl.dot at tf32x3 / ieee, or ``flush_split`` (three tf32 passes over an fp32 x ring,
+    two over a bf16 one)."""
+    split = prec.startswith("split")
+    launch("mamba2_verify", BLOCK_M=16, BLOCK_NC=block_nc, **(dict(flush_split=1) if split else dict(dot_precision=prec)))
     gen, seed = make_gen()
-    check_fp32_bar(run_mamba2_verify(cuda, gen, **MAMBA2_ODD, T=3, R=9, flush=True, large=False), seed,
+    act = torch.bfloat16 if prec == "split-a16b" else None
+    check_fp32_bar(run_mamba2_verify(cuda, gen, **MAMBA2_ODD, T=3, R=9, flush=True, large=False, act=act), seed,
                    f"mamba2 verify flush ({prec}, BLOCK_NC {block_nc})")
 
 
