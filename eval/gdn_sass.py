@@ -236,18 +236,20 @@ def parse_sass(text: str) -> Tuple[List[Dict[str, Any]], Dict[str, int]]:
     return insns, labels
 
 
-def flush_branch_line(kchunk: bool = False) -> Tuple[str, int]:
-    """(file, line) of ``if is_flush:`` in gdn_replay._tile_finish (the whole-tile kernel) or in
-    _gdn_replay_decode_kchunk_kernel (``kchunk``: launch option BKC > 0)."""
+def flush_branch_line(kchunk: bool = False, carry: bool = False) -> Tuple[str, int]:
+    """(file, line) of the flush branch: ``if is_flush:`` in gdn_replay._tile_finish (the whole-tile kernel), or in
+    _gdn_replay_decode_kchunk_kernel (``kchunk``: launch option BKC > 0) its ``elif is_flush:`` (the second pass)
+    or, with ``carry``, the ``if is_flush:`` that picks the one-pass fold."""
     from sglang_replayssm.kernels import gdn_replay as gr
 
     jit = gr._gdn_replay_decode_kchunk_kernel if kchunk else gr._tile_finish
     fn = jit.fn if hasattr(jit, "fn") else jit
     lines, start = inspect.getsourcelines(fn)
+    want = "elif is_flush" if kchunk and not carry else "if is_flush"
     for i, text in enumerate(lines):
-        if text.strip().startswith("if is_flush"):
+        if text.strip().startswith(want):
             return inspect.getsourcefile(fn), start + i
-    raise RuntimeError(f"no 'if is_flush' line in {fn.__name__}")
+    raise RuntimeError(f"no '{want}' line in {fn.__name__}")
 
 
 def split_regions(insns: List[Dict[str, Any]], labels: Dict[str, int], branch_at: Tuple[str, int]
@@ -299,7 +301,7 @@ def analyse(name: str, config: Dict[str, Any], geom: Dict[str, int], L: int, sta
     rep = ptxas_report(built["ptx"])
     text = disassemble(built["cubin"])
     insns, labels = parse_sass(text)
-    regions = split_regions(insns, labels, flush_branch_line(kchunk))
+    regions = split_regions(insns, labels, flush_branch_line(kchunk, bool(launch["kwargs"].get("CARRY"))))
     kw = launch["kwargs"]
     nw = built["num_warps"]
     grid0 = launch["grid"][0]

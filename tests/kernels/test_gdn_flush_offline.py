@@ -58,7 +58,7 @@ def test_offline_sass_dot_vs_rank1(tmp_path, state):
     out = tmp_path / "sass.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-m", "eval.gdn_sass", "--state", state, "--json", str(out),
-                        "--variant", "rank1:flush=rank1", "--variant", "dot:flush=dot"],
+                        "--variant", "rank1:flush=rank1,BKC=0,BV=16", "--variant", "dot:flush=dot,BKC=0,BV=16"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     print(r.stdout)

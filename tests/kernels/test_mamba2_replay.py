@@ -554,16 +554,23 @@ def test_flush_split_matches_the_oracle(device, config_file, monkeypatch, prec, 
     """flush_split 1: the flush rebuild's dot as split tf32 passes (two on 16-bit activations, three on fp32 ones,
     the X_EXACT flag the wrapper passes), through flushes, desynchronised rows and padding; against the oracle
     and the reference every step (on the GPU the compiled tensor-core passes: test_tensor_core_paths_gpu.py)."""
+    config_file(f"mamba2_output_only:\n  default: {{flush_split: 1, flush_unroll: {unroll}, BLOCK_NC: 16}}\n")
+    h, flags = _desynchronised_flushes(device, monkeypatch, prec, ("FLUSH_SPLIT", "X_EXACT"))
+    assert flags and all(f == (True, prec[1] != F32) for f in flags), flags
+
+
+def _desynchronised_flushes(device, monkeypatch, prec, keys):
+    """Three requests joining one step apart on ODD at L = 4 (every row flushes on its own phase), each step checked
+    by the Harness; returns it and the ``keys`` launch keywords of every main-kernel launch."""
     from sglang_replayssm.kernels import mamba2_replay as mr
 
-    config_file(f"mamba2_output_only:\n  default: {{flush_split: 1, flush_unroll: {unroll}, BLOCK_NC: 16}}\n")
     flags = []
     orig = mr._mamba2_replay_kernel
 
     class Rec:
         def __getitem__(self, grid):
             def launch(*a, **kw):
-                flags.append((kw["FLUSH_SPLIT"], kw["X_EXACT"]))
+                flags.append(tuple(kw[k] for k in keys))
                 return orig[grid](*a, **kw)
             return launch
 
@@ -571,9 +578,9 @@ def test_flush_split_matches_the_oracle(device, config_file, monkeypatch, prec, 
     h = Harness(device, ODD, 4, *prec, n_req=3)
     h.step([0], pads=())
     h.step([1, 0])
-    for _ in range(6):  # L = 4: every row flushes on its own phase
+    for _ in range(6):
         h.step([2, 0, 1])
-    assert flags and all(f == (True, prec[1] != F32) for f in flags), flags
+    return h, flags
 
 
 @pytest.mark.parametrize("first,inline,prec", [(1, 0, (F32, F32)), (1, 8, (F32, F32)), (1, 8, (BF16, BF16)),
@@ -583,25 +590,8 @@ def test_flush_split_matches_the_oracle(device, config_file, monkeypatch, prec, 
 def test_state_first_matches_the_oracle(device, config_file, monkeypatch, first, inline, prec):
     """state_first 1 (the default): non-flush rows load the checkpoint tile (and, inline, the B window) before
     the window chain; 0: after it. Same results through flushes, desynchronised rows and padding."""
-    from sglang_replayssm.kernels import mamba2_replay as mr
-
     config_file(f"mamba2_output_only:\n  default: {{state_first: {first}, inline_bc_max_batch: {inline}}}\n")
-    flags = []
-    orig = mr._mamba2_replay_kernel
-
-    class Rec:
-        def __getitem__(self, grid):
-            def launch(*a, **kw):
-                flags.append((kw["STATE_FIRST"], kw["INLINE_BC"]))
-                return orig[grid](*a, **kw)
-            return launch
-
-    monkeypatch.setattr(mr, "_mamba2_replay_kernel", Rec())
-    h = Harness(device, ODD, 4, *prec, n_req=3)
-    h.step([0], pads=())
-    h.step([1, 0])
-    for _ in range(6):  # L = 4: every row flushes on its own phase
-        h.step([2, 0, 1])
+    h, flags = _desynchronised_flushes(device, monkeypatch, prec, ("STATE_FIRST", "INLINE_BC"))
     h.step([1], pads=("null", "neg"), pad_wpos=3, out_fill=42.0)
     assert flags and all(f == (bool(first), bool(inline)) for f in flags), flags
 
