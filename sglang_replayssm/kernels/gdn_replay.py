@@ -571,16 +571,16 @@ def _chunk_pass(p_tile, mask_v, o_c, q_row, k_row, eG, dc, coef, k_head, stride_
                 o_j, valid, K: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, L: tl.constexpr,
                 LP: tl.constexpr, NUM_STAGES: tl.constexpr, FOLD: tl.constexpr, FLUSH: tl.constexpr,
                 DOT_PRECISION: tl.constexpr, CAST_BITS: tl.constexpr):
-    """(S_ck q, S_ck k) of one program's [BV, K] checkpoint tile, streamed in K chunks of BKC columns. FOLD (a
-    carry flush): each chunk is also folded over the history, e^G S_ck + sum_j c_j d_j k^_j^T = S_{w-1}
-    (``coef`` = c_j / |k_j| for the raw cached keys, ``dc`` = d_j coef_j [BV, LP]: the dot flush's operand), and
-    stored back in place, so the tile is read and written in one pass."""
+    """(S_ck q, S_ck k) of one program's [BV, K] checkpoint tile, streamed in K chunks of BKC columns (q, k raw).
+    FOLD (a carry flush): each chunk is first folded over the history, e^G S_ck + sum_j c_j d_j k^_j^T = S_{w-1}
+    (``coef`` = c_j / |k_j| for the raw cached keys, ``dc`` = d_j coef_j [BV, LP]: the dot flush's operand) and
+    stored back in place, so the tile is read and written in one pass; the dots are then (S_{w-1} q, S_{w-1} k),
+    taken on the folded chunk (the chunk is held in one layout only)."""
     acc_q = tl.zeros([BV], dtype=tl.float32)
     acc_k = tl.zeros([BV], dtype=tl.float32)
     for kc in tl.range(0, K, BKC, num_stages=NUM_STAGES):
         mask_c = (kc + o_c) < K
         s = tl.load(p_tile + kc, mask=mask_v[:, None] & mask_c[None, :], other=0).to(tl.float32)
-        acc_q, acc_k = _chunk_dots(acc_q, acc_k, s, q_row, k_row, kc, o_c, K)
         if FOLD:
             if L > 1:
                 if FLUSH == "dot":
@@ -592,6 +592,7 @@ def _chunk_pass(p_tile, mask_v, o_c, q_row, k_row, eG, dc, coef, k_head, stride_
                                                 mask_v, o_c, mask_c, L - 1, LP)
             tl.store(p_tile + kc, _cast_store(s, p_tile.dtype.element_ty, CAST_BITS),
                      mask=mask_v[:, None] & mask_c[None, :])
+        acc_q, acc_k = _chunk_dots(acc_q, acc_k, s, q_row, k_row, kc, o_c, K)
     return acc_q, acc_k
 
 
@@ -678,22 +679,22 @@ def _gdn_replay_decode_kchunk_kernel(
             cq = _history_coeffs(kh, c, q * rq)
             ck = _history_coeffs(kh, c, kf * rk)
 
-    # ---- output pass: (S_ck q, S_ck k) over K chunks; CARRY: a flush row folds and stores each chunk too ----
-    if CARRY:  # the history's share of the outputs first: d_hist is dead before the pass (registers)
-        coef = c * rn
-        dc = d_hist * coef[None, :]
-        h_q = tl.sum(d_hist * cq[None, :], axis=1)
-        h_k = tl.sum(d_hist * ck[None, :], axis=1)
+    # ---- output pass: (S_ck q, S_ck k) over K chunks; CARRY: a flush row folds and stores each chunk too, and
+    # takes S_{w-1} q, S_{w-1} k off the folded chunks (no history term) ----
+    if CARRY:
         if is_flush:
-            acc_q, acc_k = _chunk_pass(p_tile, mask_v, o_c, q_row, k_row, eG, dc, coef, k_head, stride_k2,
-                                       d_head, stride_d2, o_v, o_j, valid, K, BV, BKC, L, LP, NUM_STAGES, True,
-                                       FLUSH, DOT_PRECISION, CAST_BITS)
+            coef = c * rn
+            acc_q, acc_k = _chunk_pass(p_tile, mask_v, o_c, q_row, k_row, eG, d_hist * coef[None, :], coef, k_head,
+                                       stride_k2, d_head, stride_d2, o_v, o_j, valid, K, BV, BKC, L, LP, NUM_STAGES,
+                                       True, FLUSH, DOT_PRECISION, CAST_BITS)
+            sq = acc_q * rq
+            sk = acc_k * rk
         else:
-            acc_q, acc_k = _chunk_pass(p_tile, mask_v, o_c, q_row, k_row, eG, dc, coef, k_head, stride_k2,
-                                       d_head, stride_d2, o_v, o_j, valid, K, BV, BKC, L, LP, NUM_STAGES, False,
-                                       FLUSH, DOT_PRECISION, CAST_BITS)
-        sq = eG * (acc_q * rq) + h_q
-        sk = eG * (acc_k * rk) + h_k
+            acc_q, acc_k = _chunk_pass(p_tile, mask_v, o_c, q_row, k_row, 1.0, 0.0, 0.0, k_head, stride_k2, d_head,
+                                       stride_d2, o_v, o_j, valid, K, BV, BKC, L, LP, NUM_STAGES, False, FLUSH,
+                                       DOT_PRECISION, CAST_BITS)
+            sq = _replay_apply(acc_q * rq, eG, d_hist, cq)
+            sk = _replay_apply(acc_k * rk, eG, d_hist, ck)
     else:
         acc_q, acc_k = _chunk_pass(p_tile, mask_v, o_c, q_row, k_row, 1.0, 0.0, 0.0, k_head, stride_k2,
                                    d_head, stride_d2, o_v, o_j, valid, K, BV, BKC, L, LP, NUM_STAGES, False,
