@@ -123,7 +123,8 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     "early_state": flag_param(0),
     # 1: a flush row's fold x_hist @ (s ⊙ B_hist) as two tf32 passes (common.split_dot): the ring's x is 16-bit,
     # exact in tf32, so only s ⊙ B is split hi + lo; tf32x3's accuracy with one tensor-core pass fewer (an fp32
-    # x ring: three passes). 0: tl.dot at dot_precision. Untimed
+    # x ring: three passes). 0: tl.dot at dot_precision. On for fp32 states in default.yaml (won on the H200:
+    # eval/results/spec-variants-h200/, round 13)
     "flush_split": flag_param(0),
 })
 

@@ -51,6 +51,8 @@ MAMBA2_GEOMS = ["H128_P64_N128_G8", "H256_P64_N128_G8", "H4_P16_N16_G2"]
 GDN_VERIFY_FP32 = dict(GDN_VERIFY, window_dot="fma", flush_rows="separate", flush_v_stages=2)
 # its default_Sbf16 / default_Sfp16: a 16-bit state's Mamba2 verify non-flush dots on the tensor cores
 MAMBA2_VERIFY_16 = dict(MAMBA2_VERIFY, nonflush="mma")
+# its default_Sfp32: an fp32 state's flush fold in two tf32 passes (spec-variants-h200, round 13)
+MAMBA2_VERIFY_FP32 = dict(MAMBA2_VERIFY, flush_split=1)
 
 
 def _default_yaml_entry(family, tag):
@@ -58,7 +60,7 @@ def _default_yaml_entry(family, tag):
     if family == "gdn_verify":
         return GDN_VERIFY_FP32 if tag == "fp32" else GDN_VERIFY
     if family == "mamba2_verify":
-        return MAMBA2_VERIFY if tag == "fp32" else MAMBA2_VERIFY_16
+        return MAMBA2_VERIFY_FP32 if tag == "fp32" else MAMBA2_VERIFY_16
     return common.family_defaults(family)
 
 
@@ -129,7 +131,8 @@ def test_h200_file_holds_only_geometry_entries():
     assert all("default" not in entries for entries in doc.values())
     assert yaml.safe_load(DEFAULT.read_text()) == {
         "gdn_verify": {"default_Sfp32": {"window_dot": "fma", "flush_rows": "separate", "flush_v_stages": 2}},
-        "mamba2_verify": {"default_Sbf16": {"nonflush": "mma"}, "default_Sfp16": {"nonflush": "mma"}}}
+        "mamba2_verify": {"default_Sbf16": {"nonflush": "mma"}, "default_Sfp16": {"nonflush": "mma"},
+                          "default_Sfp32": {"flush_split": 1}}}
 
 
 def test_a_gpu_without_a_file_falls_back_to_the_defaults(monkeypatch):
