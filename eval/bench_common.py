@@ -623,25 +623,23 @@ def quick_phases(L: int) -> List[int]:
     return sorted({0, L // 2, max(L - 2, 0), L - 1})
 
 
-def amortise(phase_times: Dict[int, float], L: int, first: int = 0) -> Optional[float]:
+def amortise(phase_times: Dict[int, float], L: int) -> Optional[float]:
     """Flush-cycle time per step from per-phase times.
 
-    t = ((n-1)·mean(non-flush phases timed) + t_flush) / n over the n = L - first phases
-    first..L-1 of the steady cycle (``first`` 1: a carrying GDN ring, whose flush leaves
-    one entry, so phase 0 only follows a prefill).  With every phase timed this is the
-    plain mean; with a subset it extrapolates the non-flush mean.  With L == 1 every step
-    flushes.  None when the flush phase or every non-flush phase is missing."""
-    vals = {int(w): t for w, t in phase_times.items() if report.is_number(t) and int(w) >= first}
+    t = ((L-1)·mean(non-flush phases timed) + t_flush) / L.  With every phase timed
+    this is the plain mean; with a subset it extrapolates the non-flush mean.  With
+    L == 1 every step flushes.  None when the flush phase or every non-flush phase
+    is missing."""
+    vals = {int(w): t for w, t in phase_times.items() if report.is_number(t)}
     flush = vals.get(L - 1)
     if flush is None:
         return None
-    n = L - first
-    if n == 1:  # L = 1, or a carrying ring at L = 2: every step of the cycle flushes
+    if L == 1:
         return flush
     nonflush = [t for w, t in vals.items() if w != L - 1]
     if not nonflush:
         return None
-    return ((n - 1) * statistics.fmean(nonflush) + flush) / n
+    return ((L - 1) * statistics.fmean(nonflush) + flush) / L
 
 
 # ---------------------------------------------------------------------------------
@@ -651,31 +649,30 @@ MIXED_ORDERS = ("modulo", "flush-first", "flush-last")
 MIXED_ORDER = "modulo"  # --mixed-order
 
 
-def mixed_wpos(batch: int, L: int, device, order: Optional[str] = None, first: int = 0):
+def mixed_wpos(batch: int, L: int, device, order: Optional[str] = None):
     """The cursor of the mixed launch (phase index L of the work objects): row i at phase i % L, so a batch of
     at least L rows mixes every phase, 1/L of them flushing, as desynchronised requests do in a server.
     ``order`` (default MIXED_ORDER, --mixed-order) arranges the same phases: "modulo" as above, "flush-first"
     sorted by phase descending (the flush rows' programs launch first within each head), "flush-last" ascending
-    (they launch last).  ``first`` 1 (a carrying GDN ring): the phases 1..L-1 of its steady cycle,
-    row i at 1 + i % (L-1)."""
+    (they launch last)."""
     import torch
 
     order = order or MIXED_ORDER
     if order not in MIXED_ORDERS:
         raise ValueError(f"mixed order must be one of {MIXED_ORDERS}, got {order!r}")
-    w = first + torch.arange(batch, dtype=torch.int32) % (L - first)
+    w = torch.arange(batch, dtype=torch.int32) % L
     if order != "modulo":
         w = torch.sort(w, descending=order == "flush-first").values
     return w.to(device)
 
 
-def phase_wpos(batch: int, L: int, device, first: int = 0) -> list:
+def phase_wpos(batch: int, L: int, device) -> list:
     """The cursors the work objects launch with: index w < L puts every row at phase w, index L is the mixed
-    launch's (:func:`mixed_wpos`, phases first..L-1)."""
+    launch's (:func:`mixed_wpos`)."""
     import torch
 
     return [torch.full((batch,), w, dtype=torch.int32, device=device) for w in range(L)] + [
-        mixed_wpos(batch, L, device, first=first)]
+        mixed_wpos(batch, L, device)]
 
 
 # ---------------------------------------------------------------------------------
@@ -906,21 +903,10 @@ class GDNWork(CaseWork):
     """Pool, rings (ours and upstream's) and per-set inputs for one GDN case."""
 
     def __init__(self, geom: Dict[str, int], batch: int, L: int, state_dtype: str, device: str,
-                 n_sets: int, seed: int, act_dtype: str = "bf16", with_upstream: bool = True,
-                 carry: Optional[bool] = None):
+                 n_sets: int, seed: int, act_dtype: str = "bf16", with_upstream: bool = True):
         import torch
 
         HV, Hk, K, V = geom["HV"], geom["Hk"], geom["K"], geom["V"]
-        # a carrying ring (gdn_decode launch option ``carry``; None: the launch config's, as the server's ring reads
-        # it): ours_fn passes it and its flush and mixed launches end with the cursor advance's move of the flushed
-        # rows' entry L-1 to 0 (one layer)
-        if carry is None:
-            from sglang_replayssm.kernels.gdn_replay import gdn_launch_params
-            from sglang_replayssm.ring import as_dtype
-
-            carry = gdn_launch_params(HV, Hk, K, V, L, as_dtype(state_dtype))["carry"]
-        self.carry = bool(carry) and L > 1
-        self.L = L
         self.HV, self.Hk, self.K, self.V = HV, Hk, K, V
         act, sdt, gen, S, idx_sets = _work_common(self, batch, L, n_sets, seed, state_dtype, act_dtype, device)
         self.state = torch.empty((S, HV, V, K), dtype=sdt, device=device).normal_(0.0, 0.1, generator=gen)
@@ -944,8 +930,6 @@ class GDNWork(CaseWork):
             bb = torch.empty((batch, HV), dtype=act, device=device).normal_(0.0, 1.0, generator=gen)
             self.sets.append(dict(idx=idx, mq=mq, a=a, b=bb))
         self.wpos = phase_wpos(batch, L, device)
-        # ours' mixed launch on a carrying ring: its steady cycle's phases 1..L-1 (upstream's keeps 0..L-1)
-        self.carry_mixed = mixed_wpos(batch, L, device, first=1) if self.carry else None
         self.force_flush = torch.zeros((batch,), dtype=torch.int32, device=device)
         self.out = torch.empty((batch, 1, HV, V), dtype=act, device=device)
         self.state_row_bytes = HV * V * K * self.state.element_size()
@@ -966,23 +950,10 @@ class GDNWork(CaseWork):
 
     def ours_fn(self, fn, s: int, w: int) -> Callable[[], Any]:
         st = self.sets[s]
-        wp = self.carry_mixed if self.carry and w == self.L else self.wpos[w]
-
-        def step():
-            fn(st["mq"], st["a"], st["b"], self.A_log, self.dt_bias, self.state, self.d_ring, self.k_ring,
-               self.g_ring, st["idx"], wp, scale=self.scale, use_qk_l2norm=True, out=self.out, carry=self.carry)
-
-        if not (self.carry and w >= self.L - 1):  # no row flushes, or no carry: the kernel alone
-            return step
-        from sglang_replayssm.kernels.decode_cursor import carry_entries
-
-        rings = [t.unsqueeze(0) for t in (self.d_ring, self.k_ring, self.g_ring)]
-
-        def step_and_move():
-            step()
-            carry_entries(rings, st["idx"], wp, self.L)
-
-        return step_and_move
+        wp = self.wpos[w]
+        return lambda: fn(st["mq"], st["a"], st["b"], self.A_log, self.dt_bias, self.state, self.d_ring,
+                          self.k_ring, self.g_ring, st["idx"], wp, scale=self.scale, use_qk_l2norm=True,
+                          out=self.out)
 
 
 # ---------------------------------------------------------------------------------

@@ -114,12 +114,10 @@ def mamba2_replay_bytes(b: int, H: int, P: int, N: int, G: int, L: int, w: int, 
 
 
 def _replay_phase_bytes(b: int, w: int, L: int, state: int, entry: int, stock: Dict[str, int],
-                        extra_row_bytes: int, carry: bool = False) -> Dict[str, int]:
+                        extra_row_bytes: int) -> Dict[str, int]:
     """Shared ReplaySSM accounting at phase w: checkpoint read, w ring entries read,
     one entry appended (non-flush) or the state written (flush, w == L-1), the stock
-    kernel's inputs/outputs plus the write_pos cursor (+ extra bytes per row).  ``carry``
-    (a carrying GDN ring): the flush appends its entry too, and the cursor advance reads
-    and writes it once more (entry L-1 -> 0)."""
+    kernel's inputs/outputs plus the write_pos cursor (+ extra bytes per row)."""
     if not 0 <= w < L:
         raise ValueError(f"phase w={w} outside [0, {L})")
     flush = w == L - 1
@@ -127,8 +125,7 @@ def _replay_phase_bytes(b: int, w: int, L: int, state: int, entry: int, stock: D
         "state_read": state,
         "state_write": state if flush else 0,
         "ring_read": b * w * entry,
-        "ring_append": 0 if flush and not carry else b * entry,
-        "carry_move": 2 * b * entry if flush and carry else 0,
+        "ring_append": 0 if flush else b * entry,
         "inputs": stock["inputs"] + b * (4 + extra_row_bytes),
         "outputs": stock["outputs"],
     })
@@ -152,32 +149,31 @@ def gdn_stock_bytes(b: int, HV: int, Hk: int, K: int, V: int, state_bytes: int,
 
 def gdn_replay_bytes(b: int, HV: int, Hk: int, K: int, V: int, L: int, w: int, state_bytes: int,
                      act_bytes: int = 2, d_bytes: Optional[int] = None, k_bytes: Optional[int] = None,
-                     extra_row_bytes: int = 0, carry: bool = False) -> Dict[str, int]:
+                     extra_row_bytes: int = 0) -> Dict[str, int]:
     """A GDN ReplaySSM decode at phase w: read the checkpoint and w ring entries
     (d [HV,V] in ``d_bytes``, k [Hk,K] in ``k_bytes``, g [HV] fp32), the stock inputs
     plus write_pos (+ ``extra_row_bytes`` per row, e.g. upstream's force_flush); write
     o; append one entry (non-flush) or write the state (flush).  Ours: d in the state
     dtype, k in the activation dtype (defaults).  Upstream: d and k in the state
-    dtype.  Upstream's flush re-reads the state tile (an L2 hit, not counted).  ``carry``: see
-    :func:`_replay_phase_bytes`."""
+    dtype.  Upstream's flush re-reads the state tile (an L2 hit, not counted)."""
     d_bytes = state_bytes if d_bytes is None else d_bytes
     k_bytes = act_bytes if k_bytes is None else k_bytes
     entry = HV * V * d_bytes + Hk * K * k_bytes + HV * 4
     return _replay_phase_bytes(b, w, L, b * HV * V * K * state_bytes, entry,
-                               gdn_stock_bytes(b, HV, Hk, K, V, state_bytes, act_bytes), extra_row_bytes, carry)
+                               gdn_stock_bytes(b, HV, Hk, K, V, state_bytes, act_bytes), extra_row_bytes)
 
 
-def mixed_bytes(per_phase: Callable[[int], Dict[str, int]], L: int, batch: int, first: int = 0) -> float:
-    """Bytes of the mixed launch: each row at its own phase (first + i % (L - first)), i.e. the row-weighted mean
-    of ``per_phase`` (which counts all rows at one phase)."""
-    counts = collections.Counter(first + i % (L - first) for i in range(batch))
+def mixed_bytes(per_phase: Callable[[int], Dict[str, int]], L: int, batch: int) -> float:
+    """Bytes of the mixed launch: each row at its own phase, i.e. the row-weighted mean of ``per_phase`` (which
+    counts all rows at one phase)."""
+    counts = collections.Counter(i % L for i in range(batch))
     return sum(n * per_phase(w)["total"] for w, n in counts.items()) / batch
 
 
-def amortised_bytes(per_phase: Callable[[int], Dict[str, int]], L: int, first: int = 0) -> Dict[str, float]:
-    """Mean over the phases first..L-1 of a flush cycle of ``per_phase(w)`` (each key)."""
-    rows = [per_phase(w) for w in range(first, L)]
-    return {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
+def amortised_bytes(per_phase: Callable[[int], Dict[str, int]], L: int) -> Dict[str, float]:
+    """Mean over the L phases of a flush cycle of ``per_phase(w)`` (each key)."""
+    rows = [per_phase(w) for w in range(L)]
+    return {k: sum(r[k] for r in rows) / L for k in rows[0]}
 
 
 # ---------------------------------------------------------------------------------
@@ -357,7 +353,7 @@ def check_gdn(stock_fn, upstream_fn, ours_fn, geom, L: int, batch: int, device: 
     ff = torch.zeros((batch,), dtype=torch.int32, device=device)
     gen = torch.Generator(device=device).manual_seed(seed + 7)
     res: Dict[str, Any] = {"family": "gdn", "geometry": geom, "batch": batch, "L": L, "state_dtype": "fp32",
-                           "steps": L, "ring_poison": "nan", "carry": w.carry}
+                           "steps": L, "ring_poison": "nan"}
     out_rel = {k: 0.0 for k in kinds}
     vs_stock = {k: 0.0 for k in kinds if k != "stock"}
     all_written = {k: True for k in kinds}
@@ -382,7 +378,7 @@ def check_gdn(stock_fn, upstream_fn, ours_fn, geom, L: int, batch: int, device: 
                             use_qk_l2norm_in_kernel=True)
             else:
                 ours_fn(mq, a, bb, w.A_log, w.dt_bias, states[k], ours_ring[0], ours_ring[1], ours_ring[2], idx, wp,
-                        scale=w.scale, use_qk_l2norm=True, out=o, carry=w.carry)
+                        scale=w.scale, use_qk_l2norm=True, out=o)
             outs[k] = o[:, 0]
             if k != "stock" and t == L - 2:
                 untouched[k] = bool(torch.equal(states[k][rows], state0[rows]))
@@ -391,14 +387,6 @@ def check_gdn(stock_fn, upstream_fn, ours_fn, geom, L: int, batch: int, device: 
             out_rel[k] = max(out_rel[k], bc.rel_err(o, o_ref))
             if k != "stock" and "stock" in outs:
                 vs_stock[k] = max(vs_stock[k], _maxabs(o, outs["stock"]))
-    if w.carry:  # the flush kept its token: the cursor advance's move, then the slot fold, as a server runs them
-        from sglang_replayssm.kernels.decode_cursor import carry_entries
-        from sglang_replayssm.kernels.materialize import gdn_materialize
-
-        carry_entries([t.unsqueeze(0) for t in ours_ring], idx, wp, L)
-        cursors = torch.zeros(w.num_slots, dtype=torch.int32, device=device)
-        cursors[rows] = 1
-        gdn_materialize(states["ours"], *ours_ring, cursors, idx, use_qk_l2norm=True)
     res["out_rel_err_vs_fp64"] = out_rel
     res["out_max_abs_diff_vs_stock"] = vs_stock if stock_fn else None
     res["outputs_all_written_finite"] = all_written
@@ -415,13 +403,10 @@ def check_gdn(stock_fn, upstream_fn, ours_fn, geom, L: int, batch: int, device: 
 # ---------------------------------------------------------------------------------
 def _replay_timing(timer: Timer, make_fn: Callable[[int, int], Callable], n_sets: int, L: int,
                    phases: Sequence[int], min_launches: int, bytes_fn: Callable[[int], Dict[str, int]],
-                   copy_bw: Optional[float], with_cycle: bool = True, batch: int = 0, first: int = 0
-                   ) -> Dict[str, Any]:
+                   copy_bw: Optional[float], with_cycle: bool = True, batch: int = 0) -> Dict[str, Any]:
     """Per-phase times (all rows at phase w), their flush-cycle amortisation and the
     in-order cycle graph, with bytes and bandwidth; with ``batch`` >= L also the mixed launch
-    (``make_fn(s, L)``: row i at phase i % L, see :func:`mixed_wpos`).  ``first`` 1: a carrying
-    GDN ring, whose steady cycle is the L-1 phases 1..L-1 (phase 0 is not timed)."""
-    phases = [w for w in phases if w >= first]
+    (``make_fn(s, L)``: row i at phase i % L, see :func:`mixed_wpos`)."""
     n_launch = max(n_sets, min_launches)
     phase_us: Dict[int, float] = {}
     phase_detail: Dict[int, Dict[str, Any]] = {}
@@ -431,15 +416,14 @@ def _replay_timing(timer: Timer, make_fn: Callable[[int, int], Callable], n_sets
         nb = bytes_fn(w)["total"]
         phase_detail[w] = {"us": t["us"], "bytes": nb, "GBps": gbps(nb, t["us"]), "reps": t["reps"],
                            "launches": t["launches"], "method": t["method"], "spread": t.get("spread")}
-    t_amort = amortise(phase_us, L, first)
+    t_amort = amortise(phase_us, L)
     nonflush = [t for w, t in phase_us.items() if w != L - 1]
     cyc = None
     if with_cycle:
-        n = L - first
-        n_cyc = n * max(1, math.ceil(max(n_sets, min_launches) / n))
-        c = timer([make_fn(i % n_sets, first + i % n) for i in range(n_cyc)])
+        n_cyc = L * max(1, math.ceil(max(n_sets, min_launches) / L))
+        c = timer([make_fn(i % n_sets, i % L) for i in range(n_cyc)])
         cyc = c["us"]
-    bytes_amort = amortised_bytes(bytes_fn, L, first)
+    bytes_amort = amortised_bytes(bytes_fn, L)
     out = {
         "phase_us": phase_us,
         "phases": phase_detail,
@@ -450,14 +434,13 @@ def _replay_timing(timer: Timer, make_fn: Callable[[int, int], Callable], n_sets
         "bytes_amort": bytes_amort["total"],
         "bytes_breakdown_amort": bytes_amort,
         "bytes_nonflush_w0": bytes_fn(0)["total"],
-        "cycle_phases": list(range(first, L)),
         "bytes_flush": bytes_fn(L - 1)["total"],
     }
     out["GBps"] = gbps(out["bytes_amort"], t_amort)
     out["bw_fraction"] = report.ratio(out["GBps"], copy_bw)
     if L > 1 and batch >= L:
         m = timer([make_fn(i % n_sets, L) for i in range(n_launch)])
-        nb = mixed_bytes(bytes_fn, L, batch, first)
+        nb = mixed_bytes(bytes_fn, L, batch)
         out["t_mixed_us"] = m["us"]
         out["mixed"] = {"us": m["us"], "bytes": nb, "GBps": gbps(nb, m["us"]),
                         "bw_fraction": report.ratio(gbps(nb, m["us"]), copy_bw), "reps": m["reps"],
@@ -520,12 +503,9 @@ def run_gdn_case(name, geom, batch, L, sdtype, device, stock: Stock, ours, timer
         res["name"] = "sglang fused_recurrent_gdn_replayssm_decode (--enable-linear-replayssm)"
         case["kernels"]["upstream_replay"] = res
     if ours is not None:
-        carry = w.carry  # the launch config's carry (a carrying ring's flush leaves one entry: cycle 1..L-1)
         res = _replay_timing(timer, lambda s, ph: w.ours_fn(ours, s, ph), n_sets, L, phases, min_launches,
-                             lambda ph: gdn_replay_bytes(batch, HV, Hk, K, V, L, ph, sb, carry=carry), copy_bw,
-                             batch=batch, first=1 if carry else 0)
-        res["name"] = "sglang_replayssm gdn_replay_decode" + (" (carry: flush + the entry move)" if carry else "")
-        res["carry"] = carry
+                             lambda ph: gdn_replay_bytes(batch, HV, Hk, K, V, L, ph, sb), copy_bw, batch=batch)
+        res["name"] = "sglang_replayssm gdn_replay_decode"
         case["kernels"]["replay"] = res
     case["finite"] = w.finite()
     del w

@@ -125,8 +125,7 @@ def capture(config: Dict[str, Any], geom: Dict[str, int], L: int, state_dtype, a
         idx = torch.arange(1, B + 1, dtype=torch.int32)
         wp = torch.full((B,), w, dtype=torch.int32)
         out = torch.empty(B, 1, HV, V, dtype=act_dtype)  # the layout SGLang's backend passes
-        gr.gdn_replay_decode(mq, a, b, A_log, dt_bias, state, d_ring, k_ring, g_ring, idx, wp, out=out,
-                             carry=bool(config.get("carry", 0)))
+        gr.gdn_replay_decode(mq, a, b, A_log, dt_bias, state, d_ring, k_ring, g_ring, idx, wp, out=out)
     finally:
         gr._gdn_replay_decode_kernel, gr._gdn_history_scores_kernel, gr._gdn_replay_decode_kchunk_kernel = saved
         if prev is None:
@@ -236,20 +235,18 @@ def parse_sass(text: str) -> Tuple[List[Dict[str, Any]], Dict[str, int]]:
     return insns, labels
 
 
-def flush_branch_line(kchunk: bool = False, carry: bool = False) -> Tuple[str, int]:
-    """(file, line) of the flush branch: ``if is_flush:`` in gdn_replay._tile_finish (the whole-tile kernel), or in
-    _gdn_replay_decode_kchunk_kernel (``kchunk``: launch option BKC > 0) its ``elif is_flush:`` (the second pass)
-    or, with ``carry``, the ``if is_flush:`` that picks the one-pass fold."""
+def flush_branch_line(kchunk: bool = False) -> Tuple[str, int]:
+    """(file, line) of ``if is_flush:`` in gdn_replay._tile_finish (the whole-tile kernel) or in
+    _gdn_replay_decode_kchunk_kernel (``kchunk``: launch option BKC > 0)."""
     from sglang_replayssm.kernels import gdn_replay as gr
 
     jit = gr._gdn_replay_decode_kchunk_kernel if kchunk else gr._tile_finish
     fn = jit.fn if hasattr(jit, "fn") else jit
     lines, start = inspect.getsourcelines(fn)
-    want = "elif is_flush" if kchunk and not carry else "if is_flush"
     for i, text in enumerate(lines):
-        if text.strip().startswith(want):
+        if text.strip().startswith("if is_flush"):
             return inspect.getsourcefile(fn), start + i
-    raise RuntimeError(f"no '{want}' line in {fn.__name__}")
+    raise RuntimeError(f"no 'if is_flush' line in {fn.__name__}")
 
 
 def split_regions(insns: List[Dict[str, Any]], labels: Dict[str, int], branch_at: Tuple[str, int]
@@ -301,7 +298,7 @@ def analyse(name: str, config: Dict[str, Any], geom: Dict[str, int], L: int, sta
     rep = ptxas_report(built["ptx"])
     text = disassemble(built["cubin"])
     insns, labels = parse_sass(text)
-    regions = split_regions(insns, labels, flush_branch_line(kchunk, bool(launch["kwargs"].get("CARRY"))))
+    regions = split_regions(insns, labels, flush_branch_line(kchunk))
     kw = launch["kwargs"]
     nw = built["num_warps"]
     grid0 = launch["grid"][0]

@@ -138,7 +138,7 @@ def discover(family: str, geom: Dict[str, int], L: int, device: str, dtypes: Seq
                 w = bc.Mamba2Work(geom, 2, L, dt, device, 1, seed=11)
                 w.ours_fn(mod.mamba2_replay_decode, 0, L - 1)()
             else:
-                w = bc.GDNWork(geom, 2, L, dt, device, 1, seed=11, with_upstream=False, carry=False)
+                w = bc.GDNWork(geom, 2, L, dt, device, 1, seed=11, with_upstream=False)
                 w.ours_fn(mod.gdn_replay_decode, 0, L - 1)()
     finally:
         if prev is None:
@@ -295,9 +295,7 @@ class FamilyTuner:
     def _work(self, b: int, dt: str, n_sets: int, seed: int):
         if self.family == "mamba2":
             return bc.Mamba2Work(self.geom, b, self.L, dt, self.device, n_sets, seed)
-        # carry off: a carrying flush stores another state (S_{w-1}) and cycles over L-1 phases, which this
-        # tuner's per-phase comparison and cycle graph do not model; eval/bench_kernels.py times it
-        return bc.GDNWork(self.geom, b, self.L, dt, self.device, n_sets, seed, with_upstream=False, carry=False)
+        return bc.GDNWork(self.geom, b, self.L, dt, self.device, n_sets, seed, with_upstream=False)
 
     def _launch(self, w, s: int, phase: int):
         return w.ours_fn(self.fn, s, phase)

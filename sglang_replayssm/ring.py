@@ -17,10 +17,6 @@ Gated DeltaNet (``GDNRingGeometry``)
 Cursor: ``write_pos[slot]`` (int32) = number of valid ring entries; the linear AR ring
 is always read from position 0, so a recycled slot needs no zeroing, only
 ``write_pos = 0``.  Slot 0 is SGLang's dummy slot and is never written by a kernel.
-Between forwards entries ``0..write_pos-1`` are the valid ones, also on a *carrying* GDN
-ring (``carry``, the GDN decode kernel's launch option ``carry``): there a flush step
-appends its token at position L-1 and the forward's cursor advance moves it to 0
-(``kernels/decode_cursor.py``), so a flush leaves ``write_pos = 1`` instead of 0.
 
 Spec ring (``spec_window=T``, speculative verify): the same tensors with ring length
 ``R = L + T`` (``L`` the history block), used circularly, plus two more per-slot int32
@@ -124,17 +120,6 @@ def ring_bytes_per_slot(geom, spec_window: Optional[int] = None) -> int:
     return total
 
 
-def decode_carry(geom, spec_window: Optional[int] = None) -> bool:
-    """Whether a ring's flush steps carry their token (GDN standard decode, L >= 2, launch option ``carry`` of
-    the GDN decode kernel for this geometry and state dtype)."""
-    if spec_window is not None or not isinstance(geom, GDNRingGeometry) or geom.buffer_len < 2:
-        return False
-    from .kernels.gdn_replay import gdn_launch_params
-
-    return bool(gdn_launch_params(geom.num_v_heads, geom.num_k_heads, geom.head_k_dim, geom.head_v_dim,
-                                  geom.buffer_len, geom.state_dtype)["carry"])
-
-
 def _ring_len(geom, spec_window: Optional[int]) -> int:
     if spec_window is None:
         return geom.buffer_len
@@ -151,8 +136,7 @@ class ReplayRing:
     views are what the kernels receive, so they must honour ``stride(0)``).
     """
 
-    def __init__(self, geom, num_layers: int, num_slots: int, device="cpu", spec_window: Optional[int] = None,
-                 carry: Optional[bool] = None):
+    def __init__(self, geom, num_layers: int, num_slots: int, device="cpu", spec_window: Optional[int] = None):
         _check_positive(num_layers=num_layers, num_slots=num_slots)
         self.geom = geom
         self.num_layers = num_layers
@@ -170,11 +154,6 @@ class ReplayRing:
         if spec_window is not None:
             self.origin = torch.zeros(num_slots, dtype=torch.int32, device=self.device)
             self.flush = torch.zeros(num_slots, dtype=torch.int32, device=self.device)
-        # a GDN standard-decode ring whose flush steps carry their token (launch option ``carry`` of the GDN
-        # decode kernel, read once here): the cursor advance then moves entry L-1 to 0 and sets the cursor to 1
-        self.carry = decode_carry(geom, spec_window) if carry is None else bool(carry)
-        if self.carry and (spec_window is not None or self.kind != "gdn" or geom.buffer_len < 2):
-            raise ValueError("carry is a GDN standard-decode ring's property and needs a buffer length >= 2")
 
     @property
     def buffer_len(self) -> int:
@@ -190,11 +169,6 @@ class ReplayRing:
         """``(write_pos, origin, flush)`` as the verify and commit kernels take them; None for a
         standard-decode ring."""
         return None if self.origin is None else (self.write_pos, self.origin, self.flush)
-
-    @property
-    def carry_tensors(self) -> Tuple[torch.Tensor, ...]:
-        """The ring tensors whose flushed rows' entry L-1 the cursor advance moves to 0 (empty without carry)."""
-        return tuple(self.tensors.values()) if self.carry else ()
 
     def _cursors(self):
         return [self.write_pos] + list(self.spec_cursors or ())

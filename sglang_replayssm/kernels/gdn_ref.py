@@ -126,7 +126,6 @@ def history_weights(g_hist: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
 def gdn_replay_decode_ref(
     mixed_qkv, a, b, A_log, dt_bias, state, d_ring, k_ring, g_ring, state_indices, write_pos,
     *, scale=None, use_qk_l2norm=True, out=None, null_slot=0, compute_dtype=torch.float32, dbeta_out=None,
-    carry=False,
 ):
     """Reference replay decode: same arguments and side effects as ``gdn_replay_decode``.
 
@@ -138,7 +137,6 @@ def gdn_replay_decode_ref(
       d_w = beta (v - alpha S_{w-1} k^);  o = alpha S_{w-1} q^ + d_w (k^ . q^)
       w <  L-1: ring[w] <- (d_w, raw k_w, g_w)
       w == L-1: state[s] <- alpha (e^G S_ck + sum_j e^{G-G_j} d_j k^_j^T) + d_w k^^T
-      carry (L >= 2), w == L-1: state[s] <- e^G S_ck + sum_j e^{G-G_j} d_j k^_j^T; ring[L-1] <- (d_w, k_w, g_w)
     """
     cd = compute_dtype
     B = mixed_qkv.shape[0]
@@ -153,7 +151,6 @@ def gdn_replay_decode_ref(
     out3 = out[:, 0] if out.ndim == 4 else out
     q_all, k_all, v_all = split_qkv(mixed_qkv, Hk, HV, K, V)
     g_all, beta_all = gdn_gates(a, b, A_log, dt_bias, torch.float32)
-    carry = bool(carry) and L > 1
     idx = state_indices.tolist()
     wp = write_pos.tolist()
     for i in range(B):
@@ -192,12 +189,9 @@ def gdn_replay_decode_ref(
             S_prev = S_ck
             if w > 0:
                 S_prev = eG[:, None, None] * S_ck + torch.einsum("hjv,hjk->hvk", dh * c[:, :, None], kr)
-            if carry:
-                state[s] = S_prev.to(state.dtype)
-            else:
-                S_new = alpha[:, None, None] * S_prev + d_cur[:, :, None] * kv[:, None, :]
-                state[s] = S_new.to(state.dtype)
-        if w < L - 1 or carry:
+            S_new = alpha[:, None, None] * S_prev + d_cur[:, :, None] * kv[:, None, :]
+            state[s] = S_new.to(state.dtype)
+        else:
             d_ring[s, :, w] = d_cur.to(d_ring.dtype)
             k_ring[s, :, w] = k_all[i].to(k_ring.dtype)
             g_ring[s, :, w] = g_all[i].to(g_ring.dtype)

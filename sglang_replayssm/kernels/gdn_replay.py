@@ -27,15 +27,6 @@ sum_j c_j d_j k^_j^T to e^G S_ck and stores alpha S_{w-1} + d_w k^^T. ``flush=ra
 with ``dot_precision`` "tf32x3" or "ieee" (plain "tf32" is refused: it drifts ~1e-2;
 measured 6e-4 vs 2e-7 for tf32x3 on a flushed Qwen3-Next state).
 
-*Carry flush (launch option ``carry``, off by default; L >= 2).*  A flush row stores
-S_{w-1} (the checkpoint folded over the L-1 history entries, which needs nothing of the
-current token) and appends (d_w, k_w, g_w) at ring position L-1 like any other step;
-after the forward the cursor advance moves that entry to position 0 in every layer and
-sets the cursor to 1 (``decode_cursor``), so between forwards the ring still holds
-entries 0..w-1. The K-chunked kernel then reads, folds and stores each chunk in one pass
-(without it, d_w needs the whole (S_{w-1} k^) before the first chunk of the new state
-can be stored, so a flush row reads its tile twice). The flush cycle becomes L-1 steps.
-
 ``cast`` (launch option) rounds the 16-bit stores (out, d, state) either with
 ``_cast_rtne``'s bit arithmetic (``bits``, default; what the interpreter always uses) or
 with the GPU's own conversion (``cvt``: cvt.rn, the same bits; offline, a bf16 state's
@@ -125,8 +116,7 @@ import triton.language as tl
 from .common import L2NORM_EPS, SOFTPLUS_THRESHOLD, interpreting, launch_config, next_pow2, softplus, suffix_sum_excl
 from .common import flush_first_row, write_flush_first_rank
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, register_cap, register_family
-from .common import block_param, choice_param, count_param, dot_precision_param, flag_param, maxnreg_param
-from .common import warps_param
+from .common import block_param, choice_param, count_param, dot_precision_param, maxnreg_param, warps_param
 
 __all__ = ["gdn_replay_decode", "gdn_launch_params", "GDN_DEFAULT_LAUNCH", "GDN_LAUNCH_CHOICES"]
 
@@ -170,12 +160,6 @@ GDN_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_decode", {
     # row from the score pre-kernel's flush-first order (common.flush_first_row; only with scores "pre" above
     # inline_scores_max_batch). Off by default; on in the H200 file's Qwen entries (kernel-variants-h200/mixed-order/)
     "flush_first_max_batch": count_param(0),
-    # 1: a flush step stores the checkpoint folded over the history only (S_{w-1}, no dependence on the current
-    # token) and appends the current token at ring position L-1 like any other step; after the forward the cursor
-    # advance moves that entry to position 0 (every layer) and sets the cursor to 1 (kernels/decode_cursor.py).
-    # The K-chunked kernel then reads, folds and stores its tile in one pass instead of two. The flush cycle
-    # becomes L-1 steps. A property of the pool's cursors: the ring reads it once (ring.decode_carry), L >= 2
-    "carry": flag_param(0),
 })
 # the string launch parameters that are speed choices (same results), for eval/tune_kernels.py
 GDN_LAUNCH_CHOICES: Dict[str, Tuple[str, ...]] = {"flush": _FLUSH_MODES, "scores": _SCORE_MODES,
@@ -372,9 +356,8 @@ def _tile_finish(s_ck, d_hist, v, t, o_b, o_k, mask_k, q, k, kq, alpha, beta, eG
                  is_flush, w, out_row, s_head, stride_s2, d_head, stride_dl, k_head, stride_kl, rn,
                  V: tl.constexpr, BV: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
                  PRE_SCORES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 USE_L2NORM: tl.constexpr, EPS: tl.constexpr, CAST_BITS: tl.constexpr, CARRY: tl.constexpr):
-    """Output of V tile ``t``, then either the flushed checkpoint rows or the appended d_w (CARRY: a flush row
-    stores S_{w-1} and appends d_w too)."""
+                 USE_L2NORM: tl.constexpr, EPS: tl.constexpr, CAST_BITS: tl.constexpr):
+    """Output of V tile ``t``, then either the flushed checkpoint rows or the appended d_w."""
     o_v = t * BV + o_b
     mask_v = o_v < V
     s_ck = s_ck.to(tl.float32)
@@ -407,14 +390,9 @@ def _tile_finish(s_ck, d_hist, v, t, o_b, o_k, mask_k, q, k, kq, alpha, beta, eG
                                              o_k, mask_k, L - 1, LP, USE_L2NORM, EPS)
         else:
             s_prev = s_ck
-        if CARRY:  # the history only; the current token is appended at w == L-1 (moved to 0 after the forward)
-            tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :],
-                     _cast_store(s_prev, s_head.dtype.element_ty, CAST_BITS), mask=mask_v[:, None] & mask_k[None, :])
-            tl.store(d_head + w * stride_dl + o_v, _cast_store(d_cur, d_head.dtype.element_ty, CAST_BITS), mask=mask_v)
-        else:
-            s_new = alpha * s_prev + d_cur[:, None] * k[None, :]
-            tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :],
-                     _cast_store(s_new, s_head.dtype.element_ty, CAST_BITS), mask=mask_v[:, None] & mask_k[None, :])
+        s_new = alpha * s_prev + d_cur[:, None] * k[None, :]
+        tl.store(s_head + o_v[:, None] * stride_s2 + o_k[None, :],
+                 _cast_store(s_new, s_head.dtype.element_ty, CAST_BITS), mask=mask_v[:, None] & mask_k[None, :])
     else:
         tl.store(d_head + w * stride_dl + o_v, _cast_store(d_cur, d_head.dtype.element_ty, CAST_BITS), mask=mask_v)
 
@@ -460,10 +438,10 @@ def _slot_heads(state, d_ring, k_ring, g_ring, slot, i_hv, i_hk, stride_s0, stri
 
 @triton.jit
 def _append_g_k(g_head, k_head, stride_k2, w, g, k_raw, o_k, mask_k, first_tile, i_hv,
-                HV: tl.constexpr, HK: tl.constexpr, L: tl.constexpr, CARRY: tl.constexpr):
-    """A non-flush row (CARRY: every row) appends g_w (one writer per (row, v-head): its first V tile) and raw
-    k_w (one writer per (row, k-head)) at ring position w."""
-    if first_tile & ((w < L - 1) | CARRY):
+                HV: tl.constexpr, HK: tl.constexpr, L: tl.constexpr):
+    """A non-flush row appends g_w (one writer per (row, v-head): its first V tile) and raw k_w (one writer
+    per (row, k-head)) at ring position w."""
+    if first_tile & (w < L - 1):
         tl.store(g_head + w, g)
         if i_hv % (HV // HK) == 0:
             tl.store(k_head + w * stride_k2 + o_k, k_raw.to(k_head.dtype.element_ty), mask=mask_k)
@@ -489,7 +467,6 @@ def _gdn_replay_decode_kernel(
     BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, NUM_STAGES: tl.constexpr,
     USE_L2NORM: tl.constexpr, PRE_SCORES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, CAST_BITS: tl.constexpr, FF: tl.constexpr,
-    CARRY: tl.constexpr,
 ):
     # program: one V tile of BV rows of one (row, v-head)
     i_vp = tl.program_id(0)
@@ -561,39 +538,9 @@ def _gdn_replay_decode_kernel(
     # ---- the V tile: output-only replay, then flush or append ----
     _tile_finish(s_ck, d_hist, v, t0, o_b, o_k, mask_k, q, k, kq, alpha, beta, eG, c, cq, ck, k_hist,
                  is_flush, w, out_row, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, rn,
-                 V, BV, L, LP, PRE_SCORES, FLUSH, DOT_PRECISION, USE_L2NORM, EPS, CAST_BITS, CARRY)
+                 V, BV, L, LP, PRE_SCORES, FLUSH, DOT_PRECISION, USE_L2NORM, EPS, CAST_BITS)
 
-    _append_g_k(g_head, k_head, stride_k2, w, g, k_raw, o_k, mask_k, i_vp == 0, i_hv, HV, HK, L, CARRY)
-
-
-@triton.jit
-def _chunk_pass(p_tile, mask_v, o_c, q_row, k_row, eG, dc, coef, k_head, stride_k2, d_head, stride_d2, o_v,
-                o_j, valid, K: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, L: tl.constexpr,
-                LP: tl.constexpr, NUM_STAGES: tl.constexpr, FOLD: tl.constexpr, FLUSH: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, CAST_BITS: tl.constexpr):
-    """(S_ck q, S_ck k) of one program's [BV, K] checkpoint tile, streamed in K chunks of BKC columns (q, k raw).
-    FOLD (a carry flush): each chunk is first folded over the history, e^G S_ck + sum_j c_j d_j k^_j^T = S_{w-1}
-    (``coef`` = c_j / |k_j| for the raw cached keys, ``dc`` = d_j coef_j [BV, LP]: the dot flush's operand) and
-    stored back in place, so the tile is read and written in one pass; the dots are then (S_{w-1} q, S_{w-1} k),
-    taken on the folded chunk (the chunk is held in one layout only)."""
-    acc_q = tl.zeros([BV], dtype=tl.float32)
-    acc_k = tl.zeros([BV], dtype=tl.float32)
-    for kc in tl.range(0, K, BKC, num_stages=NUM_STAGES):
-        mask_c = (kc + o_c) < K
-        s = tl.load(p_tile + kc, mask=mask_v[:, None] & mask_c[None, :], other=0).to(tl.float32)
-        if FOLD:
-            if L > 1:
-                if FLUSH == "dot":
-                    kr_c = tl.load(k_head + o_j[:, None] * stride_k2 + (kc + o_c)[None, :],
-                                   mask=valid[:, None] & mask_c[None, :], other=0).to(tl.float32)
-                    s = eG * s + tl.dot(dc, kr_c, input_precision=DOT_PRECISION)
-                else:
-                    s = _replay_state_rank1_raw(eG * s, coef, k_head + kc, stride_k2, d_head, stride_d2, o_v,
-                                                mask_v, o_c, mask_c, L - 1, LP)
-            tl.store(p_tile + kc, _cast_store(s, p_tile.dtype.element_ty, CAST_BITS),
-                     mask=mask_v[:, None] & mask_c[None, :])
-        acc_q, acc_k = _chunk_dots(acc_q, acc_k, s, q_row, k_row, kc, o_c, K)
-    return acc_q, acc_k
+    _append_g_k(g_head, k_head, stride_k2, w, g, k_raw, o_k, mask_k, i_vp == 0, i_hv, HV, HK, L)
 
 
 @triton.jit
@@ -613,7 +560,6 @@ def _gdn_replay_decode_kchunk_kernel(
     BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, LP: tl.constexpr, NUM_STAGES: tl.constexpr,
     USE_L2NORM: tl.constexpr, PRE_SCORES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, CAST_BITS: tl.constexpr, FF: tl.constexpr,
-    CARRY: tl.constexpr,
 ):
     """The decode step of ``_gdn_replay_decode_kernel`` (same math, same writes) with the checkpoint
     tile streamed in K chunks of BKC columns (launch option ``BKC`` > 0): the output pass accumulates
@@ -679,39 +625,23 @@ def _gdn_replay_decode_kchunk_kernel(
             cq = _history_coeffs(kh, c, q * rq)
             ck = _history_coeffs(kh, c, kf * rk)
 
-    # ---- output pass: (S_ck q, S_ck k) over K chunks; CARRY: a flush row folds and stores each chunk too, and
-    # takes S_{w-1} q, S_{w-1} k off the folded chunks (no history term) ----
-    if CARRY:
-        if is_flush:
-            coef = c * rn
-            acc_q, acc_k = _chunk_pass(p_tile, mask_v, o_c, q_row, k_row, eG, d_hist * coef[None, :], coef, k_head,
-                                       stride_k2, d_head, stride_d2, o_v, o_j, valid, K, BV, BKC, L, LP, NUM_STAGES,
-                                       True, FLUSH, DOT_PRECISION, CAST_BITS)
-            sq = acc_q * rq
-            sk = acc_k * rk
-        else:
-            acc_q, acc_k = _chunk_pass(p_tile, mask_v, o_c, q_row, k_row, 1.0, 0.0, 0.0, k_head, stride_k2, d_head,
-                                       stride_d2, o_v, o_j, valid, K, BV, BKC, L, LP, NUM_STAGES, False, FLUSH,
-                                       DOT_PRECISION, CAST_BITS)
-            sq = _replay_apply(acc_q * rq, eG, d_hist, cq)
-            sk = _replay_apply(acc_k * rk, eG, d_hist, ck)
-    else:
-        acc_q, acc_k = _chunk_pass(p_tile, mask_v, o_c, q_row, k_row, 1.0, 0.0, 0.0, k_head, stride_k2,
-                                   d_head, stride_d2, o_v, o_j, valid, K, BV, BKC, L, LP, NUM_STAGES, False,
-                                   FLUSH, DOT_PRECISION, CAST_BITS)
-        sq = acc_q * rq
-        sk = acc_k * rk
-        if L > 1:
-            sq = _replay_apply(sq, eG, d_hist, cq)
-            sk = _replay_apply(sk, eG, d_hist, ck)
+    # ---- output pass: (S_ck q, S_ck k) over K chunks ----
+    acc_q = tl.zeros([BV], dtype=tl.float32)
+    acc_k = tl.zeros([BV], dtype=tl.float32)
+    for kc in tl.range(0, K, BKC, num_stages=NUM_STAGES):
+        s = tl.load(p_tile + kc, mask=mask_v[:, None] & ((kc + o_c) < K)[None, :], other=0).to(tl.float32)
+        acc_q, acc_k = _chunk_dots(acc_q, acc_k, s, q_row, k_row, kc, o_c, K)
+    sq = acc_q * rq
+    sk = acc_k * rk
+    if L > 1:
+        sq = _replay_apply(sq, eG, d_hist, cq)
+        sk = _replay_apply(sk, eG, d_hist, ck)
     d_cur = beta * (v - alpha * sk)
     o = alpha * sq + d_cur * kq
     out_row = out + i_n * stride_o0 + i_hv * stride_o1
     tl.store(out_row + o_v, _cast_store(o, out_row.dtype.element_ty, CAST_BITS), mask=mask_v)
 
-    if CARRY:  # every row appends d_w at w (a flush row's checkpoint is already stored)
-        tl.store(d_head + w * stride_d2 + o_v, _cast_store(d_cur, d_head.dtype.element_ty, CAST_BITS), mask=mask_v)
-    elif is_flush:
+    if is_flush:
         # S_{w-1} = e^G S_ck + sum_j c_j d_j k^_j^T, then alpha S_{w-1} + d_w k^T, chunk by chunk
         for kc in tl.range(0, K, BKC, num_stages=NUM_STAGES):
             mask_c = (kc + o_c) < K
@@ -733,7 +663,7 @@ def _gdn_replay_decode_kchunk_kernel(
     else:
         tl.store(d_head + w * stride_d2 + o_v, _cast_store(d_cur, d_head.dtype.element_ty, CAST_BITS), mask=mask_v)
 
-    _append_g_k(g_head, k_head, stride_k2, w, g, k_raw, o_k, mask_k, i_v == 0, i_hv, HV, HK, L, CARRY)
+    _append_g_k(g_head, k_head, stride_k2, w, g, k_raw, o_k, mask_k, i_v == 0, i_hv, HV, HK, L)
 
 
 # ----------------------------------------------------------------------------------
@@ -782,7 +712,6 @@ def gdn_replay_decode(
     use_qk_l2norm: bool = True,
     out: Optional[torch.Tensor] = None,
     null_slot: Optional[int] = 0,
-    carry: bool = False,
 ) -> torch.Tensor:
     """One GDN ReplaySSM decode step for a batch of rows (see the module docstring).
 
@@ -793,13 +722,6 @@ def gdn_replay_decode(
     outside are clamped in-kernel); out [B, HV, V] or [B, 1, HV, V] (allocated in
     mixed_qkv's dtype when None). Rows whose slot is < 0 or == ``null_slot`` are
     skipped entirely (``null_slot=None``: only negative slots). No device syncs.
-
-    ``carry`` (ignored at L = 1; only the owner of the cursor advance passes it: a carrying ring,
-    ``ReplayRing.carry``, reads the launch option ``carry`` once): a flush row (w == L-1) stores the
-    checkpoint folded over its L-1 history entries only and appends the current token at ring position L-1;
-    the caller then moves that entry to position 0 and sets the cursor to 1
-    (``decode_cursor.advance_cursors(..., carry=...)``). Without it a flush row stores the state after the
-    current token and appends nothing (the cursor goes to 0).
     """
     tensors = dict(mixed_qkv=mixed_qkv, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=state, d_ring=d_ring,
                    k_ring=k_ring, g_ring=g_ring, state_indices=state_indices, write_pos=write_pos)
@@ -885,7 +807,6 @@ def gdn_replay_decode(
         scale = K ** -0.5
 
     cfg = gdn_launch_params(HV, Hk, K, V, L, state.dtype)
-    carry = bool(carry) and L > 1
     BK = max(16, next_pow2(K))
     small = B <= cfg["inline_scores_max_batch"]  # host-side, per graph batch
     BV = max(16, min(cfg["inline_BV"] if small and cfg["inline_BV"] else cfg["BV"], next_pow2(V)))
@@ -927,7 +848,7 @@ def gdn_replay_decode(
     common = dict(HK=Hk, HV=HV, K=K, V=V, L=L, BK=BK, BV=BV, LP=LP, NUM_STAGES=cfg["num_stages"],
                   USE_L2NORM=use_l2, PRE_SCORES=pre, FLUSH=cfg["flush"],
                   DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
-                  CAST_BITS=cfg["cast"] == "bits" or interpreting(), FF=FF, CARRY=carry,
+                  CAST_BITS=cfg["cast"] == "bits" or interpreting(), FF=FF,
                   num_warps=num_warps, num_stages=cfg["num_stages"], **register_cap(cfg))
     if BKC:
         _gdn_replay_decode_kchunk_kernel[grid](*args, BKC=min(BKC, BK), **common)

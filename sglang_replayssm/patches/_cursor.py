@@ -37,17 +37,15 @@ def gather_cursors(write_pos, slots):
     return gather(write_pos, slots)
 
 
-def advance_cursors(write_pos, slots, wp_rows, buffer_len: int, carry=()) -> None:
+def advance_cursors(write_pos, slots, wp_rows, buffer_len: int) -> None:
     """After a decode step: ``write_pos[slot] = 0 if w == L-1 else w + 1`` for live rows.
 
     ``w`` is ``wp_rows`` clamped to [0, L-1] (as the kernels clamp it).  Rows with
     slot <= NULL_SLOT (padding -1, dummy 0) store nothing.  In place, fixed shapes, no host sync.
-    ``carry``: a carrying GDN ring's tensors (``ReplayRing.carry_tensors``): a flushed row's entry
-    L-1 moves to 0 in every layer and its cursor becomes 1.
     """
     from ..kernels.decode_cursor import advance_cursors as advance
 
-    advance(write_pos, slots, wp_rows, int(buffer_len), null_slot=NULL_SLOT, carry=carry)
+    advance(write_pos, slots, wp_rows, int(buffer_len), null_slot=NULL_SLOT)
 
 
 # --------------------------------------------------------------------------------------
@@ -107,7 +105,7 @@ def close_layer(backend, ring, step: ForwardStep) -> None:
             spec_commit(*ring.verify_cursors, step.slots, None, window=ring.spec_window,
                         ring_len=ring.ring_len, null_slot=NULL_SLOT)
         else:
-            advance_cursors(ring.write_pos, step.slots, step.wp_rows, ring.buffer_len, carry=ring.carry_tensors)
+            advance_cursors(ring.write_pos, step.slots, step.wp_rows, ring.buffer_len)
         setattr(backend, STEP_ATTR, None)
 
 
@@ -133,7 +131,6 @@ class LayerContext:
     # a spec ring (a verify of one token); "verify": a target-verify window on a spec ring
     mode: str = "decode"
     spec: Any = None              # spec rings: (write_pos, origin, flush) per-slot cursor tensors
-    carry: bool = False           # a carrying GDN ring (ReplayRing.carry): flush rows append at L-1
 
 
 class ContextHolder:

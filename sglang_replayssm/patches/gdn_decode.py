@@ -192,8 +192,7 @@ def forward_decode_around(original, self, layer, forward_batch, mixed_qkv, a, b,
     ctx = _LayerContext(ring_views=ring.layer(pool_idx), slots=step.slots, wp_rows=step.wp_rows,
                         state_ptr=temporal[pool_idx].data_ptr(), num_slots=ring.num_slots, geom=ring.geom,
                         pool_idx=pool_idx, layer_id=layer.layer_id,
-                        mode="decode" if ring.spec_window is None else "decode_spec", spec=ring.verify_cursors,
-                        carry=ring.carry)
+                        mode="decode" if ring.spec_window is None else "decode_spec", spec=ring.verify_cursors)
     if current_context() is not None:
         drop_step(self)
         raise ReplayDecodeError("nested GDNAttnBackend.forward_decode calls under a replay context")
@@ -253,7 +252,7 @@ def packed_decode_around(original, self, mixed_qkv, a, b, *, A_log, dt_bias, sca
 
         gdn_replay_decode(mixed_qkv, a, b, A_log, dt_bias, ssm_states, rv["d"], rv["k"], rv["g"],
                           cache_indices, ctx.wp_rows, scale=scale, use_qk_l2norm=USE_QK_L2NORM, out=out,
-                          null_slot=NULL_SLOT, carry=ctx.carry)
+                          null_slot=NULL_SLOT)
     else:  # a decode row on a spec ring: a verify of one token (beta rounded like the packed decode)
         from ..kernels.gdn_verify import gdn_verify
 

@@ -358,9 +358,6 @@ def build_ring(mamba_pool, cache_params, mamba_layer_ids, cfg: ReplaySSMConfig,
                 "standard-decode" if window is None else f"spec (verify window {window})", plan.kind_source,
                 plan.dtype_source, plan.geom, ring.ring_len, num_layers, num_slots, ring.nbytes() / (1 << 20),
                 ring_slot / (1 << 20), state_slot / (1 << 20), 100.0 * ring_slot / max(ring_slot + state_slot, 1))
-    if ring.carry:
-        logger.info("sglang_replayssm: GDN decode flushes carry their token (launch option carry of gdn_decode): "
-                    "the checkpoint is written every %d steps", ring.buffer_len - 1)
     if plan.kind == "gdn" and temporal.dtype != torch.float32 and window is None:  # the decode kernel's cost
         logger.warning("sglang_replayssm: GDN layers with a %s SSM state: the replay decode kernel gains little "
                        "or nothing over SGLang's there (H200, Qwen3-Next geometry: 1.04x at batch 256, 0.97x at 32, "

@@ -32,8 +32,7 @@ calls them by these names)
      in a loop): only masked rows move data, the others exit at once, as for SGLang's state copy;
   2. sets the track slot's cursor to the entries pending *after* this step: ``0`` when this
      step flushed (``w == L-1``: the kernel wrote the new state to ``temporal``), else
-     ``w + 1`` (``w = write_pos[live]``, not yet advanced); on a carrying GDN ring a flushed
-     row's entry L-1 (this step's token) moves to position 0 of the track slot and the cursor is 1;
+     ``w + 1`` (``w = write_pos[live]``, not yet advanced);
   3. folds the track slot (``lifecycle.fold_slots``: all layers, then ``write_pos[track] = 0``;
      slot -1 for unmasked rows, which the fold kernels skip).
   The live slot is not touched, so its cursor advance and ring cycle go on as before.  All
@@ -164,16 +163,10 @@ def materialize_track(ring, mamba_pool, live: torch.Tensor, mask: torch.Tensor, 
     bs = int(rows.shape[0])
     copy_rows(ring.tensors[names[0]], ring.tensors[names[1]], src, rows, dst, bs)
     copy_rows(ring.tensors[names[2]], ring.tensors[names[2]], src, rows, dst, bs)
-    # 2. the track slot's cursor: the entries pending after this step (a flush step left none; on a carrying
-    #    ring one, its token at position L-1, which moves to 0 in the track slot as the advance moves the live one's)
+    # 2. the track slot's cursor: the entries pending after this step (a flush step left none)
     L = ring.buffer_len
     w = ring.write_pos[src].to(torch.long).clamp(0, L - 1)
-    if ring.carry:
-        from ..kernels.decode_cursor import carry_entries
-
-        carry_entries(ring.carry_tensors, torch.where(rows, track, torch.full_like(track, -1)), w, L,
-                      null_slot=NULL_SLOT)
-    pending = torch.where(w == L - 1, torch.full_like(w, 1 if ring.carry else 0), w + 1)
+    pending = torch.where(w == L - 1, torch.zeros_like(w), w + 1)
     ring.write_pos[dst] = torch.where(rows, pending, torch.zeros_like(pending)).to(ring.write_pos.dtype)
     # 3. fold the track slot (all layers), cursor -> 0
     from .lifecycle import fold_slots

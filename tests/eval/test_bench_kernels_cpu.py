@@ -391,54 +391,6 @@ def test_cpu_end_to_end(tmp_path, monkeypatch, capsys):
         assert max(checks["mamba2"]["out_max_abs_diff_vs_stock"].values()) < 5e-2
 
 
-def test_carry_accounting():
-    """A carrying GDN ring: the steady cycle is phases 1..L-1 (times, bytes, mixed launch), and its flush moves
-    the state both ways plus the entry it appends and the advance's copy of it (read + write)."""
-    b, HV, Hk, K, V, L, sb = 3, 4, 2, 8, 16, 5, 4
-    entry = HV * V * sb + Hk * K * 2 + HV * 4
-    for w in range(L):
-        plain = bk.gdn_replay_bytes(b, HV, Hk, K, V, L, w, sb)
-        carry = bk.gdn_replay_bytes(b, HV, Hk, K, V, L, w, sb, carry=True)
-        extra = 3 * b * entry if w == L - 1 else 0   # append + move (read and write)
-        assert carry["total"] == plain["total"] + extra and carry["carry_move"] == (2 * b * entry if extra else 0)
-    times = {0: 1.0, 1: 10.0, 2: 12.0, 3: 14.0, 4: 40.0}
-    assert math.isclose(bk.amortise(times, L, first=1), (3 * 12.0 + 40.0) / 4)  # phase 0 is not in the cycle
-    assert bk.amortise({0: 1.0, 4: 40.0}, L, first=1) is None                   # no non-flush phase of the cycle
-    assert bk.mixed_wpos(6, 4, "cpu", first=1).tolist() == [1, 2, 3, 1, 2, 3]
-    per_phase = lambda w: {"total": 100 * (w + 1), "x": w}  # noqa: E731
-    assert bk.mixed_bytes(per_phase, 4, 6, first=1) == pytest.approx(300.0)
-    assert bk.amortised_bytes(per_phase, 4, first=1) == {"total": 300.0, "x": 2.0}
-
-
-def test_cpu_end_to_end_gdn_carry(tmp_path, monkeypatch, capsys):
-    """The GDN case under a launch config with ``carry``: the kernel carries (flush + the entry move timed
-    together), the cycle is phases 1..L-1, and the spot check (move, then the slot fold) still matches the fp64
-    recurrence after the flush cycle."""
-    ok, why = _kernels_importable()
-    if not ok:
-        pytest.skip(f"kernel modules not importable yet: {why}")
-    cfg = tmp_path / "carry.yaml"
-    cfg.write_text("gdn_decode:\n  default: {carry: 1}\n")
-    monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(cfg))
-    monkeypatch.setenv("GIT_COMMIT", "test-commit")
-    out = tmp_path / "kernels-carry.json"
-    rc = bk.main(["--device", "cpu", "--out", str(out), "--family", "gdn", "--dtypes", "fp32", "--batches", "4",
-                  "--all-phases"])
-    printed = capsys.readouterr()
-    assert rc == 0, printed.out[-4000:] + printed.err[-4000:]
-    res = json.loads(out.read_text())
-    (case,) = res["cases"]
-    ours = case["kernels"]["replay"]
-    L = case["L"]
-    assert ours["carry"] is True and "carry" in ours["name"]
-    assert set(ours["phase_us"]) == {str(w) for w in range(1, L)} and ours["cycle_phases"] == list(range(1, L))
-    assert ours["bytes_breakdown_amort"]["carry_move"] > 0 and ours["t_mixed_us"] > 0
-    (chk,) = res["correctness"]
-    assert chk["carry"] is True
-    assert chk["state_rel_err_vs_fp64_after_flush"]["ours"] < 1e-4
-    assert chk["out_rel_err_vs_fp64"]["ours"] < 1e-2 and chk["checkpoint_untouched_before_flush"]["ours"] is True
-
-
 # --------------------------------------------------------------------------------
 # tune_kernels: candidate generation and YAML the config loader accepts
 # --------------------------------------------------------------------------------

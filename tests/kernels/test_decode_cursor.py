@@ -1,14 +1,13 @@
 """kernels/decode_cursor.py: the decode cursor gather/advance kernels against their PyTorch references
 (on CUDA when present, else TRITON_INTERPRET=1 on CPU), with padded and dummy rows, strided slot views and
-wrap-around; on CUDA also captured in a CUDA graph and replayed.  The carry move (a carrying GDN ring's
-flushed rows: ring entry L-1 -> 0 in every layer, cursor 1) against its reference on poisoned rings."""
+wrap-around; on CUDA also captured in a CUDA graph and replayed."""
 import random
 
 import pytest
 import torch
 
-from sglang_replayssm.kernels.decode_cursor import (advance_cursors, advance_cursors_ref, carry_entries,
-                                                    carry_entries_ref, gather_cursors, gather_cursors_ref)
+from sglang_replayssm.kernels.decode_cursor import (advance_cursors, advance_cursors_ref, gather_cursors,
+                                                    gather_cursors_ref)
 
 
 def _case(rnd, dtype):
@@ -86,92 +85,3 @@ def test_bad_input_is_refused_with_the_argument_named(device):
     with pytest.raises(ValueError, match="buffer_len must be an int >= 1"):
         advance_cursors(wp, slots, gather_cursors(wp, slots), 0)
     assert gather_cursors(wp, slots[:0]).shape == (0,)  # an empty batch launches nothing
-
-
-def _carry_rings(rnd, S, L, layers, device):
-    """GDN-shaped ring tensors [layers, S, heads, L(, cols)] of random values (d fp32, k bf16, g fp32, odd
-    sizes), the k tensor a strided view (every other head of a wider one)."""
-    HV, Hk, V, K = rnd.choice([1, 3, 4]), rnd.choice([1, 2]), rnd.choice([5, 32, 130]), rnd.choice([7, 64])
-    d = torch.randn(layers, S, HV, L, V)
-    k = torch.randn(layers, S, 2 * Hk, L, K).to(torch.bfloat16)[:, :, ::2]
-    g = -torch.rand(layers, S, HV, L)
-    return [t.to(device) for t in (d, k, g)]
-
-
-@pytest.mark.parametrize("n_tensors", [1, 3])
-def test_carry_moves_entry_L_minus_1_of_flushed_rows_only(device, n_tensors):
-    rnd = random.Random()
-    for _ in range(4):
-        wp, slots, L = _case(rnd, torch.int32)
-        L = max(L, 2)
-        S, layers = wp.shape[0], rnd.choice([1, 3])
-        rings = _carry_rings(rnd, S, L, layers, device)[:n_tensors]
-        want = [t.clone().cpu() for t in rings]
-        wp_dev, dslots = wp.clone().to(device), slots.to(device)
-        rows = gather_cursors(wp_dev, dslots)
-        advance_cursors(wp_dev, dslots, rows, L, carry=rings)
-        advance_cursors_ref(wp, slots, gather_cursors_ref(wp, slots), L, carry=want)
-        assert torch.equal(wp_dev.cpu(), wp), (slots.tolist(), L)
-        for got, ref in zip(rings, want):
-            assert torch.equal(got.cpu(), ref)
-        flushed = [s for s, w in zip(slots.tolist(), rows.tolist()) if s > 0 and min(max(w, 0), L - 1) == L - 1]
-        assert all(int(wp[s]) == 1 for s in flushed)
-
-
-def test_carry_copies_every_layer_and_head_and_nothing_else(device):
-    L, S = 4, 6
-    rings = _carry_rings(random.Random(3), S, L, 2, device)
-    before = [t.clone() for t in rings]
-    slots = torch.tensor([2, 5, -1, 0, 3], dtype=torch.int64, device=device)
-    rows = torch.tensor([3, 1, 3, 3, 7], dtype=torch.int32, device=device)  # 7 clamps to L-1: a flush
-    carry_entries(rings, slots, rows, L)
-    for t, b in zip(rings, before):
-        for s in range(S):
-            if s in (2, 3):  # flushed live rows: position 0 <- position L-1, all layers and heads
-                assert torch.equal(t[:, s, :, 0], b[:, s, :, L - 1])
-                assert torch.equal(t[:, s, :, 1:], b[:, s, :, 1:])
-            else:            # slot 5 (not a flush), padding, the dummy slot 0, slots without a row
-                assert torch.equal(t[:, s], b[:, s]), s
-
-
-@pytest.mark.gpu
-def test_carry_in_a_cuda_graph():
-    dev = torch.device("cuda")
-    L = 3
-    rings = _carry_rings(random.Random(5), 4, L, 2, dev)
-    wp = torch.tensor([0, 2, 1, 0], dtype=torch.int32, device=dev)
-    slots = torch.tensor([1, 2, 3], dtype=torch.int32, device=dev)
-    advance_cursors(wp, slots, gather_cursors(wp, slots), L, carry=rings)  # compile outside the capture
-    wp.copy_(torch.tensor([0, 2, 1, 0], dtype=torch.int32))
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        rows = gather_cursors(wp, slots)
-        advance_cursors(wp, slots, rows, L, carry=rings)
-    ref_rings = [t.clone().cpu() for t in rings]
-    ref_wp = wp.clone().cpu()
-    for _ in range(2 * L + 1):
-        g.replay()
-        advance_cursors_ref(ref_wp, slots.cpu(), gather_cursors_ref(ref_wp, slots.cpu()), L, carry=ref_rings)
-        assert wp.tolist() == ref_wp.tolist() and all(1 <= w < L for w in wp.tolist()[1:])
-        assert all(torch.equal(a.cpu(), b) for a, b in zip(rings, ref_rings))
-
-
-def test_carry_bad_input_is_refused(device):
-    wp = torch.zeros(4, dtype=torch.int32, device=device)
-    slots = torch.tensor([1, 2], dtype=torch.int32, device=device)
-    rows = gather_cursors(wp, slots)
-    ring = torch.zeros(1, 4, 2, 4, 8, device=device)
-    with pytest.raises(ValueError, match="buffer_len must be an int >= 2"):
-        carry_entries([ring[:, :, :, :1]], slots, rows, 1)
-    with pytest.raises(ValueError, match="ring positions, expected L = 3"):
-        carry_entries([ring], slots, rows, 3)
-    with pytest.raises(ValueError, match=r"\[layers, slots, heads, L\]"):
-        carry_entries([ring[0, 0]], slots, rows, 4)
-    with pytest.raises(ValueError, match="1 to 3 ring tensors"):
-        carry_entries([ring] * 4, slots, rows, 4)
-    with pytest.raises(ValueError, match="share their layer and slot counts"):
-        carry_entries([ring, ring[:, :3]], slots, rows, 4)
-    with pytest.raises(ValueError, match="rows must have the shape of slots"):
-        carry_entries([ring], slots, rows[:1], 4)
-    carry_entries_ref([ring], slots, rows, 4)  # the reference takes the same arguments

@@ -39,7 +39,6 @@ from gdn_testlib import ORACLE_TOL, PRECISIONS, REF_OUT_TOL, ULP_RTOL, beta_roun
 
 from sglang_replayssm.kernels import gdn_replay as gr
 from sglang_replayssm.kernels.common import interpreting
-from sglang_replayssm.kernels.decode_cursor import carry_entries
 from sglang_replayssm.kernels.gdn_ref import gdn_replay_decode_ref, gdn_step_oracle
 from sglang_replayssm.kernels.gdn_replay import gdn_replay_decode
 
@@ -105,7 +104,7 @@ class Sim:
     """
 
     def __init__(self, device, seed, *, Hk, HV, K, V, L, n_slots, state_dtype, act_dtype,
-                 strided=False, idx_dtype=torch.int32, use_qk_l2norm=True, decay=(1.0, 16.0), carry=None):
+                 strided=False, idx_dtype=torch.int32, use_qk_l2norm=True, decay=(1.0, 16.0)):
         self.dev = torch.device(device)
         self.gen = torch.Generator().manual_seed(seed)
         self.Hk, self.HV, self.K, self.V, self.L, self.S = Hk, HV, K, V, L, n_slots
@@ -113,12 +112,6 @@ class Sim:
         self.strided = strided
         self.idx_dtype = idx_dtype
         self.l2 = use_qk_l2norm
-        # carry: flush rows store S_{w-1}, append at L-1, and the step ends with the cursor advance's move of that
-        # entry to position 0 (decode_cursor.carry_entries) and cursor 1, as the decode seam runs it. None: the
-        # launch config's (set the config before building the Sim)
-        if carry is None:
-            carry = gr.gdn_launch_params(HV, Hk, K, V, L, state_dtype)["carry"]
-        self.carry = bool(carry) and L > 1
         self.W = 2 * Hk * K + HV * V
         # realistic decays (A_log ~ log U(1, 16)) make old ring entries fade within a few
         # steps; v-head 0 gets a long memory (alpha ~ 0.9-0.99) so that the whole ring
@@ -207,7 +200,6 @@ class Sim:
 
     def launch(self, fn, x, a, b, idx, wp, bases, out, null_slot=0, **kw):
         p = self.pools(bases)
-        kw.setdefault("carry", self.carry)
         return fn(x, a, b, self.A_log, self.dt_bias, p["state"], p["d"], p["k"], p["g"], idx, wp,
                   use_qk_l2norm=self.l2, out=out, null_slot=null_slot, **kw)
 
@@ -284,17 +276,7 @@ class Sim:
             st = self.pools()["state"]
             for i, r in enumerate(live):
                 s = rows[r]
-                if self.wpos[s] == self.L - 1 and self.carry:  # flush: checkpoint = rounded state before the token
-                    ck = self.oracle[s].to(self.sd).double()
-                    at, rt, sc = tol["state"]
-                    e = check_close(st[s], ck, at, rt, f"flushed state (carry, slot {s})", scale=sc)
-                    self.note("state_vs_oracle", e)
-                    _, s_on_ck = gdn_step_oracle(x[r:r + 1].cpu(), a[r:r + 1].cpu(), b[r:r + 1].cpu(),
-                                                 self.A_log.cpu(), self.dt_bias.cpu(), ck[None],
-                                                 num_k_heads=self.Hk, use_qk_l2norm=self.l2)
-                    self.oracle[s] = s_on_ck[0]
-                    self.wpos[s] = 1
-                elif self.wpos[s] == self.L - 1:  # flush: checkpoint = rounded full state
+                if self.wpos[s] == self.L - 1:  # flush: checkpoint = rounded full state
                     self.oracle[s] = s_new[i].to(self.sd).double()
                     at, rt, sc = tol["state"]
                     e = check_close(st[s], self.oracle[s], at, rt, f"flushed state (slot {s})", scale=sc)
@@ -303,10 +285,6 @@ class Sim:
                 else:
                     self.oracle[s] = s_new[i]
                     self.wpos[s] += 1
-        if self.carry and live:  # the forward's cursor advance: a flushed row's entry L-1 -> 0 (the cursor: wpos)
-            p = self.pools()
-            carry_entries([p[n].unsqueeze(0) for n in ("d", "k", "g")], idx, wp, self.L,
-                          null_slot=-1 if null_slot is None else null_slot)
         return out
 
 
@@ -483,57 +461,6 @@ def test_every_write_position_matches_reference(device, seed, flush_launch, prec
     changed = [s for s in range(sim.S) if not torch.equal(bits(sim.pools()["state"][s]),
                                                             bits(sim.pools(before)["state"][s]))]
     assert changed in ([], [L]), changed  # [] only if the flushed state happened to be identical
-
-
-# ----------------------------------------------------------------------------------
-# carry flush (launch option ``carry``): flush rows store S_{w-1} and append at L-1, the cursor
-# advance moves that entry to 0; every kernel route, desynchronised rows, several cycles
-# ----------------------------------------------------------------------------------
-CARRY_ROUTES = {
-    "tile": dict(BV=32),
-    "kchunk-rank1": dict(BV=32, BKC=16, flush="rank1"),
-    "kchunk-dot": dict(BV=32, BKC=16, flush="dot", num_warps=4),
-    "kchunk-inline": dict(BV=16, BKC=32, scores="inline"),
-    "kchunk-flush-first": dict(BV=32, BKC=16, flush="dot", num_warps=4, flush_first_max_batch=512),
-    "tile-dot": dict(BV=32, flush="dot", num_warps=4),
-}
-
-
-@pytest.mark.parametrize("route", list(CARRY_ROUTES))
-@pytest.mark.parametrize("L", [2, 4])
-@pytest.mark.parametrize("prec", ["s32-a16b", pytest.param("s16b-a16b", marks=pytest.mark.slow)])
-def test_carry_matches_oracle_and_reference(device, seed, interp_launch, route, L, prec):
-    """Every step against the fp64 recurrence and the reference (which carries too), with the advance's move
-    after each step; rows start one step apart (padding before), so flush and non-flush rows share launches,
-    and the flush cycle is L-1 steps after the first."""
-    interp_launch(always=True, carry=1, **CARRY_ROUTES[route])
-    sd, ad = PRECISIONS[prec]
-    sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, **small_geom(L, Hk=2, HV=4))
-    assert sim.carry
-    slots, starts = [1, 5, 3], [0, 1, 2]
-    seen = []
-    for t in range(3 * L + 2):
-        rows = _staggered_rows(sim, slots, starts, t)
-        seen.append([sim.wpos.get(s) for s in slots])
-        sim.step(rows)
-    flushes = sum(w == L - 1 for step in seen for w in step)
-    assert flushes >= 3 and all(w != 0 for step in seen[3:] for w in step)  # 0 only before the first flush
-    print(prec, route, f"L={L}", {k: f"{v:.2e}" for k, v in sim.max_errs.items()})
-
-
-def test_carry_is_ignored_at_L1(device, seed, interp_launch):
-    """At L = 1 every step flushes with an empty history: carry would leave nothing to fold, so the kernel
-    ignores it (stock behaviour) and the ring does not carry."""
-    interp_launch(BV=32)
-    sims = [Sim(device, seed, state_dtype=F32, act_dtype=BF16, carry=c, **small_geom(1)) for c in (True, False)]
-    assert not sims[0].carry
-    x, a, b = sims[0].inputs(2)
-    idx, wp = sims[0].index_tensors([1, 2])
-    outs = [sim.launch(gdn_replay_decode, x, a, b, idx, wp, sim.bases, sim.new_out(2, F32), carry=c)
-            for sim, c in zip(sims, (True, False))]
-    assert torch.equal(bits(outs[0]), bits(outs[1]))
-    for n in sims[0].bases:
-        assert torch.equal(bits(sims[0].bases[n]), bits(sims[1].bases[n])), n
 
 
 # ----------------------------------------------------------------------------------

@@ -19,10 +19,8 @@ recurrence (``mamba2_step_oracle`` / ``gdn_step_oracle``) of the request's token
 """
 
 import os
-import tempfile
 import types
 from array import array
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -85,21 +83,13 @@ def publish(overlap=True, lazy=False):
 
 
 def make_pool(kind, lazy=False):
-    """``kind`` "gdn-carry": a GDN ring whose flush steps carry their token (the decode kernel's launch option
-    ``carry``, from a kernel config file written here)."""
-    carry = kind == "gdn-carry"
-    if carry:
-        f = Path(tempfile.mkdtemp()) / "carry.yaml"
-        f.write_text("gdn_decode:\n  default: {carry: 1}\n")
-        _SHIMS.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
-        kind = "gdn"
     params = cache_params(kind, (H, P, N, G) if kind == "mamba2" else (HK, HV, KD, VD), LAYERS)
     pool = hybrid_pool(
         params, size=6, mamba_size=MAMBA_SIZE, mamba_spec_state_size=4,
         enable_mamba_extra_buffer=True, enable_mamba_extra_buffer_lazy=lazy, speculative_num_draft_tokens=None,
         speculative_eagle_topk=None, enable_overlap_schedule=True, start_layer=0)
     ring = pool.mamba_pool.rssm_ring
-    assert ring is not None and ring.kind == kind and ring.spec_window is None and ring.carry == carry
+    assert ring is not None and ring.kind == kind and ring.spec_window is None
     assert pool.mamba_ping_pong_track_buffer_size == 2
     return pool
 
@@ -167,7 +157,7 @@ class Model:
         last = len(LAYERS) - 1
         for i in range(len(LAYERS)):
             ctx = LayerContext(ring_views=ring.layer(i), slots=slots, wp_rows=wp, state_ptr=temporal[i].data_ptr(),
-                               num_slots=ring.num_slots, pool_idx=i, layer_id=LAYERS[i], carry=ring.carry)
+                               num_slots=ring.num_slots, pool_idx=i, layer_id=LAYERS[i])
             holder.set(ctx)
             try:
                 if ring.kind == "mamba2":
@@ -184,7 +174,7 @@ class Model:
                         hlab.track_mamba_states_all_layers(mp.mamba_cache.conv[0], temporal, slots, mask, tidx, 1)
             finally:
                 holder.set(None)
-        advance_cursors(ring.write_pos, slots, wp, L, carry=ring.carry_tensors)
+        advance_cursors(ring.write_pos, slots, wp, L)
         return out
 
 
@@ -221,8 +211,7 @@ class GDNModel(Model):
 
     def decode_layer(self, prm, state, lay, inp, slots, wp):
         y = gdn_replay_decode_ref(inp["qkv"][None], inp["a"][None], inp["b"][None], prm["A_log"], prm["dt_bias"],
-                                  state, lay["d"], lay["k"], lay["g"], slots, wp,
-                                  carry=self.pool.mamba_pool.rssm_ring.carry)
+                                  state, lay["d"], lay["k"], lay["g"], slots, wp)
         return y[0]
 
 
@@ -350,15 +339,12 @@ class Server:
 # the track copy itself
 # --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["mamba2", "gdn", "gdn-carry"])
+@pytest.mark.parametrize("kind", ["mamba2", "gdn"])
 @pytest.mark.parametrize("prompt_len,pending", [(5, 3), (4, 0)], ids=["mid-cycle", "flush-boundary"])
 def test_track_slot_is_the_materialised_state(kind, prompt_len, pending):
     """The decode that reaches seq_len % interval == 0 mid ring cycle (3 entries pending) or on the
-    step that flushes (w == L-1; a carrying GDN ring keeps that step's token pending): the track slot
-    holds the fp64 state at seq_len, cursor 0, the conv windows of the live slot; the live slot keeps its
-    ring and goes on exactly."""
-    if kind == "gdn-carry" and pending == 0:
-        pending = 1
+    step that flushes (w == L-1): the track slot holds the fp64 state at seq_len, cursor 0, the conv
+    windows of the live slot; the live slot keeps its ring and goes on exactly."""
     srv = Server(kind)
     req = srv.req("a", list(range(1, prompt_len + 1)))
     srv.admit(req)
@@ -441,7 +427,7 @@ def test_outside_a_replay_context_sglang_copies_alone():
 # the radix tree: insert, hit, evict, retract
 # --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["mamba2", "gdn", "gdn-carry"])
+@pytest.mark.parametrize("kind", ["mamba2", "gdn"])
 @pytest.mark.parametrize("prompt_len", [5, 4], ids=["mid-cycle", "flush-boundary"])
 @pytest.mark.parametrize("lazy", [False, True], ids=["extra_buffer", "extra_buffer_lazy"])
 def test_finish_insert_hit_restores_the_prefix(kind, prompt_len, lazy):
