@@ -62,7 +62,7 @@ def conv1d_verify_ref(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.T
             rows.append(None)
             continue
         seq = torch.cat([conv_state[slot, :, :K - 1].to(f32), x[b].to(f32)], 1)  # in(-(K-1)) .. in(T-1)
-        y = torch.zeros(dim, T, dtype=f32) if bias is None else bias.to(f32)[:, None].repeat(1, T)
+        y = torch.zeros(dim, T, dtype=f32, device=x.device) if bias is None else bias.to(f32)[:, None].repeat(1, T)
         for j in range(K):  # the kernel's order: bias, then the taps oldest first
             y = y + w[:, j:j + 1] * seq[:, j:j + T]
         if activation is not None:
