@@ -6,10 +6,10 @@ replays one launch per slot set (disjoint slots, fresh inputs and windows, enoug
 several times the L2), timed as CUDA graph replays; bytes each launch must move against the run's measured copy
 bandwidth; the outputs, windows and states of both kernels compared on one set first (states and windows bit for
 bit, outputs within OUT_RTOL of the largest; any mismatch: exit status 1).  ``--configs`` times
-several launch configurations of ours in the same run (BLOCK_F x num_warps, optionally ``:stores``).
+several launch configurations of ours in the same run (BLOCK_F x num_warps).
 
     python -m eval.bench_conv --out eval/results/conv-verify-h200.json [--batches 1 8 64 256] \
-        [--configs 256x4 256x4:runs]
+        [--configs 256x4 128x4]
 
 On CPU (``--device cpu``, Triton's interpreter) it runs tiny shapes to check the harness: not speed numbers.
 Writes <out> (JSON), <out>.md and <out>.png.
@@ -42,21 +42,12 @@ CPU_GEOMETRIES = {"tiny-rows": dict(dim=48, K=4, layout="rows"), "tiny-transpose
 
 
 def parse_config(s: str) -> Dict[str, Any]:
-    """``256x4``: BLOCK_F 256 on 4 warps, the packaged ``stores``; ``256x4:runs``: with stores "runs"."""
-    from sglang_replayssm.kernels.conv_verify import STORE_MODES
-
-    head, _, stores = s.lower().partition(":")
+    """``256x4``: BLOCK_F 256 on 4 warps."""
     try:
-        f, w = head.split("x")
-        cfg: Dict[str, Any] = {"BLOCK_F": int(f), "num_warps": int(w)}
+        f, w = s.lower().split("x")
+        return {"BLOCK_F": int(f), "num_warps": int(w)}
     except ValueError:
-        raise argparse.ArgumentTypeError(f"config {s!r}: expected BLOCK_FxNUM_WARPS[:STORES], e.g. 256x4 or "
-                                         f"256x4:runs")
-    if stores:
-        if stores not in STORE_MODES:
-            raise argparse.ArgumentTypeError(f"config {s!r}: stores {stores!r} not in {STORE_MODES}")
-        cfg["stores"] = stores
-    return cfg
+        raise argparse.ArgumentTypeError(f"config {s!r}: expected BLOCK_FxNUM_WARPS, e.g. 256x4") from None
 
 
 # outputs against SGLang's: it rounds each product to bf16 before summing (a few bf16 units of the largest output)
@@ -66,7 +57,7 @@ OUT_RTOL = 2 ** -5
 def config_tag(cfg: Optional[Dict[str, int]]) -> str:
     if cfg is None:
         return "packaged"
-    return f"{cfg['BLOCK_F']}x{cfg['num_warps']}" + (f":{cfg['stores']}" if "stores" in cfg else "")
+    return f"{cfg['BLOCK_F']}x{cfg['num_warps']}"
 
 
 def make_set(geom: Dict[str, Any], batch: int, T: int, slots, num_slots: int, dtype, device: str, gen):
@@ -218,8 +209,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=int, nargs="+", default=None, help="default 1 8 64 256 (cpu: 2)")
     ap.add_argument("--window", type=int, default=4, help="draft tokens T a row (--speculative-num-draft-tokens)")
     ap.add_argument("--configs", type=parse_config, nargs="+", default=None,
-                    help="our launch configurations BLOCK_FxNUM_WARPS[:STORES] (STORES: rows, runs or tile, see "
-                         "kernels/conv_verify.py; default: the packaged configuration)")
+                    help="our launch configurations BLOCK_FxNUM_WARPS (default: the packaged configuration)")
     ap.add_argument("--geometries", nargs="+", default=None, help=f"subset of {sorted(GEOMETRIES)}")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)

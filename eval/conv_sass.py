@@ -5,7 +5,7 @@ Qwen3-Next's 8192), their Triton kernel swapped for a recorder, and each recorde
 ``GPUTarget("cuda", 90, 64)`` (the machinery of :mod:`eval.gdn_sass`). Prints registers and the global/shared memory
 instructions of each build: how many stores a thread issues and how wide. Must run WITHOUT ``TRITON_INTERPRET``::
 
-    python -m eval.conv_sass [--geometry nemotron-h-8b|qwen3-next-80b] [--configs 256x4 256x4:runs 128x4]
+    python -m eval.conv_sass [--geometry nemotron-h-8b|qwen3-next-80b] [--configs 256x4 128x4]
 """
 
 from __future__ import annotations

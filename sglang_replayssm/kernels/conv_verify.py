@@ -20,9 +20,9 @@ Memory layout, the reason this kernel exists: SGLang's conv state is ``[slots, d
 of a channel contiguous, and on CUDA its chain window is a deduplicated ``as_strided`` view of a
 ``[rows, dim, T+K-2]`` buffer (window step t, column c at physical column t + c).  A kernel that holds one
 channel per lane and writes one column at a time writes 2 bytes every 6 (state) or 12 (window) bytes a store,
-each store touching many 32-byte sectors partly.  Here a channel's row is written whole (launch parameter
-``stores``: a thread stores a channel's contiguous inputs with compile-time strides, or the program's block goes
-out as contiguous 16-byte runs), one store for the deduplicated window, one for the state.
+each store touching many 32-byte sectors partly.  Here a thread stores a channel's contiguous inputs whole, with
+compile-time strides (so the compiler sees the row's alignment): one store for the deduplicated window, one for
+the state.  Other layouts (a transposed state, a dense window) take the tensors' own strides.
 
 Programs: grid (batch, cdiv(dim, BLOCK_F)); launch parameters in the family ``conv1d_verify``.
 """
@@ -35,25 +35,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (FLOAT_DTYPES, INDEX_DTYPES, block_param, choice_param, launch_config, next_pow2,
-                     register_family, warps_param)
+from .common import FLOAT_DTYPES, INDEX_DTYPES, block_param, launch_config, next_pow2, register_family, warps_param
 from .conv_verify_ref import as_window_call
 
 __all__ = ["conv1d_verify", "CONV1D_VERIFY_DEFAULT_LAUNCH", "window_is_deduplicated"]
-
-STORE_MODES = ("rows", "runs", "tile")
-_STORE_CODE = {"tile": 0, "runs": 1, "rows": 2}
 
 CONV1D_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("conv1d_verify", {
     # channels a program (one row); SGLang's own kernel uses 256 channels on 4 warps
     "BLOCK_F": block_param(256, 16),
     "num_warps": warps_param(4),
-    # how a conv state / window whose columns are contiguous per channel (SGLang's Mamba2 and GDN pools) is stored:
-    # "rows" a [BLOCK_F, columns] tile addressed with compile-time strides (each thread stores a channel's row in
-    # 4-byte pieces), "runs" the program's block as one contiguous run in 16-byte pieces (gathered in memory order
-    # from what the program loaded), "tile" the tile with the tensors' own strides (SGLang's 2-byte stores); other
-    # layouts (e.g. a transposed state) always take "tile". Untimed choice: eval/bench_conv.py times all three
-    "stores": choice_param("rows", STORE_MODES),
 })
 
 
@@ -84,25 +74,6 @@ def _in_vec(x_row, st_row, offs_f, mask_f, s_x_d, s_x_t, s_st_d, s_st_c, i: tl.c
 
 
 @triton.jit
-def _in_flat(x_row, st_row, f0, s_x_d, s_x_t, s_st_d, s_st_c, dim, first, WC: tl.constexpr, NP: tl.constexpr,
-             K: tl.constexpr, EVEN_F: tl.constexpr, BLOCK_F: tl.constexpr):
-    """(values fp32, store offsets, store mask) of a [BLOCK_F, WC] tile of in(first + c), channel f0 + f, that is one
-    contiguous run in memory (each channel's WC values back to back), laid out in memory order as [NP, BLOCK_F]
-    (row k holds flat elements k·BLOCK_F .. (k+1)·BLOCK_F - 1): its store is contiguous along the rows."""
-    k = tl.arange(0, NP)
-    e = k[:, None] * BLOCK_F + tl.arange(0, BLOCK_F)[None, :]
-    f = f0 + e // WC
-    i = first + e % WC
-    live = (k < WC)[:, None]
-    if not EVEN_F:
-        live = live & (f < dim)
-    from_state = i < 0
-    v_st = tl.load(st_row + f * s_st_d + tl.maximum(i + (K - 1), 0) * s_st_c, mask=live & from_state, other=0.0)
-    v_x = tl.load(x_row + f * s_x_d + tl.maximum(i, 0) * s_x_t, mask=live & ~from_state, other=0.0)
-    return tl.where(from_state, v_st.to(tl.float32), v_x.to(tl.float32)), f0 * WC + e, live
-
-
-@triton.jit
 def _conv1d_verify_kernel(
     x_ptr, w_ptr, bias_ptr, state_ptr, slots_ptr, win_ptr, win_rows_ptr, out_ptr,
     dim, n_slots, n_win_rows,
@@ -113,8 +84,8 @@ def _conv1d_verify_kernel(
     s_o_b, s_o_d, s_o_t,
     T: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
     HAS_BIAS: tl.constexpr, SILU: tl.constexpr, HAS_SLOTS: tl.constexpr, HAS_WIN: tl.constexpr,
-    HAS_WIN_ROWS: tl.constexpr, DEDUP: tl.constexpr, STATE_MODE: tl.constexpr, WIN_MODE: tl.constexpr,
-    EVEN_F: tl.constexpr, BLOCK_F: tl.constexpr,
+    HAS_WIN_ROWS: tl.constexpr, DEDUP: tl.constexpr, STATE_ROWS: tl.constexpr, WIN_ROWS: tl.constexpr,
+    BLOCK_F: tl.constexpr,
 ):
     b = tl.program_id(0)
     if HAS_SLOTS:
@@ -128,20 +99,20 @@ def _conv1d_verify_kernel(
     mask_f = offs_f < dim
     x_row = x_ptr + b.to(tl.int64) * s_x_b
     st_row = state_ptr + slot * s_st_s
-    # a channel's state / window columns contiguous, channels back to back (modes 1, 2): compile-time strides, so
-    # that the compiler sees the alignment of a channel's row
-    if STATE_MODE == 0:
-        st_d = s_st_d
-        st_c = s_st_c
-    else:
+    # a channel's state / window columns contiguous, channels back to back (STATE_ROWS, WIN_ROWS): compile-time
+    # strides, so that the compiler sees the alignment of a channel's row
+    if STATE_ROWS:
         st_d: tl.constexpr = K - 1
         st_c: tl.constexpr = 1
-    if WIN_MODE == 0:
-        w_d = s_win_d
-        w_c = s_win_c
     else:
+        st_d = s_st_d
+        st_c = s_st_c
+    if WIN_ROWS:
         w_d: tl.constexpr = T + K - 2
         w_c: tl.constexpr = 1
+    else:
+        w_d = s_win_d
+        w_c = s_win_c
 
     # every conv-state load before the first conv-state store (the tl.debug_barrier below): the new state overwrites
     # columns other threads read; outputs and windows never share memory with the inputs
@@ -152,12 +123,7 @@ def _conv1d_verify_kernel(
         acc0 = tl.load(bias_ptr + offs_f, mask=mask_f, other=0.0).to(tl.float32)
     else:
         acc0 = tl.zeros([BLOCK_F], dtype=tl.float32)
-    if STATE_MODE == 1:  # a channel's K-1 columns contiguous, channels back to back: one contiguous run a program
-        new_state, st_offs, st_mask = _in_flat(x_row, st_row, f0, s_x_d, s_x_t, st_d, st_c, dim, T - K + 1, K - 1,
-                                               KP, K, EVEN_F, BLOCK_F)
-    else:
-        new_state = _in_tile(x_row, st_row, offs_f, mask_f, s_x_d, s_x_t, st_d, st_c, T - K + 1, K - 1, K, T,
-                             KP)
+    new_state = _in_tile(x_row, st_row, offs_f, mask_f, s_x_d, s_x_t, st_d, st_c, T - K + 1, K - 1, K, T, KP)
     if HAS_WIN:
         if HAS_WIN_ROWS:
             wrow = tl.load(win_rows_ptr + b).to(tl.int64)
@@ -166,12 +132,7 @@ def _conv1d_verify_kernel(
         win_ok = (wrow >= 0) & (wrow < n_win_rows)
         win_row = win_ptr + wrow * s_win_r
         if DEDUP:  # window step t, column c at physical column t + c: T + K - 2 columns in(-(K-2)) .. in(T-1)
-            if WIN_MODE == 1:
-                win, win_offs, win_mask = _in_flat(x_row, st_row, f0, s_x_d, s_x_t, st_d, st_c, dim, 2 - K,
-                                                   T + K - 2, WP, K, EVEN_F, BLOCK_F)
-            else:
-                win = _in_tile(x_row, st_row, offs_f, mask_f, s_x_d, s_x_t, st_d, st_c, 2 - K, T + K - 2, K, T,
-                               WP)
+            win = _in_tile(x_row, st_row, offs_f, mask_f, s_x_d, s_x_t, st_d, st_c, 2 - K, T + K - 2, K, T, WP)
 
     o_row = out_ptr + b.to(tl.int64) * s_o_b
     for t in tl.static_range(T):
@@ -193,20 +154,14 @@ def _conv1d_verify_kernel(
                          wt.to(win_ptr.dtype.element_ty), mask=wmask)
 
     tl.debug_barrier()
-    if STATE_MODE == 1:
-        tl.store(st_row + st_offs, new_state.to(state_ptr.dtype.element_ty), mask=st_mask)
-    else:
-        cs = tl.arange(0, KP)
-        tl.store(st_row + offs_f[:, None] * st_d + cs[None, :] * st_c, new_state.to(state_ptr.dtype.element_ty),
-                 mask=mask_f[:, None] & (cs < K - 1)[None, :])
+    cs = tl.arange(0, KP)
+    tl.store(st_row + offs_f[:, None] * st_d + cs[None, :] * st_c, new_state.to(state_ptr.dtype.element_ty),
+             mask=mask_f[:, None] & (cs < K - 1)[None, :])
     if HAS_WIN:
         if DEDUP:
-            if WIN_MODE == 1:
-                tl.store(win_row + win_offs, win.to(win_ptr.dtype.element_ty), mask=win_mask & win_ok)
-            else:
-                cw = tl.arange(0, WP)
-                tl.store(win_row + offs_f[:, None] * w_d + cw[None, :] * w_c,
-                         win.to(win_ptr.dtype.element_ty), mask=mask_f[:, None] & (cw < T + K - 2)[None, :] & win_ok)
+            cw = tl.arange(0, WP)
+            tl.store(win_row + offs_f[:, None] * w_d + cw[None, :] * w_c,
+                     win.to(win_ptr.dtype.element_ty), mask=mask_f[:, None] & (cw < T + K - 2)[None, :] & win_ok)
 
 
 def window_is_deduplicated(window: torch.Tensor) -> bool:
@@ -307,9 +262,6 @@ def conv1d_verify(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tenso
     if launch:  # explicit launch parameters (benchmarks, tests) on top of the configured ones
         cfg = {**cfg, **launch}
     BLOCK_F = int(cfg["BLOCK_F"])
-    stores = cfg["stores"]
-    if stores not in STORE_MODES:
-        raise ValueError(f"conv1d_verify: launch parameter stores={stores!r}; expected one of {STORE_MODES}")
     dedup = win is not None and window_is_deduplicated(win)
     ws = win.stride() if win is not None else (0, 0, 0, 0)
     grid = (batch, triton.cdiv(dim, BLOCK_F))
@@ -323,7 +275,7 @@ def conv1d_verify(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tenso
         T=T, K=K, KP=next_pow2(K), WP=next_pow2(T + K - 2),
         HAS_BIAS=bias is not None, SILU=activation is not None, HAS_SLOTS=conv_state_indices is not None,
         HAS_WIN=win is not None, HAS_WIN_ROWS=intermediate_state_indices is not None, DEDUP=dedup,
-        STATE_MODE=_STORE_CODE[stores] if conv_state.stride(2) == 1 and conv_state.stride(1) == K - 1 else 0,
-        WIN_MODE=_STORE_CODE[stores] if dedup and ws[3] == 1 and ws[2] == T + K - 2 else 0, EVEN_F=dim % BLOCK_F == 0,
+        STATE_ROWS=conv_state.stride(2) == 1 and conv_state.stride(1) == K - 1,
+        WIN_ROWS=dedup and ws[3] == 1 and ws[2] == T + K - 2,
         BLOCK_F=BLOCK_F, num_warps=int(cfg["num_warps"]))
     return out.squeeze(-1) if squeeze else out

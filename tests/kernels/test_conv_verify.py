@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_replayssm.kernels.conv_verify import STORE_MODES, conv1d_verify, window_is_deduplicated
+from sglang_replayssm.kernels.conv_verify import conv1d_verify, window_is_deduplicated
 from sglang_replayssm.kernels.conv_verify_ref import conv1d_chain_oracle, conv1d_verify_ref
 
 from kernel_testlib import bits, make_gen, mismatch
@@ -82,15 +82,14 @@ def _check_against_oracle(out, x, state, w, b, act, slots, pad):
 
 @pytest.mark.parametrize("T,K", [(4, 4), (1, 4), (2, 4), (5, 4), (3, 3), (4, 2)])
 @pytest.mark.parametrize("dedup", [True, False])
-@pytest.mark.parametrize("stores", STORE_MODES)
-def test_against_reference_oracle_and_sglang_copies(T, K, dedup, stores):
+def test_against_reference_oracle_and_sglang_copies(T, K, dedup):
     gen, seed = make_gen()
     batch, n_slots = 5, 9
-    dim = 40 if T % 2 else 32  # a partial last block of channels, or none (EVEN_F: unmasked stores of runs)
+    dim = 40 if T % 2 else 32  # a partial last block of channels, or none
     pad = (1,)
     x, state, w, b, slots, rows = _case(gen, batch, dim, T, K, n_slots, pad=pad)
     args = (x, state, w, b, "silu", slots, rows, batch + 1, T, dim, K, BF16, dedup)
-    out, st, phys = _run(conv1d_verify, *args, launch={**SMALL, "stores": stores})
+    out, st, phys = _run(conv1d_verify, *args, launch=SMALL)
     out_r, st_r, phys_r = _run(conv1d_verify_ref, *args)
     # copies are exact: the new conv states and the windows bit for bit (NaN poison where nothing is written)
     assert torch.equal(bits(st), bits(st_r)), f"seed {seed}: conv state"
@@ -197,11 +196,10 @@ def test_bad_arguments_raise(bad):
         conv1d_verify(x, state, w, b, act, **kw)
 
 
-@pytest.mark.parametrize("stores", STORE_MODES)
-def test_transposed_layout_against_sglang_and_reference(stores):
+def test_transposed_layout_against_sglang_and_reference():
     """A conv state [slots, K-1, dim] handed over transposed (channels contiguous, as SGLang's kernel accepts) and a
-    deduplicated window buffer [rows, T+K-2, dim]: the store modes for channel-contiguous rows do not apply, the
-    results are the same."""
+    deduplicated window buffer [rows, T+K-2, dim]: the compile-time row strides do not apply (the tensors' own
+    strides do), the results are the same."""
     gen, seed = make_gen()
     batch, dim, T, K, n_slots = 3, 40, 4, 4, 5  # dim 40: a partial last block of 16 channels
     x, _, w, b, slots, rows = _case(gen, batch, dim, T, K, n_slots)
@@ -215,7 +213,7 @@ def test_transposed_layout_against_sglang_and_reference(stores):
         phys = torch.full((batch + 1, T + K - 2, dim), float("nan"), dtype=BF16, device=DEV)
         s = phys.stride()
         win = phys.as_strided((batch + 1, T, dim, K - 1), (s[0], s[1], s[2], s[1]))
-        kw = {"launch": {**SMALL, "stores": stores}} if fn is conv1d_verify else {}
+        kw = {"launch": SMALL} if fn is conv1d_verify else {}
         out = fn(x, st, w, b, "silu", conv_state_indices=slots, intermediate_conv_window=win,
                  intermediate_state_indices=rows, **kw)
         res[name] = (out, st, phys)
@@ -232,9 +230,8 @@ def _sglang_update():
     return causal_conv1d_update
 
 
-@pytest.mark.parametrize("stores", STORE_MODES)
 @pytest.mark.parametrize("case", ["fp32_inputs_bf16_copies", "wider_state", "strided_indices"])
-def test_copies_bit_for_bit_with_sglang(case, stores):
+def test_copies_bit_for_bit_with_sglang(case):
     """The copies SGLang's kernel also makes, bit for bit: fp32 inputs stored into a bf16 state and window (the
     stores round), a conv state wider than K-1 columns (only the first K-1 are the committed inputs: the generic
     store path), index tensors that are strided views (read by row, as SGLang reads them)."""
@@ -250,7 +247,7 @@ def test_copies_bit_for_bit_with_sglang(case, stores):
         assert slots.stride() == (2,) and rows.stride() == (2,)
     res = {}
     for name, fn in (("ours", conv1d_verify), ("sglang", _sglang_update())):
-        kw = {"launch": {**SMALL, "stores": stores}} if fn is conv1d_verify else {}
+        kw = {"launch": SMALL} if fn is conv1d_verify else {}
         st = state.clone()
         phys, win = _window(batch + 1, T, dim, K, BF16, dedup=True)
         out = fn(x, st, w, b, "silu", conv_state_indices=slots, intermediate_conv_window=win,
