@@ -62,7 +62,7 @@ def doctor(as_json: bool = False, apply_patches: bool = False) -> int:
         problems.append(f"config error: {e}")
     # what a server with this config applies: the launch checks, and the seams unless replay_ring is false
     seams_on = cfg.replay_ring if cfg is not None else True
-    conv_on = cfg.conv_verify if cfg is not None else False
+    conv_on = cfg.conv_verify_on if cfg is not None else True
     missing = info["sglang"] == SGLANG_MISSING
     try:  # SGLang missing or outside every patch's range: enabling would patch nothing
         require_applicable(active_patches(seams_on, conv_on))

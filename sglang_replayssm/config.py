@@ -46,6 +46,17 @@ def _parse_bool(name: str, v: Any) -> bool:
     raise ConfigError(f"{name}={v!r} is not a boolean; accepted: {', '.join(_TRUE + _FALSE[:-1])}")
 
 
+def _parse_auto_bool(name: str, v: Any) -> Optional[bool]:
+    """A boolean, or ``auto`` (None: decided from another setting)."""
+    if v is None or (isinstance(v, str) and v.strip().lower() == "auto"):
+        return None
+    try:
+        return _parse_bool(name, v)
+    except ConfigError:
+        raise ConfigError(f"{name}={v!r} is not a boolean or auto; accepted: auto, "
+                          f"{', '.join(_TRUE + _FALSE[:-1])}") from None
+
+
 def _parse_buffer_len(name: str, v: Any) -> int:
     try:
         n = int(str(v).strip()) if not isinstance(v, bool) else None
@@ -132,9 +143,10 @@ SETTINGS: Tuple[Setting, ...] = (
             "the radix cache and the overlap scheduler), with and without speculative decoding: the states SGLang "
             "tracks for the radix tree are materialised from the ring (default on). false: the launcher refuses "
             "extra_buffer and names no_buffer and --disable-radix-cache", "BOOL"),
-    Setting("conv_verify", _parse_bool, "run the speculative target verify's causal conv1d (its outputs, the "
+    Setting("conv_verify", _parse_auto_bool, "run the speculative target verify's causal conv1d (its outputs, the "
             "per-draft conv windows the rollback reads, the new conv state) with the package's Triton kernel "
-            "instead of SGLang's causal_conv1d_update (default off: not yet timed on a GPU)", "BOOL"),
+            "instead of SGLang's causal_conv1d_update (default auto: on with the replay ring, off with "
+            "--replayssm-replay-ring false)", "BOOL|auto"),
     Setting("log_level", _choice(LOG_LEVELS), "log level of the sglang_replayssm logger (default info)", "LEVEL"),
     Setting("kernel_config", _parse_existing_file, "YAML file of tuned kernel launch configs, used instead of the "
             "packaged file for the detected GPU and read over the packaged default.yaml", "PATH"),
@@ -181,7 +193,7 @@ class ReplaySSMConfig:
     spec_max_running: str = "sglang"
     replay_ring: bool = True
     extra_buffer: bool = True
-    conv_verify: bool = False
+    conv_verify: Optional[bool] = None  # None: auto, follows replay_ring (conv_verify_on)
     log_level: str = "info"
     kernel_config: Optional[str] = None
     source: Dict[str, str] = field(default_factory=dict, compare=False)
@@ -203,6 +215,11 @@ class ReplaySSMConfig:
             else:
                 env[s.env] = str(v)
         return env
+
+    @property
+    def conv_verify_on(self) -> bool:
+        """Whether the conv1d verify seam applies: ``conv_verify``, or with ``auto`` the replay ring's setting."""
+        return self.replay_ring if self.conv_verify is None else self.conv_verify
 
     def as_dict(self) -> Dict[str, Any]:
         return {s.name: getattr(self, s.name) for s in SETTINGS}

@@ -119,7 +119,7 @@ def sglang_problem(cfg: ReplaySSMConfig) -> Optional[str]:
     from .patches import active_patches
 
     try:
-        require_applicable(active_patches(cfg.replay_ring, cfg.conv_verify))
+        require_applicable(active_patches(cfg.replay_ring, cfg.conv_verify_on))
     except PatchError as e:
         return str(e)
     return None

@@ -41,7 +41,7 @@ def activate(cfg: ReplaySSMConfig) -> list:
     from .patches import active_patches, apply, verify
     from .patches.registry import require_applicable
 
-    patches = active_patches(cfg.replay_ring, cfg.conv_verify)
+    patches = active_patches(cfg.replay_ring, cfg.conv_verify_on)
     todo = require_applicable(patches)  # SGLang missing or outside every patch's range: an error, never "OK"
     if cfg.kernel_config:  # plugin-only use (no launcher): a bad file fails here, not at the first kernel call
         from .launch_server import kernel_config_problem
@@ -56,7 +56,7 @@ def activate(cfg: ReplaySSMConfig) -> list:
     verify(patches)
     # the config in force from here on: the seams read it (config.current), the kernels their launch-config file
     config.activate(cfg)
-    if cfg.replay_ring or cfg.conv_verify:
+    if cfg.replay_ring or cfg.conv_verify_on:
         from .kernels.common import activate_config_file
 
         activate_config_file(cfg.kernel_config)
@@ -64,7 +64,7 @@ def activate(cfg: ReplaySSMConfig) -> list:
     kernel_cfg = cfg.kernel_config or "the GPU's packaged file (kernels/configs/<gpu>.yaml)"
     logger.info("sglang_replayssm active (pid %d): L=%d, ssm_types=%s, spec=%s, replay_ring=%s, conv_verify=%s, "
                 "kernel config %s, %d patch(es) verified", os.getpid(), cfg.buffer_len, ",".join(cfg.ssm_types),
-                cfg.spec, cfg.replay_ring, cfg.conv_verify, kernel_cfg, len(todo))
+                cfg.spec, cfg.replay_ring, cfg.conv_verify_on, kernel_cfg, len(todo))
     return newly
 
 

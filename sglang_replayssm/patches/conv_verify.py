@@ -1,8 +1,8 @@
 """Seam: the chain target verify's causal conv1d -> ``kernels.conv_verify.conv1d_verify`` (no math here).
 
-Applied only with ``--replayssm-conv-verify true`` (default off: the kernel has not been timed on a GPU yet;
-``eval/bench_conv.py`` times it against SGLang's).  Independent of the replay ring: it swaps one kernel for another
-with the same side effects.
+Applied with the replay ring (``--replayssm-conv-verify auto``, the default) or with ``--replayssm-conv-verify
+true`` alone; ``false`` keeps SGLang's kernel (``eval/bench_conv.py`` times the two).  It does not need the ring: it
+swaps one kernel for another with the same side effects.
 
 How SGLang runs it (0.5.15 / 0.5.17 / 0.5.23): under EAGLE/MTP the Mamba2 mixer (``mamba.py``, target verify) and
 the GDN and KDA backends call SGLang's Triton ``causal_conv1d_update(x, conv_state, weight, bias, activation,

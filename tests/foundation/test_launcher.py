@@ -77,7 +77,7 @@ def test_doctor_lists_targets_resolved():
     assert "[patched ] sglang.srt.server_args.ServerArgs.check_server_args" in r.stdout
     assert "[resolved] sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool._init_mamba_pool" in r.stdout
     assert "off in this config" in r.stdout
-    # the conv1d verify seam: listed always, applied only with conv_verify
+    # the conv1d verify seam: listed always, applied with the ring (auto) or with conv_verify true
     conv = "sglang.kernels.ops.mamba.causal_conv1d_triton.causal_conv1d_update"
     assert f"[resolved] {conv}" in r.stdout
     r = run(["-m", "sglang_replayssm", "doctor", "--apply"], env=clean_env(SGLANG_REPLAYSSM_CONV_VERIFY="1"))

@@ -45,13 +45,23 @@ def env(monkeypatch):
     unapply_all()
 
 
-def test_only_with_the_setting(env):
-    from sglang_replayssm.config import current
+def test_with_the_ring_by_default_or_the_setting(env):
+    from sglang_replayssm.config import ConfigError, from_env
 
-    assert not current().conv_verify
-    assert not any(p.target == seam.TARGET for p in active_patches(True))
+    assert from_env().conv_verify is None and from_env().conv_verify_on  # auto: the replay ring is on
+    env.setenv("SGLANG_REPLAYSSM_REPLAY_RING", "0")
+    assert not from_env().conv_verify_on  # auto without the ring: SGLang's kernel, as in stock
     env.setenv("SGLANG_REPLAYSSM_CONV_VERIFY", "1")
-    assert current().conv_verify
+    assert from_env().conv_verify_on
+    env.setenv("SGLANG_REPLAYSSM_REPLAY_RING", "1")
+    env.setenv("SGLANG_REPLAYSSM_CONV_VERIFY", "off")
+    assert not from_env().conv_verify_on
+    env.setenv("SGLANG_REPLAYSSM_CONV_VERIFY", "AUTO")
+    assert from_env().conv_verify is None
+    env.setenv("SGLANG_REPLAYSSM_CONV_VERIFY", "sometimes")
+    with pytest.raises(ConfigError, match="CONV_VERIFY.*boolean or auto"):
+        from_env()
+    assert not any(p.target == seam.TARGET for p in active_patches(True))
     assert [p.target for p in active_patches(False, True) if p.target == seam.TARGET] == [seam.TARGET]
 
 
