@@ -86,7 +86,6 @@ import triton.language as tl
 
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
 from .common import SOFTPLUS_THRESHOLD, config_keys, launch_config, next_pow2, softplus, suffix_sum_excl
-from .common import split_dot, tf32_split
 from .common import block_param, count_param, dot_precision_param, flag_param, maxnreg_param, register_cap
 from .common import flush_first_row, register_family, warps_param, write_flush_first_rank
 
@@ -129,10 +128,6 @@ LAUNCH_DEFAULTS = {
         # writes (common.flush_first_row; only above inline_bc_max_batch). Off by default; on in the H200 file's
         # Nemotron-H entries (kernel-variants-h200/mixed-order/)
         "flush_first_max_batch": count_param(0),
-        # 1: the flush rebuild's dot x_win @ (s ⊙ B_win) as two tf32 passes (common.split_dot): x comes from the
-        # 16-bit ring and input, exact in tf32, so only s ⊙ B is split hi + lo; tf32x3's accuracy with one
-        # tensor-core pass fewer (fp32 activations: three passes). 0: tl.dot at dot_precision
-        "flush_split": flag_param(0),
     }),
 }
 
@@ -218,21 +213,9 @@ def _load_state_chunk(st_base, s_st_p, s_st_n, offs_m, mask_m, N, n0, BLOCK_NC: 
 
 
 @triton.jit
-def _rebuild_state_split(S_ck, total_decay, x_win, B_win, s, X_EXACT: tl.constexpr):
-    """_rebuild_state with the dot as tf32 passes (common.split_dot): two when x_win holds 16-bit values (exact
-    in tf32: only s ⊙ B_win is split hi + lo), three otherwise; fp32 accuracy either way."""
-    hi, lo = tf32_split(B_win * s[:, None])
-    if X_EXACT:
-        return split_dot(x_win, hi, lo, total_decay * S_ck, tl.bfloat16)
-    else:
-        return split_dot(x_win, hi, lo, total_decay * S_ck, tl.float32)
-
-
-@triton.jit
 def _rebuild_chunk(y, n0, st_base, s_st_p, s_st_n, offs_m, mask_m, N, B_row, s_B_n, C_row, s_C_n,
                    Br_base, s_Br_l, s_Br_n, offs_w, w, decay, x_win, s_w, is_flush,
-                   DOT_PRECISION: tl.constexpr, BLOCK_NC: tl.constexpr, SPLIT: tl.constexpr,
-                   X_EXACT: tl.constexpr):
+                   DOT_PRECISION: tl.constexpr, BLOCK_NC: tl.constexpr):
     """State columns n0..n0+BLOCK_NC: S = e^{AΛ} S_ck + x_win @ (s ⊙ B_win); stored on flush.
 
     Returns y + S·C over these columns. The load and the rebuild stay two helpers: merged into one body, the
@@ -241,14 +224,13 @@ def _rebuild_chunk(y, n0, st_base, s_st_p, s_st_n, offs_m, mask_m, N, B_row, s_B
     S = _load_state_chunk(st_base, s_st_p, s_st_n, offs_m, mask_m, N, n0, BLOCK_NC)
     return _rebuild_loaded_chunk(y, S, n0, st_base, s_st_p, s_st_n, offs_m, mask_m, N, B_row, s_B_n, C_row, s_C_n,
                                  Br_base, s_Br_l, s_Br_n, offs_w, w, decay, x_win, s_w, is_flush,
-                                 DOT_PRECISION, BLOCK_NC, SPLIT, X_EXACT)
+                                 DOT_PRECISION, BLOCK_NC)
 
 
 @triton.jit
 def _rebuild_loaded_chunk(y, S, n0, st_base, s_st_p, s_st_n, offs_m, mask_m, N, B_row, s_B_n, C_row, s_C_n,
                           Br_base, s_Br_l, s_Br_n, offs_w, w, decay, x_win, s_w, is_flush,
-                          DOT_PRECISION: tl.constexpr, BLOCK_NC: tl.constexpr, SPLIT: tl.constexpr,
-                          X_EXACT: tl.constexpr):
+                          DOT_PRECISION: tl.constexpr, BLOCK_NC: tl.constexpr):
     """_rebuild_chunk with the checkpoint columns ``S`` already loaded (``_load_state_chunk``)."""
     offs_c = n0 + tl.arange(0, BLOCK_NC)
     mask_c = offs_c < N
@@ -257,10 +239,7 @@ def _rebuild_loaded_chunk(y, S, n0, st_base, s_st_p, s_st_n, offs_m, mask_m, N, 
     S = S.to(tl.float32)
     B_cur = tl.load(B_row + offs_c * s_B_n, mask=mask_c, other=0.0).to(tl.float32)
     B_win = _load_B_window(Br_base, s_Br_l, s_Br_n, offs_w, offs_c, mask_c, w, w, B_cur)
-    if SPLIT:
-        S = _rebuild_state_split(S, decay, x_win, B_win, s_w, X_EXACT)
-    else:
-        S = _rebuild_state(S, decay, x_win, B_win, s_w, DOT_PRECISION)
+    S = _rebuild_state(S, decay, x_win, B_win, s_w, DOT_PRECISION)
     C_c = tl.load(C_row + offs_c * s_C_n, mask=mask_c, other=0.0).to(tl.float32)
     if is_flush:
         tl.store(st_ptrs, S.to(st_base.dtype.element_ty), mask=st_mask)
@@ -336,7 +315,6 @@ def _mamba2_replay_kernel(
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NC: tl.constexpr, WIN: tl.constexpr,
     FLUSH_UNROLL: tl.constexpr, INLINE_BC: tl.constexpr, STATE_FIRST: tl.constexpr, FF: tl.constexpr,
-    FLUSH_SPLIT: tl.constexpr, X_EXACT: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     # scalar offsets in int64: free at this scale, and no int32 product can overflow
@@ -401,13 +379,13 @@ def _mamba2_replay_kernel(
                     y = _rebuild_chunk(y, n0, st_base, s_st_p, s_st_n, offs_m, mask_m, N,
                                        B_ptr + row * s_B_b + g * s_B_g, s_B_n, C_ptr + row * s_C_b + g * s_C_g, s_C_n,
                                        Br_base, s_Br_l, s_Br_n, offs_w, w, decay, x_win, s_w, is_flush,
-                                       DOT_PRECISION, BLOCK_NC, FLUSH_SPLIT, X_EXACT)
+                                       DOT_PRECISION, BLOCK_NC)
             else:
                 for n0 in range(0, N, BLOCK_NC):
                     y = _rebuild_chunk(y, n0, st_base, s_st_p, s_st_n, offs_m, mask_m, N,
                                        B_ptr + row * s_B_b + g * s_B_g, s_B_n, C_ptr + row * s_C_b + g * s_C_g, s_C_n,
                                        Br_base, s_Br_l, s_Br_n, offs_w, w, decay, x_win, s_w, is_flush,
-                                       DOT_PRECISION, BLOCK_NC, FLUSH_SPLIT, X_EXACT)
+                                       DOT_PRECISION, BLOCK_NC)
         else:
             # output-only replay: one streaming read of the S_ck tile, no P×N build
             if STATE_FIRST:
@@ -646,9 +624,6 @@ def mamba2_replay_decode(
         DOT_PRECISION=cfg["dot_precision"],
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_NC=BLOCK_NC, WIN=WIN, FLUSH_UNROLL=bool(cfg["flush_unroll"]),
         INLINE_BC=inline_bc, STATE_FIRST=bool(cfg["state_first"]), FF=FF,
-        # x_win holds the ring's and the input's x: exact in tf32 when both are 16-bit
-        FLUSH_SPLIT=bool(cfg["flush_split"]),
-        X_EXACT=x_ring.dtype in (torch.bfloat16, torch.float16) and x.dtype in (torch.bfloat16, torch.float16),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg, inline_bc),
     )
     return out

@@ -107,23 +107,15 @@ def _mamba2_pools(rows, H, P, N, G, R, S0, dh, xh, Bh, positions):
     return state, x_ring, B_ring, dt_ring
 
 
-def run_mamba2_decode(device, gen, *, H, P, N, G, L, w, rows=4, large=True, act=None) -> Case:
-    """One decode step at ring fill ``w`` (w == L-1: a flush, the checkpoint is checked too). ``act`` (e.g.
-    bf16): x, B and C (input and ring) in that dtype, their values drawn on its grid so that the fp32 and fp64
-    references see the same numbers; the output is written in fp32."""
-    A, S0, dh, xh, Bh, dt_bias, dtw, xw, Bw, Cw = _mamba2_inputs(gen, rows, H, P, N, G, w, 1, large)
-    if act is not None:
-        xh, Bh, xw, Bw, Cw = (t.to(act).to(F32) for t in (xh, Bh, xw, Bw, Cw))
-    inputs = A, S0, dh, xh, Bh, dt_bias, dtw, xw, Bw, Cw
+def run_mamba2_decode(device, gen, *, H, P, N, G, L, w, rows=4, large=True) -> Case:
+    """One decode step at ring fill ``w`` (w == L-1: a flush, the checkpoint is checked too)."""
+    A, S0, dh, xh, Bh, dt_bias, dtw, xw, Bw, Cw = inputs = _mamba2_inputs(gen, rows, H, P, N, G, w, 1, large)
     _, positions = _ring_positions(gen, rows + 1, L, w, circular=False)
     pools = [t.to(device) for t in _mamba2_pools(rows, H, P, N, G, L, S0, dh, xh, Bh, positions)]
-    a = act or F32
-    pools[1], pools[2] = pools[1].to(a), pools[2].to(a)
     slots = torch.arange(1, rows + 1, dtype=torch.int32, device=device)
-    out = mamba2_replay_decode(*pools, xw[:, 0].to(device, a), dtw[:, 0].to(device), A.to(device),
-                               Bw[:, 0].to(device, a), Cw[:, 0].to(device, a), slots,
-                               torch.full((rows,), w, dtype=torch.int32, device=device), dt_bias=dt_bias.to(device),
-                               out=torch.empty(rows, H, P, device=device))
+    out = mamba2_replay_decode(*pools, xw[:, 0].to(device), dtw[:, 0].to(device), A.to(device), Bw[:, 0].to(device),
+                               Cw[:, 0].to(device), slots, torch.full((rows,), w, dtype=torch.int32, device=device),
+                               dt_bias=dt_bias.to(device))
     _, S64, y64 = _mamba2_sequential(F64, *inputs)
     _, S32, y32 = _mamba2_sequential(F32, *inputs)
     case = [("out", out.cpu(), y64[:, 0], y32[:, 0])]
@@ -134,8 +126,9 @@ def run_mamba2_decode(device, gen, *, H, P, N, G, L, w, rows=4, large=True, act=
 
 def run_mamba2_verify(device, gen, *, H, P, N, G, T, R, flush, rows=4, large=True, act=None) -> Case:
     """One verify call over a full history (wp = R - T, circular ring); ``flush``: the history is folded
-    into the checkpoint (checked too) and the window runs on top of it. ``act``: x, B and C (window and ring) in
-    that dtype, as in :func:`run_mamba2_decode`; the output in fp32."""
+    into the checkpoint (checked too) and the window runs on top of it. ``act`` (e.g. bf16): x, B and C (window and
+    ring) in that dtype, their values drawn on its grid so that the fp32 and fp64 references see the same numbers;
+    the output is written in fp32."""
     wp = R - T
     A, S0, dh, xh, Bh, dt_bias, dtw, xw, Bw, Cw = _mamba2_inputs(gen, rows, H, P, N, G, wp, T, large)
     if act is not None:

@@ -548,17 +548,6 @@ def test_inline_bc_small_batch_single_launch(device, config_file, monkeypatch, p
     assert len(launches) == 6, "the pre-kernel ran for a batch within inline_bc_max_batch"
 
 
-@pytest.mark.parametrize("unroll", [0, 1], ids=["loop", "unrolled"])
-@pytest.mark.parametrize("prec", [(F32, BF16), (BF16, BF16), (F32, F32)], ids=["s32a16b", "s16b_a16b", "s32a32"])
-def test_flush_split_matches_the_oracle(device, config_file, monkeypatch, prec, unroll):
-    """flush_split 1: the flush rebuild's dot as split tf32 passes (two on 16-bit activations, three on fp32 ones,
-    the X_EXACT flag the wrapper passes), through flushes, desynchronised rows and padding; against the oracle
-    and the reference every step (on the GPU the compiled tensor-core passes: test_tensor_core_paths_gpu.py)."""
-    config_file(f"mamba2_output_only:\n  default: {{flush_split: 1, flush_unroll: {unroll}, BLOCK_NC: 16}}\n")
-    h, flags = _desynchronised_flushes(device, monkeypatch, prec, ("FLUSH_SPLIT", "X_EXACT"))
-    assert flags and all(f == (True, prec[1] != F32) for f in flags), flags
-
-
 def _desynchronised_flushes(device, monkeypatch, prec, keys):
     """Three requests joining one step apart on ODD at L = 4 (every row flushes on its own phase), each step checked
     by the Harness; returns it and the ``keys`` launch keywords of every main-kernel launch."""

@@ -73,18 +73,13 @@ def check_fp32_bar(case, seed, what):
                                     f"{scale:.3e} (seed {seed}; replay: REPLAYSSM_TEST_SEED={seed})")
 
 
-@pytest.mark.parametrize("prec", PRECISIONS + ("split-a32", "split-a16b"))
+@pytest.mark.parametrize("prec", PRECISIONS)
 @pytest.mark.parametrize("unroll", [1, 0], ids=["unrolled", "loop"])
 def test_mamba2_decode_flush_dot(cuda, launch, prec, unroll):
-    """The flush rebuild's dot: tl.dot at tf32x3 / ieee, or ``flush_split`` (split tf32 passes: three with fp32
-    activations, two with bf16 ones, whose x is exact in tf32)."""
-    split = prec.startswith("split")
-    launch("mamba2_output_only", BLOCK_M=16, BLOCK_NC=16, flush_unroll=unroll,
-           **(dict(flush_split=1) if split else dict(dot_precision=prec)))
+    launch("mamba2_output_only", BLOCK_M=16, BLOCK_NC=16, flush_unroll=unroll, dot_precision=prec)
     gen, seed = make_gen()
     L = 5
-    act = torch.bfloat16 if prec == "split-a16b" else None
-    check_fp32_bar(run_mamba2_decode(cuda, gen, **MAMBA2_ODD, L=L, w=L - 1, large=False, act=act), seed,
+    check_fp32_bar(run_mamba2_decode(cuda, gen, **MAMBA2_ODD, L=L, w=L - 1, large=False), seed,
                    f"mamba2 decode flush ({prec}, unroll {unroll})")
 
 
