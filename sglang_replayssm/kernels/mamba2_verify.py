@@ -116,11 +116,6 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     # and window loads are issued before this chunk's checkpoint store; chunks never overlap, so nothing is read
     # stale). 2 won over the loop unrolled, which is removed (eval/results/spec-variants-h200/, round 8)
     "flush_stages": count_param(2, 1),
-    # with nonflush "stream" (the CUDA-core dots): 1 issues the S_ck tile's loads and its dots S_ck·C_s on every row
-    # right after the slot is known, before the cursors (flush rows discard them: the fold recomputes theirs), and
-    # the pre-kernel's B·C before the slot; 0 waits for the flush flag first. The dependent loads a program waits
-    # on before its first dot go from slot -> flag -> tile to slot -> tile. Untimed
-    "early_state": flag_param(0),
     # 1: a flush row's fold x_hist @ (s ⊙ B_hist) as two tf32 passes (common.split_dot): the ring's x is 16-bit,
     # exact in tf32, so only s ⊙ B is split hi + lo; tf32x3's accuracy with one tensor-core pass fewer (an fp32
     # x ring: three passes). 0: tl.dot at dot_precision. On for fp32 states in default.yaml (won on the H200:
@@ -285,30 +280,16 @@ def _mamba2_verify_kernel(
     BLOCK_M: tl.constexpr, BLOCK_NC: tl.constexpr, N_CHUNKS: tl.constexpr, WH: tl.constexpr, TP: tl.constexpr,
     PER_TOKEN: tl.constexpr, BC_PRE: tl.constexpr, STREAM: tl.constexpr, BLOCK_N: tl.constexpr,
     STREAM_CHUNK: tl.constexpr, FLUSH_STAGES: tl.constexpr,
-    IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, NF_MMA: tl.constexpr, EARLY: tl.constexpr,
+    IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, NF_MMA: tl.constexpr,
     FLUSH_SPLIT: tl.constexpr, X_EXACT: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     h = tl.program_id(2).to(tl.int64)
     g = h // heads_per_group
-    if EARLY and BC_PRE:  # indexed by the row alone: issued before the slot is known
-        o_t_e = tl.arange(0, TP)
-        bc_base_e = bc_ptr + row * s_bc_b + g * s_bc_g
-        bc_h_pre = tl.load(bc_base_e + tl.arange(0, WH)[:, None] * TP + o_t_e[None, :])
-        bc_w_pre = tl.load(bc_base_e + (WH + o_t_e)[:, None] * TP + o_t_e[None, :])
     slot = tl.load(slot_ptr + row).to(tl.int64)
     if (slot < 0) | (slot == null_slot):
         return
-    if EARLY:  # S_ck·C_s on every row as soon as the slot is known (kept for non-flush rows only, below)
-        o_m_e = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        o_t_e2 = tl.arange(0, TP)
-        C_row_e = C_ptr + row * s_C_b + g * s_C_g
-        SC_early = tl.zeros([BLOCK_M, TP], dtype=tl.float32)
-        for t in tl.static_range(TP):
-            SC_early = _add_token_dot_chunked(SC_early, state_ptr + slot * s_st_s + h * s_st_h, s_st_p, s_st_n, o_m_e,
-                                              o_m_e < P, N, C_row_e + t * s_C_t, s_C_n, t < T,
-                                              (o_t_e2 == t)[None, :], BLOCK_N, STREAM_CHUNK)
     wp = tl.load(wp_ptr + slot).to(tl.int32)
     org = tl.load(org_ptr + slot).to(tl.int32)
     flag = tl.load(fl_ptr + slot)
@@ -356,10 +337,7 @@ def _mamba2_verify_kernel(
     s_hist = tl.where(valid_k, d_hist * tl.exp(A * suffix_sum_excl(d_hist, offs_k)), 0.0)
 
     # ---- N chunks: S·C_s (S = S_ck, or the folded S_c on flush), B_k·C_s, B_m·C_s ----
-    if EARLY:
-        SC = tl.where(no_flush, SC_early, 0.0)  # a flush row's dots come from its folded state (the chunk loop)
-    else:
-        SC = tl.zeros([BLOCK_M, TP], dtype=tl.float32)
+    SC = tl.zeros([BLOCK_M, TP], dtype=tl.float32)
     bc_h = tl.zeros([WH, TP], dtype=tl.float32)
     bc_w = tl.zeros([TP, TP], dtype=tl.float32)  # [m, s]
     decay_end = tl.exp(A * lam_end)
@@ -394,7 +372,7 @@ def _mamba2_verify_kernel(
                 if not BC_PRE:
                     C_t = tl.load(C_row + t * s_C_t + offs_nf * s_C_n, mask=mask_nf & (t < T),
                                   other=0.0).to(tl.float32)
-                if (not NF_MMA) and (not EARLY):
+                if not NF_MMA:
                     SC = _add_token_dot_chunked(SC, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row + t * s_C_t,
                                                 s_C_n, t < T, col, BLOCK_N, STREAM_CHUNK)
                 if not BC_PRE:
@@ -414,13 +392,9 @@ def _mamba2_verify_kernel(
                 X_EXACT)
 
     if BC_PRE:
-        if EARLY:
-            bc_h = bc_h_pre
-            bc_w = bc_w_pre
-        else:
-            bc_base = bc_ptr + row * s_bc_b + g * s_bc_g
-            bc_h = tl.load(bc_base + offs_k[:, None] * TP + offs_t[None, :])
-            bc_w = tl.load(bc_base + (WH + offs_t)[:, None] * TP + offs_t[None, :])
+        bc_base = bc_ptr + row * s_bc_b + g * s_bc_g
+        bc_h = tl.load(bc_base + offs_k[:, None] * TP + offs_t[None, :])
+        bc_w = tl.load(bc_base + (WH + offs_t)[:, None] * TP + offs_t[None, :])
 
     # ---- outputs ----
     # μ_s − μ_m [m, s], summed directly over the Δ between (nothing subtracted: no cancellation)
@@ -617,7 +591,6 @@ def mamba2_verify(
         STREAM_CHUNK=min(cfg["stream_chunk"], max(16, next_pow2(N))) if cfg["nonflush"] == "stream" else 0,
         FLUSH_STAGES=int(cfg["flush_stages"]),
         IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
-        EARLY=bool(cfg["early_state"]) and cfg["nonflush"] == "stream",
         FLUSH_SPLIT=bool(cfg["flush_split"]), X_EXACT=x_ring.dtype in (torch.bfloat16, torch.float16),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg),
     )

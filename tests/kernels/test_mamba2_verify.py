@@ -582,7 +582,6 @@ def test_launch_variants_match_sequential_recurrence(device, tmp_path, monkeypat
                                      "flush_stages: 1, reduce: bcast",
                                      "nonflush: chunked, flush_stages: 3, bc: inline",
                                      "nonflush: mma", "nonflush: mma, bc: inline, BLOCK_M: 16",
-                                     "nonflush: stream, early_state: 1", "nonflush: stream, early_state: 1, bc: inline",
                                      "flush_split: 1", "flush_split: 1, nonflush: chunked, bc: inline"])
 def test_nonflush_reads_and_flush_loop_match_sequential_recurrence(device, tmp_path, monkeypatch, variant):
     """How a non-flush row reads its S_ck tile (``stream_chunk``: per-token dots summed over column chunks first, on
