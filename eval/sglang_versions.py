@@ -119,7 +119,7 @@ def source_check(version: str) -> Dict[str, object]:
     from sglang_replayssm.patches import active_patches
     from sglang_replayssm.patches.source_check import check
 
-    patches = [p for p in active_patches(True) if p.applies_to(version)]
+    patches = [p for p in active_patches(True, True) if p.applies_to(version)]
     problems = check(patches, wheel_for(version), version)
     return {"targets": len(patches), "problems": problems, "how": "wheel source"}
 
@@ -129,7 +129,7 @@ def import_check() -> Dict[str, object]:
     from sglang_replayssm.patches import active_patches
     from sglang_replayssm.patches.registry import sglang_version, status
 
-    rows = [r for r in status(active_patches(True)) if r[1] != "skipped"]
+    rows = [r for r in status(active_patches(True, True)) if r[1] != "skipped"]
     return {"targets": len(rows), "problems": [d for _, state, d in rows if state == "missing"],
             "how": f"imported (SGLang {sglang_version()})"}
 

@@ -63,6 +63,7 @@ def doctor(as_json: bool = False, apply_patches: bool = False) -> int:
     # what a server with this config applies: the launch checks, and the seams unless replay_ring is false
     seams_on = cfg.replay_ring if cfg is not None else True
     conv_on = cfg.conv_verify_on if cfg is not None else True
+    info["conv_verify_on"] = conv_on
     missing = info["sglang"] == SGLANG_MISSING
     try:  # SGLang missing or outside every patch's range: enabling would patch nothing
         require_applicable(active_patches(seams_on, conv_on))
@@ -108,6 +109,8 @@ def doctor(as_json: bool = False, apply_patches: bool = False) -> int:
     if "config" in info:
         print("  config in force:")
         for k, v in info["config"].items():
+            if k == "conv_verify" and v is None:  # auto, shown with what it resolves to
+                v = f"auto ({'on' if conv_on else 'off'})"
             print(f"    {k:<16} {v!s:<28} ({info['config_source'].get(k, 'default')})")
         if info.get("kernel_config"):
             print(f"  kernel launch-config file: {info['kernel_config']}")
@@ -119,7 +122,7 @@ def doctor(as_json: bool = False, apply_patches: bool = False) -> int:
               + ("" if seams_on else "; off in this config") + "):")
         for t, s, d in seams:
             print(f"    [{s:<8}] {t}" + (f"  -- {d}" if s == "missing" else ""))
-        print(f"  conv1d verify seam, applied with --replayssm-conv-verify true ({len(convs)}"
+        print(f"  conv1d verify seam, applied with the replay ring (--replayssm-conv-verify auto) or true ({len(convs)}"
               + ("" if conv_on else "; off in this config") + "):")
         for t, s, d in convs:
             print(f"    [{s:<8}] {t}" + (f"  -- {d}" if s == "missing" else ""))

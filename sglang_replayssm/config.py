@@ -206,6 +206,9 @@ class ReplaySSMConfig:
         env: Dict[str, str] = {}
         for s in SETTINGS:
             v = getattr(self, s.name)
+            if v is None and s.parse is _parse_auto_bool:  # auto travels as itself, over any inherited value
+                env[s.env] = "auto"
+                continue
             if v is None:
                 continue
             if isinstance(v, bool):

@@ -183,6 +183,8 @@ def server_env(base: Dict[str, str], args, phase: Phase, model: ModelSpec, pytho
     elif phase.kind == "staged":  # the launcher's default (seams on), whatever the caller exported
         for k in ("SGLANG_REPLAYSSM_REPLAY_RING", "SGLANG_REPLAYSSM_STAGED"):  # the setting and its old name
             env.pop(k, None)
+    if phase.kind in ("staged", "patched"):  # the conv1d kernel follows the ring (auto) unless --patched-arg says
+        env.pop("SGLANG_REPLAYSSM_CONV_VERIFY", None)
     if phase.kernel_config:  # this arm's launch configs, over any inherited file
         env["SGLANG_REPLAYSSM_KERNEL_CONFIG"] = phase.kernel_config
     env["PYTHONPATH"] = os.pathsep.join([*pythonpath, *(x for x in [base.get("PYTHONPATH", "")] if x)])

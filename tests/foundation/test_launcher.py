@@ -67,6 +67,9 @@ def test_doctor_lists_targets_resolved():
     assert "buffer_len       4" in r.stdout
     # the replay-ring seams are part of what a default config applies ...
     assert "[patched ] sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool._init_mamba_pool" in r.stdout
+    # so is the conv1d verify seam (conv_verify auto follows the ring)
+    assert "[patched ] sglang.kernels.ops.mamba.causal_conv1d_triton.causal_conv1d_update" in r.stdout
+    assert "conv_verify      auto (on)" in r.stdout
     # ... and stay unapplied with replay_ring false, where only the launch checks run; the deprecated
     # SGLANG_REPLAYSSM_STAGED still says so for one release, with one deprecation line
     r = run(["-m", "sglang_replayssm", "doctor", "--apply"], env=clean_env(SGLANG_REPLAYSSM_STAGED="0"))
@@ -79,7 +82,7 @@ def test_doctor_lists_targets_resolved():
     assert "off in this config" in r.stdout
     # the conv1d verify seam: listed always, applied with the ring (auto) or with conv_verify true
     conv = "sglang.kernels.ops.mamba.causal_conv1d_triton.causal_conv1d_update"
-    assert f"[resolved] {conv}" in r.stdout
+    assert f"[resolved] {conv}" in r.stdout and "conv_verify      auto (off)" in r.stdout
     r = run(["-m", "sglang_replayssm", "doctor", "--apply"], env=clean_env(SGLANG_REPLAYSSM_CONV_VERIFY="1"))
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     assert f"[patched ] {conv}" in r.stdout and "conv_verify      True" in r.stdout

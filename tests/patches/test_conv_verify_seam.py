@@ -65,6 +65,25 @@ def test_with_the_ring_by_default_or_the_setting(env):
     assert [p.target for p in active_patches(False, True) if p.target == seam.TARGET] == [seam.TARGET]
 
 
+@pytest.mark.parametrize("inherited,ring", [("0", True), ("1", False), (None, False)])
+def test_auto_reaches_child_processes_over_inherited_values(tmp_path, inherited, ring):
+    """A parent resolved to auto hands ``auto`` on (a child reads the environment and the YAML file again): an
+    inherited variable or a YAML value must not decide the child's conv seam differently from the parent's."""
+    from sglang_replayssm.config import CONFIG_FILE_ENV, from_env
+
+    yml = tmp_path / "replayssm.yaml"
+    yml.write_text("conv_verify: true\n")
+    parent_env = {CONFIG_FILE_ENV: str(yml)}
+    if inherited is not None:
+        parent_env["SGLANG_REPLAYSSM_CONV_VERIFY"] = inherited
+    parent = from_env(parent_env).replace(conv_verify="auto", replay_ring=ring)
+    assert parent.conv_verify is None and parent.conv_verify_on is ring
+    child_env = {**parent_env, **parent.to_env()}  # what the launcher exports before SGLang spawns its processes
+    assert child_env["SGLANG_REPLAYSSM_CONV_VERIFY"] == "auto"
+    child = from_env(child_env)
+    assert child.conv_verify is None and child.conv_verify_on is parent.conv_verify_on
+
+
 def test_apply_verify_idempotent_rewrites_and_restores_bindings(env):
     src = _source()
     original = src.causal_conv1d_update
