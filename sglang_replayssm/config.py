@@ -206,10 +206,9 @@ class ReplaySSMConfig:
         env: Dict[str, str] = {}
         for s in SETTINGS:
             v = getattr(self, s.name)
-            if v is None and s.parse is _parse_auto_bool:  # auto travels as itself, over any inherited value
-                env[s.env] = "auto"
-                continue
             if v is None:
+                if s.parse is _parse_auto_bool:  # auto travels as itself, over any inherited value
+                    env[s.env] = "auto"
                 continue
             if isinstance(v, bool):
                 env[s.env] = "1" if v else "0"

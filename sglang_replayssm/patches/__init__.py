@@ -36,7 +36,8 @@ def replay_ring_patches() -> List[Patch]:
 
 
 def conv_verify_patches() -> List[Patch]:
-    """The target verify's conv1d on the package's kernel (``--replayssm-conv-verify``; independent of the ring)."""
+    """The target verify's conv1d on the package's kernel (``--replayssm-conv-verify``). The seam needs no replay
+    ring; with ``auto`` (the default) it follows the ring's setting (``ReplaySSMConfig.conv_verify_on``)."""
     from . import conv_verify
 
     return list(conv_verify.PATCHES)

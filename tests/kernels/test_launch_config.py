@@ -232,6 +232,10 @@ def test_malformed_files(tmp_path, text, match):
     ("mamba2_verify:\n  default: {bc: post}\n", r"bc must be one of \('inline', 'pre'\)"),
     # timed on the H200, lost and removed (eval/results/spec-variants-h200/README.md, round 13)
     ("mamba2_verify:\n  default: {early_state: 1}\n", r"\[mamba2_verify\]\[default\]: unknown parameter 'early_state'"),
+    # timed on the H200, lost and removed (eval/results/kernel-variants-h200/carry-c7faaaa/)
+    ("gdn_decode:\n  default: {carry: 1}\n", r"\[gdn_decode\]\[default\]: unknown parameter 'carry'"),
+    # timed on the H200, lost and removed (eval/results/conv-verify-h200.md)
+    ("conv1d_verify:\n  default: {stores: rows}\n", r"\[conv1d_verify\]\[default\]: unknown parameter 'stores'"),
     # timed on the H200, lost and removed (eval/results/spec-variants-h200/README.md, round 6)
     ("gdn_decode:\n  default: {flush_first_max_batch: -1}\n", r"flush_first_max_batch must be an int >= 0, got -1"),
     ("mamba2_verify:\n  default: {reduce: dot}\n", r"reduce must be one of \('bcast', 'token'\), got 'dot'"),
