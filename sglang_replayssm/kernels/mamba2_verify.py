@@ -85,6 +85,7 @@ REDUCE_MODES = ("bcast", "token")
 #             [batch, G, WH + TP, TP] that the main kernel reads.
 BC_MODES = ("inline", "pre")
 NONFLUSH_MODES = ("chunked", "stream", "mma")
+PROLOGUE_MODES = ("chain", "early", "row")
 
 # Built-in launch parameters: the fastest measured on the H200 (eval/results/spec-variants-h200/, rounds 1-2 and 7).
 MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", {
@@ -116,6 +117,15 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     # and window loads are issued before this chunk's checkpoint store; chunks never overlap, so nothing is read
     # stale). 2 won over the loop unrolled, which is removed (eval/results/spec-variants-h200/, round 8)
     "flush_stages": count_param(2, 1),
+    # the dependent loads before a program's first dot (eval/results/spec-variants-h200/, round 14; untimed):
+    # "chain" -- the slot, then its cursors, then the history's weights (their math waits on the Δ ring), then the
+    #            state tile, and the pre-kernel's B·C after the dots;
+    # "early" -- what the row alone indexes (window, B·C, A, D, z) before the slot, the history and the state tile
+    #            issued together once the cursors are known, all the weights' math after the dots;
+    # "row"   -- as early, with the row's slot and cursors copied per row by the B·C pre-kernel, so that they come
+    #            in the first round trip with the window (batches at or below inline_bc_max_batch, which launch no
+    #            pre-kernel, run "early")
+    "prologue": choice_param("chain", PROLOGUE_MODES),
     # 1: a flush row's fold x_hist @ (s ⊙ B_hist) as two tf32 passes (common.split_dot): the ring's x is 16-bit,
     # exact in tf32, so only s ⊙ B is split hi + lo; tf32x3's accuracy with one tensor-core pass fewer (an fp32
     # x ring: three passes). 0: tl.dot at dot_precision. On for fp32 states in default.yaml (won on the H200:
@@ -148,24 +158,33 @@ def _add_token_dot_chunked(acc, st_base, s_st_p, s_st_n, offs_m, mask_m, N, c_ro
 
 @triton.jit
 def _mamba2_verify_bc_kernel(
-    Br_ptr, B_ptr, C_ptr, slot_ptr, wp_ptr, org_ptr, fl_ptr, bc_ptr,
+    Br_ptr, B_ptr, C_ptr, slot_ptr, wp_ptr, org_ptr, fl_ptr, bc_ptr, rc_ptr,
     null_slot, N, R, T,
     s_Br_s, s_Br_g, s_Br_r, s_Br_n,
     s_B_b, s_B_t, s_B_g, s_B_n,
     s_C_b, s_C_t, s_C_g, s_C_n,
     s_bc_b, s_bc_g,
-    BLOCK_NC: tl.constexpr, N_CHUNKS: tl.constexpr, WH: tl.constexpr, TP: tl.constexpr,
+    BLOCK_NC: tl.constexpr, N_CHUNKS: tl.constexpr, WH: tl.constexpr, TP: tl.constexpr, ROW_CUR: tl.constexpr,
 ):
     """bc[row, g, k, s] = B_k · C_s (history k < wp; zero on flush rows, whose history is folded)
-    and bc[row, g, WH + m, s] = B_m · C_s (window m), fp32."""
+    and bc[row, g, WH + m, s] = B_m · C_s (window m), fp32.  ``ROW_CUR`` (``prologue: row``): the programs of
+    group 0 also write the row's slot and clamped cursors to rc[row] = (slot, wp, origin, flush) int32, every row
+    (a padded or null row's cursors as 0), for the main kernel to read in one round trip."""
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1).to(tl.int64)
     slot = tl.load(slot_ptr + row).to(tl.int64)
-    if (slot < 0) | (slot == null_slot):
+    live = (slot >= 0) & (slot != null_slot)
+    wp = tl.minimum(tl.maximum(tl.load(wp_ptr + slot, mask=live, other=0).to(tl.int32), 0), R - T)
+    org = tl.minimum(tl.maximum(tl.load(org_ptr + slot, mask=live, other=0).to(tl.int32), 0), R - 1)
+    flag = tl.load(fl_ptr + slot, mask=live, other=0)
+    if ROW_CUR:
+        if g == 0:
+            o4 = tl.arange(0, 4)
+            rc = tl.where(o4 == 0, slot.to(tl.int32), tl.where(o4 == 1, wp, tl.where(o4 == 2, org, (flag != 0).to(tl.int32))))
+            tl.store(rc_ptr + row * 4 + o4, rc)
+    if not live:
         return
-    wp = tl.minimum(tl.maximum(tl.load(wp_ptr + slot).to(tl.int32), 0), R - T)
-    org = tl.minimum(tl.maximum(tl.load(org_ptr + slot).to(tl.int32), 0), R - 1)
-    no_flush = tl.load(fl_ptr + slot) == 0
+    no_flush = flag == 0
     offs_t = tl.arange(0, TP)
     mask_t = offs_t < T
     offs_k = tl.arange(0, WH)
@@ -258,7 +277,7 @@ def verify_geometry_key(H: int, P: int, N: int, G: int, R: int, T: int) -> str:
 def _mamba2_verify_kernel(
     state_ptr, xr_ptr, Br_ptr, dtr_ptr,
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, dtb_ptr, out_ptr,
-    slot_ptr, wp_ptr, org_ptr, fl_ptr, bc_ptr, par_ptr,
+    slot_ptr, wp_ptr, org_ptr, fl_ptr, bc_ptr, par_ptr, rc_ptr,
     null_slot, P, N, R, T, heads_per_group,
     s_st_s, s_st_h, s_st_p, s_st_n,
     s_xr_s, s_xr_h, s_xr_r, s_xr_p,
@@ -281,48 +300,94 @@ def _mamba2_verify_kernel(
     PER_TOKEN: tl.constexpr, BC_PRE: tl.constexpr, STREAM: tl.constexpr, BLOCK_N: tl.constexpr,
     STREAM_CHUNK: tl.constexpr, FLUSH_STAGES: tl.constexpr,
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, NF_MMA: tl.constexpr,
-    FLUSH_SPLIT: tl.constexpr, X_EXACT: tl.constexpr,
+    FLUSH_SPLIT: tl.constexpr, X_EXACT: tl.constexpr, PROLOGUE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     h = tl.program_id(2).to(tl.int64)
     g = h // heads_per_group
-    slot = tl.load(slot_ptr + row).to(tl.int64)
-    if (slot < 0) | (slot == null_slot):
-        return
-    wp = tl.load(wp_ptr + slot).to(tl.int32)
-    org = tl.load(org_ptr + slot).to(tl.int32)
-    flag = tl.load(fl_ptr + slot)
-    is_flush = flag != 0
-    no_flush = flag == 0
-    wp = tl.minimum(tl.maximum(wp, 0), R - T)  # memory safety only (the commit rule keeps wp + T <= R)
-    org = tl.minimum(tl.maximum(org, 0), R - 1)
-
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < P
     offs_t = tl.arange(0, TP)
     mask_t = offs_t < T
     offs_k = tl.arange(0, WH)
+    if PROLOGUE > 0:  # early / row: what the row alone indexes, issued before the slot is known
+        A = tl.load(A_ptr + h * s_A_h).to(tl.float32)
+        if HAS_DT_BIAS:
+            dtb = tl.load(dtb_ptr + h * s_dtb_h)
+        else:
+            dtb = 0.0
+        dt_win = tl.load(dt_ptr + row * s_dt_b + offs_t * s_dt_t + h * s_dt_h, mask=mask_t, other=0.0)
+        x_win_raw = tl.load(x_ptr + row * s_x_b + h * s_x_h + offs_m[:, None] * s_x_p + offs_t[None, :] * s_x_t,
+                            mask=mask_m[:, None] & mask_t[None, :], other=0.0)  # [BLOCK_M, TP]
+        if HAS_D:
+            Dv_raw = tl.load(D_ptr + h * s_D_h + offs_m * s_D_p, mask=mask_m, other=0.0)
+        if HAS_Z:
+            z_raw = tl.load(z_ptr + row * s_z_b + h * s_z_h + offs_m[:, None] * s_z_p + offs_t[None, :] * s_z_t,
+                            mask=mask_m[:, None] & mask_t[None, :], other=0.0)
+        if BC_PRE:
+            bc_base = bc_ptr + row * s_bc_b + g * s_bc_g
+            bc_h = tl.load(bc_base + offs_k[:, None] * TP + offs_t[None, :])
+            bc_w = tl.load(bc_base + (WH + offs_t)[:, None] * TP + offs_t[None, :])
+        if IS_TREE:
+            anc = _tree_ancestor_mask(par_ptr + row * s_par_b, s_par_t, T, TP, LOG_TP) > 0.5  # [m, s]: m on root..s
+    if PROLOGUE == 0:
+        slot = tl.load(slot_ptr + row).to(tl.int64)
+        if (slot < 0) | (slot == null_slot):
+            return
+        wp = tl.load(wp_ptr + slot).to(tl.int32)
+        org = tl.load(org_ptr + slot).to(tl.int32)
+        flag = tl.load(fl_ptr + slot)
+        is_flush = flag != 0
+        no_flush = flag == 0
+    else:
+        # no early return: the compiler would sink the loads above into the live branch, behind the slot's wait.
+        # A padded or null row runs with every load and store masked off by `live`.
+        if PROLOGUE == 2:  # the row's slot and cursors, copied per row by the pre-kernel: one round trip
+            slot = tl.load(rc_ptr + row * 4).to(tl.int64)
+            wp = tl.load(rc_ptr + row * 4 + 1)
+            org = tl.load(rc_ptr + row * 4 + 2)
+            flag = tl.load(rc_ptr + row * 4 + 3)
+            live = (slot >= 0) & (slot != null_slot)
+        else:
+            slot = tl.load(slot_ptr + row).to(tl.int64)
+            live = (slot >= 0) & (slot != null_slot)
+            wp = tl.load(wp_ptr + slot, mask=live, other=0).to(tl.int32)
+            org = tl.load(org_ptr + slot, mask=live, other=0).to(tl.int32)
+            flag = tl.load(fl_ptr + slot, mask=live, other=0)
+        is_flush = live & (flag != 0)
+        no_flush = live & (flag == 0)
+    wp = tl.minimum(tl.maximum(wp, 0), R - T)  # memory safety only (the commit rule keeps wp + T <= R)
+    org = tl.minimum(tl.maximum(org, 0), R - 1)
+
     valid_k = offs_k < wp
-    phys_k = ((org + offs_k) % R).to(tl.int64)
-    phys_t = ((org + wp + offs_t) % R).to(tl.int64)
+    if PROLOGUE == 0:
+        phys_k = ((org + offs_k) % R).to(tl.int64)
+        phys_t = ((org + wp + offs_t) % R).to(tl.int64)
+    else:  # org + k < 2R on every lane a mask lets through (k < wp <= R - T; t < T): one conditional subtract
+        pk = org + offs_k
+        pt = org + wp + offs_t
+        phys_k = tl.where(pk >= R, pk - R, pk).to(tl.int64)
+        phys_t = tl.where(pt >= R, pt - R, pt).to(tl.int64)
+        valid_k = valid_k & live
 
-    A = tl.load(A_ptr + h * s_A_h).to(tl.float32)
-    if HAS_DT_BIAS:
-        dtb = tl.load(dtb_ptr + h * s_dtb_h)
-    else:
-        dtb = 0.0
+    if PROLOGUE == 0:  # chain: each load after the math of the one before
+        A = tl.load(A_ptr + h * s_A_h).to(tl.float32)
+        if HAS_DT_BIAS:
+            dtb = tl.load(dtb_ptr + h * s_dtb_h)
+        else:
+            dtb = 0.0
 
-    # ---- window: Δ_s, μ_s (chain: prefix sums; tree: sums over the path root..s), x_s ----
-    dt_win = tl.load(dt_ptr + row * s_dt_b + offs_t * s_dt_t + h * s_dt_h, mask=mask_t, other=0.0)
-    d_win = tl.where(mask_t, _delta_from_raw(dt_win, dtb, HAS_DT_BIAS, DT_SOFTPLUS), 0.0)
-    if IS_TREE:
-        anc = _tree_ancestor_mask(par_ptr + row * s_par_b, s_par_t, T, TP, LOG_TP) > 0.5  # [m, s]: m on root..s
-        mu = tl.sum(tl.where(anc & mask_t[:, None], d_win[:, None], 0.0), 0)
-    else:
-        mu = tl.cumsum(d_win, 0)
-    x_win = tl.load(x_ptr + row * s_x_b + h * s_x_h + offs_m[:, None] * s_x_p + offs_t[None, :] * s_x_t,
-                    mask=mask_m[:, None] & mask_t[None, :], other=0.0).to(tl.float32)  # [BLOCK_M, TP]
+        # ---- window: Δ_s, μ_s (chain: prefix sums; tree: sums over the path root..s), x_s ----
+        dt_win = tl.load(dt_ptr + row * s_dt_b + offs_t * s_dt_t + h * s_dt_h, mask=mask_t, other=0.0)
+        d_win = tl.where(mask_t, _delta_from_raw(dt_win, dtb, HAS_DT_BIAS, DT_SOFTPLUS), 0.0)
+        if IS_TREE:
+            anc = _tree_ancestor_mask(par_ptr + row * s_par_b, s_par_t, T, TP, LOG_TP) > 0.5  # [m, s]: m on root..s
+            mu = tl.sum(tl.where(anc & mask_t[:, None], d_win[:, None], 0.0), 0)
+        else:
+            mu = tl.cumsum(d_win, 0)
+        x_win = tl.load(x_ptr + row * s_x_b + h * s_x_h + offs_m[:, None] * s_x_p + offs_t[None, :] * s_x_t,
+                        mask=mask_m[:, None] & mask_t[None, :], other=0.0).to(tl.float32)  # [BLOCK_M, TP]
 
     # ---- history: Δ_k, Λ_k, x_k ----
     xr_base = xr_ptr + slot * s_xr_s + h * s_xr_h
@@ -330,17 +395,23 @@ def _mamba2_verify_kernel(
     Br_base = Br_ptr + slot * s_Br_s + g * s_Br_g
     st_base = state_ptr + slot * s_st_s + h * s_st_h
     d_hist = tl.load(dtr_base + phys_k * s_dtr_r, mask=valid_k, other=0.0).to(tl.float32)
-    lam_end = tl.sum(d_hist, 0)
-    x_hist = tl.load(xr_base + offs_m[:, None] * s_xr_p + phys_k[None, :] * s_xr_r,
-                     mask=mask_m[:, None] & valid_k[None, :], other=0.0).to(tl.float32)  # [BLOCK_M, WH]
-    # fold weights Δ_k e^{A(Λ − Λ_k)}, Λ − Λ_k summed directly (no prefix-sum difference: see suffix_sum_excl)
-    s_hist = tl.where(valid_k, d_hist * tl.exp(A * suffix_sum_excl(d_hist, offs_k)), 0.0)
+    if PROLOGUE == 0:
+        lam_end = tl.sum(d_hist, 0)
+        x_hist = tl.load(xr_base + offs_m[:, None] * s_xr_p + phys_k[None, :] * s_xr_r,
+                         mask=mask_m[:, None] & valid_k[None, :], other=0.0).to(tl.float32)  # [BLOCK_M, WH]
+        # fold weights Δ_k e^{A(Λ − Λ_k)}, Λ − Λ_k summed directly (no prefix-sum difference: see suffix_sum_excl)
+        s_hist = tl.where(valid_k, d_hist * tl.exp(A * suffix_sum_excl(d_hist, offs_k)), 0.0)
+    else:  # issued with the state tile's loads below; converted and weighted after the dots
+        x_hist_raw = tl.load(xr_base + offs_m[:, None] * s_xr_p + phys_k[None, :] * s_xr_r,
+                             mask=mask_m[:, None] & valid_k[None, :], other=0.0)
 
     # ---- N chunks: S·C_s (S = S_ck, or the folded S_c on flush), B_k·C_s, B_m·C_s ----
     SC = tl.zeros([BLOCK_M, TP], dtype=tl.float32)
-    bc_h = tl.zeros([WH, TP], dtype=tl.float32)
-    bc_w = tl.zeros([TP, TP], dtype=tl.float32)  # [m, s]
-    decay_end = tl.exp(A * lam_end)
+    if (not BC_PRE) or (PROLOGUE == 0):
+        bc_h = tl.zeros([WH, TP], dtype=tl.float32)
+        bc_w = tl.zeros([TP, TP], dtype=tl.float32)  # [m, s]
+    if PROLOGUE == 0:
+        decay_end = tl.exp(A * lam_end)
     write_B = (pid_m == 0) & (h % heads_per_group == 0)
     B_row = B_ptr + row * s_B_b + g * s_B_g
     C_row = C_ptr + row * s_C_b + g * s_C_g
@@ -383,6 +454,19 @@ def _mamba2_verify_kernel(
                          B_wn.to(Br_ptr.dtype.element_ty), mask=mask_t[:, None] & mask_nf[None, :])
     else:
         run_chunks = True  # every row, N chunk by N chunk
+        if PROLOGUE > 0:
+            run_chunks = live
+    if PROLOGUE > 0:  # the window's and the history's weights, off the loads' critical path
+        d_win = tl.where(mask_t, _delta_from_raw(dt_win, dtb, HAS_DT_BIAS, DT_SOFTPLUS), 0.0)
+        if IS_TREE:
+            mu = tl.sum(tl.where(anc & mask_t[:, None], d_win[:, None], 0.0), 0)
+        else:
+            mu = tl.cumsum(d_win, 0)
+        x_win = x_win_raw.to(tl.float32)
+        lam_end = tl.sum(d_hist, 0)
+        x_hist = x_hist_raw.to(tl.float32)  # [BLOCK_M, WH]
+        s_hist = tl.where(valid_k, d_hist * tl.exp(A * suffix_sum_excl(d_hist, offs_k)), 0.0)
+        decay_end = tl.exp(A * lam_end)
     if run_chunks:  # a runtime loop (one chunk's registers live at a time), software-pipelined FLUSH_STAGES deep
         for c in tl.range(0, N_CHUNKS, num_stages=FLUSH_STAGES):
             SC, bc_h, bc_w = _verify_chunk(
@@ -391,7 +475,7 @@ def _mamba2_verify_kernel(
                 no_flush, wp, decay_end, x_hist, s_hist, DOT_PRECISION, BLOCK_NC, TP, PER_TOKEN, BC_PRE, FLUSH_SPLIT,
                 X_EXACT)
 
-    if BC_PRE:
+    if BC_PRE and (PROLOGUE == 0):
         bc_base = bc_ptr + row * s_bc_b + g * s_bc_g
         bc_h = tl.load(bc_base + offs_k[:, None] * TP + offs_t[None, :])
         bc_w = tl.load(bc_base + (WH + offs_t)[:, None] * TP + offs_t[None, :])
@@ -432,13 +516,21 @@ def _mamba2_verify_kernel(
             y += tl.sum(x_hist[:, :, None] * w_h[None, :, :], 1)
         y += tl.sum(x_win[:, :, None] * w_w[None, :, :], 1)
     if HAS_D:
-        Dv = tl.load(D_ptr + h * s_D_h + offs_m * s_D_p, mask=mask_m, other=0.0).to(tl.float32)
+        if PROLOGUE > 0:
+            Dv = Dv_raw.to(tl.float32)
+        else:
+            Dv = tl.load(D_ptr + h * s_D_h + offs_m * s_D_p, mask=mask_m, other=0.0).to(tl.float32)
         y += Dv[:, None] * x_win
     if HAS_Z:
-        zv = tl.load(z_ptr + row * s_z_b + h * s_z_h + offs_m[:, None] * s_z_p + offs_t[None, :] * s_z_t,
-                     mask=mask_m[:, None] & mask_t[None, :], other=0.0).to(tl.float32)
+        if PROLOGUE > 0:
+            zv = z_raw.to(tl.float32)
+        else:
+            zv = tl.load(z_ptr + row * s_z_b + h * s_z_h + offs_m[:, None] * s_z_p + offs_t[None, :] * s_z_t,
+                         mask=mask_m[:, None] & mask_t[None, :], other=0.0).to(tl.float32)
         y *= zv * tl.sigmoid(zv)
     om = mask_m[:, None] & mask_t[None, :]
+    if PROLOGUE > 0:
+        om = om & live
     tl.store(out_ptr + row * s_o_b + h * s_o_h + offs_m[:, None] * s_o_p + offs_t[None, :] * s_o_t,
              y.to(out_ptr.dtype.element_ty), mask=om)
 
@@ -446,7 +538,10 @@ def _mamba2_verify_kernel(
     tl.store(xr_base + offs_m[:, None] * s_xr_p + phys_t[None, :] * s_xr_r,
              x_win.to(xr_ptr.dtype.element_ty), mask=om)
     if pid_m == 0:
-        tl.store(dtr_base + phys_t * s_dtr_r, d_win.to(dtr_ptr.dtype.element_ty), mask=mask_t)
+        if PROLOGUE > 0:
+            tl.store(dtr_base + phys_t * s_dtr_r, d_win.to(dtr_ptr.dtype.element_ty), mask=mask_t & live)
+        else:
+            tl.store(dtr_base + phys_t * s_dtr_r, d_win.to(dtr_ptr.dtype.element_ty), mask=mask_t)
 
 
 def _err(msg: str):
@@ -560,13 +655,20 @@ def mamba2_verify(
     dz = z.stride() if z is not None else (0, 0, 0, 0)
     n_chunks = triton.cdiv(N, BLOCK_NC)
     bc_pre = cfg["bc"] == "pre" and batch > cfg["inline_bc_max_batch"]  # host-side: one CUDA graph per batch size
+    prologue = PROLOGUE_MODES.index(cfg["prologue"])
+    if prologue == 2 and not bc_pre:
+        prologue = 1  # no pre-kernel to copy the cursors per row
+    rc = state_indices  # never read unless prologue == 2
     if bc_pre:  # per-call scratch (inside a CUDA graph it comes from the graph's pool)
         bc = torch.empty((batch, G, WH + TP, TP), dtype=torch.float32, device=dev)
+        if prologue == 2:
+            rc = torch.empty((batch, 4), dtype=torch.int32, device=dev)
         _mamba2_verify_bc_kernel[(batch, G)](
-            B_ring, B, C, state_indices, wp, origin, flush, bc,
+            B_ring, B, C, state_indices, wp, origin, flush, bc, rc,
             -1 if null_slot is None else int(null_slot), N, R, T,
             *B_ring.stride(), *B.stride(), *C.stride(), bc.stride(0), bc.stride(1),
-            BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP, num_warps=int(cfg["bc_num_warps"]), num_stages=1,
+            BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP, ROW_CUR=prologue == 2,
+            num_warps=int(cfg["bc_num_warps"]), num_stages=1,
         )
     else:
         bc = out  # never read
@@ -575,7 +677,7 @@ def mamba2_verify(
         state, x_ring, B_ring, dt_ring,
         x, dt, A, B, C,
         D if D is not None else x, z if z is not None else x, dt_bias if dt_bias is not None else dt,
-        out, state_indices, wp, origin, flush, bc, parents if parents is not None else state_indices,
+        out, state_indices, wp, origin, flush, bc, parents if parents is not None else state_indices, rc,
         -1 if null_slot is None else int(null_slot), P, N, R, T, H // G,
         *state.stride(), *x_ring.stride(), *B_ring.stride(), *dt_ring.stride(),
         *x.stride(), dt.stride(0), dt.stride(1), dt.stride(2), s_A_h,
@@ -592,7 +694,7 @@ def mamba2_verify(
         FLUSH_STAGES=int(cfg["flush_stages"]),
         IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
         FLUSH_SPLIT=bool(cfg["flush_split"]), X_EXACT=x_ring.dtype in (torch.bfloat16, torch.float16),
-        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg),
+        PROLOGUE=prologue, num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg),
     )
     return out
 

@@ -251,6 +251,21 @@ def test_stream_of_random_trees_and_paths_matches_sequential_recurrence(device, 
     assert h.max_depth >= 3, f"{h.tag()} accepted paths stayed shallow ({h.max_depth})"
 
 
+@pytest.mark.parametrize("prologue", ["early", "row"])
+def test_prologue_orders_keep_trees_on_the_recurrence(device, tmp_path, monkeypatch, prologue):
+    """``prologue: early / row`` (the row-indexed loads and the ancestor mask before the slot; ``row``: the cursors
+    from the pre-kernel's per-row copy) under the same random trees, paths, flushes and padded rows."""
+    from sglang_replayssm.kernels import common
+
+    f = tmp_path / "cfg.yaml"
+    f.write_text("mamba2_verify:\n  default: {prologue: " + prologue + "}\n")
+    monkeypatch.setenv(common.ENV_CONFIG_FILE, str(f))
+    h = TreeHarness(device, SMALL_H2, 8, 8, F32, F32, n_req=2)
+    for _ in range(14):
+        h.step()
+    assert h.flushes >= 1, f"{h.tag()} the stream must cross a flush, saw {h.flushes}"
+
+
 def test_deep_trees_T16(device):
     """T = 16 with depth up to 8 and branching up to 4 (the CPU run's short stream; the long one is slow)."""
     h = TreeHarness(device, (2, 16, 16, 1), 16, 16, F32, F32, n_req=1, check_ref=False)
