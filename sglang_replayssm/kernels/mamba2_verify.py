@@ -42,6 +42,10 @@ dots S_ck·C_s as one tl.dot on the tensor cores, fp32-accurate (tf32 passes ove
 ``common.split_dot``).
 ``eval/verify_sass.py`` compares the variants offline; their H200 timings (one warp, ``reduce:
 token``, ``bc: pre``, ``nonflush: stream``: the built-in defaults) are in eval/results/spec-variants-h200/.
+``prologue`` orders the loads a program waits on before its first dot: ``chain`` (the slot, then its cursors, then
+the history's weights, then the tile), ``early`` (row-indexed loads before the slot, history and tile together after
+the cursors, no early return: a padded row runs masked) or ``row`` (the cursors from a per-row copy the pre-kernel
+writes).
 Rows whose slot is < 0 or == null_slot write nothing.  The window is ``T`` tokens per row (SGLang's
 chain verify: ``draft_token_num`` for every row); ``wp`` is clamped to [0, R − T] for memory safety only.
 
