@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import gzip
 import statistics
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
@@ -31,6 +32,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 from eval import ab_report, models, report
 from eval.ab import decode_rate
 from eval.ab.presets import STANDARD_DECODE
+from eval.ab.servers import conv_verify_state
 
 # the model each family's decode targets are measured on (the issue's headline geometries)
 TARGET_MODELS = {"mamba2": "nemotron-h-8b", "gdn": "qwen3-next-80b-a3b-e64"}
@@ -469,8 +471,21 @@ def arms_by_run(results) -> Dict[Tuple[Any, Any], Dict[str, Dict[str, Any]]]:
                 "kind": arm["phase"].get("kind"), "spec": bool(arm["phase"].get("spec")),
                 "bench": _bs_row(res, label), "max_running_requests": (s.get("max_running_requests") or {}).get(label),
                 "accept_length": (s.get("accept_length") or {}).get(label), "setup": setup, "file": str(f),
-                "rates": ab_report.rates_rows(arm)}
+                "rates": ab_report.rates_rows(arm), "conv_verify": _conv_verify(arm, Path(f), label)}
     return runs
+
+
+def _conv_verify(arm: Dict[str, Any], f: Path, label: str) -> Any:
+    """Whether the arm's server ran the conv1d verify kernel: its record, or for runs recorded before the record
+    said, the plugin's line in the server log committed beside the result (None when neither says)."""
+    if arm.get("replayssm_conv_verify") is not None:
+        return arm["replayssm_conv_verify"]
+    for log_file in (f.parent / f"server-{label}.log.gz", f.parent / f"server-{label}.log"):
+        if log_file.is_file():
+            opener = gzip.open if log_file.suffix == ".gz" else open
+            with opener(log_file, "rt", errors="replace") as fh:
+                return conv_verify_state(fh.read())
+    return None
 
 
 # the draft algorithms of issue 20's EAGLE summary (separate draft model, chains and trees); the others (NEXTN/MTP)
@@ -542,6 +557,8 @@ def spec_speed(results, eagle: bool = False) -> List[Dict[str, Any]]:
                          "max_running_staged": ours["max_running_requests"],
                          "max_running_stock": stock["max_running_requests"] if stock else None,
                          "capacity_ratio": cap, "file": ours["file"], "started": started,
+                         # the conv1d verify kernel in the replay arm (None: neither its record nor a log says)
+                         "staged_conv_verify": ours.get("conv_verify"),
                          **_spec_decode_rates(ours, stock, bs, nospec, same_run),
                          "stock_nonspec_file": nospec["file"] if nospec else None, "nonspec_same_run": same_run})
     for r in rows:

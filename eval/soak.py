@@ -706,7 +706,8 @@ def log_checks(path: Path) -> Dict[str, Any]:
         return {}
     return {"memory_leak_warnings": text.count("memory leak detected"),
             "tracebacks": text.count("Traceback (most recent call last)"),
-            "replayssm_seams": ab.seams_state(text), "replayssm_active": "sglang_replayssm active" in text,
+            "replayssm_seams": ab.seams_state(text), "replayssm_conv_verify": ab.conv_verify_state(text),
+            "replayssm_active": "sglang_replayssm active" in text,
             "random_weights_confirmed": _weights_marker() in text}
 
 

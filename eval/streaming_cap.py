@@ -62,7 +62,7 @@ from eval.ab.common import ROOT, log  # noqa: E402
 from eval.ab.plan import ARM_KINDS, Phase, parse_batches  # noqa: E402
 from eval.ab.servers import (Server, _stop_all, arm_launch, common_server_flags, env_delta,  # noqa: E402
                              free_port, http_json, launch_cmd, prepare_model, seams_state, server_env,
-                             server_pythonpath)
+                             server_pythonpath, conv_verify_state)
 from eval.ab.workloads import BenchDriver, bench_serving_argv, trim_bench  # noqa: E402
 
 SCHEMA = "replayssm-streaming-cap/1"
@@ -446,6 +446,7 @@ class Runner:
             try:
                 text = server.log_path.read_text(errors="replace")
                 rec["replayssm_seams"] = seams_state(text)
+                rec["replayssm_conv_verify"] = conv_verify_state(text)
             except OSError:
                 pass
         if sp.kind == "staged" and rec.get("replayssm_seams") not in (None, True):

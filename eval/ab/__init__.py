@@ -61,7 +61,7 @@ from eval.ab.servers import (ARM_SEAMS, METRIC_NAMES, PATCHED_MODULE, RECORDED_E
                              TRITON_IR_SUFFIXES, GpuMemSampler, ModelSpec, Server, ServerError, arm_launch,
                              common_server_flags, count_retractions, env_delta, free_port, http_json, http_post,
                              http_text, launch_cmd, parse_metrics, prepare_model, recorded_env, save_jitcache,
-                             seams_state, server_env, server_facts, _stop_all)
+                             seams_state, conv_verify_state, server_env, server_facts, _stop_all)
 from eval.ab.parity import (DLOGPROB_BINS, DLOGPROB_LABELS, compare_parity, parity_prompts, parse_generate_output,
                             run_parity, run_parity_solo, slim_outputs)
 from eval.ab.profile import run_profile
@@ -75,7 +75,7 @@ __all__ = ["ROOT", "SCHEMA", "log", "ARM_KINDS", "SPEC_ALGOS", "STOCK_KINDS", "P
            "TRITON_IR_SUFFIXES", "GpuMemSampler", "ModelSpec", "Server", "ServerError", "arm_launch",
            "common_server_flags", "count_retractions", "env_delta", "free_port", "http_json", "http_post", "http_text",
            "launch_cmd", "parse_metrics", "prepare_model", "recorded_env", "save_jitcache", "seams_state",
-           "server_env", "server_facts", "_stop_all", "DLOGPROB_BINS", "DLOGPROB_LABELS", "compare_parity",
+           "conv_verify_state", "server_env", "server_facts", "_stop_all", "DLOGPROB_BINS", "DLOGPROB_LABELS", "compare_parity",
            "parity_prompts", "parse_generate_output", "run_parity", "run_parity_solo", "slim_outputs", "run_profile",
            "BENCH_KEYS", "BenchDriver", "PhaseRun", "Progress", "bench_serving_argv", "run_phase", "trim_bench",
            "build_result", "compare", "comparisons", "dist_version", "git_commit", "gpu_info", "result_stem",

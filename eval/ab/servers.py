@@ -244,6 +244,17 @@ def seams_state(log_text: str) -> Any:
     return None if not found else found.pop() if len(found) == 1 else "mixed"
 
 
+_CONV_LINE = re.compile(r"sglang_replayssm active \(pid \d+\):.*?\bconv_verify=(True|False)\b")
+
+
+def conv_verify_state(log_text: str) -> Any:
+    """Whether the server's processes ran the target verify's conv1d on the package's kernel
+    (``--replayssm-conv-verify``; the plugin's log line): True / False when every process that logged it agrees,
+    ``"mixed"`` when they disagree, None when none did (plain SGLang, servers from before the setting)."""
+    found = {m.group(1) == "True" for m in _CONV_LINE.finditer(log_text)}
+    return None if not found else found.pop() if len(found) == 1 else "mixed"
+
+
 def count_retractions(log_text: str) -> int:
     """Requests SGLang's scheduler retracted, summed over its "#retracted_reqs: N" log lines."""
     return sum(int(m) for m in _RETRACTED.findall(log_text))

@@ -26,7 +26,7 @@ from eval.ab.profile import run_profile
 from eval.ab.results import write_partial
 from eval.ab.servers import (ARM_SEAMS, GpuMemSampler, ModelSpec, Server, _stop_all, arm_launch, count_retractions,
                              env_delta, free_port, http_json, http_text, launch_cmd, parse_metrics, save_jitcache,
-                             seams_state, server_env, server_facts)
+                             seams_state, conv_verify_state, server_env, server_facts)
 
 
 BENCH_KEYS = (
@@ -366,6 +366,7 @@ class PhaseRun:
                 rec["pinned_token_models"] = text.count(weights.PIN_MARKER)
             rec["replayssm_active"] = "sglang_replayssm active" in text
             rec["replayssm_seams"] = seams_state(text)
+            rec["replayssm_conv_verify"] = conv_verify_state(text)
             rec["retracted_reqs"] = count_retractions(text)
         except OSError:
             pass

@@ -515,7 +515,7 @@ def main(argv=None) -> int:
     if a.fake_replayssm:
         seams = {"on": True, "off": False}.get(a.fake_seams, a.replayssm_replay_ring.lower() in ("1", "true", "yes", "on"))
         print(f"sglang_replayssm active (pid {os.getpid()}): L=16, ssm_types=mamba2,gdn, spec=True, "
-              f"replay_ring={seams}, kernel config (fake), 1 patch(es) verified", flush=True)
+              f"replay_ring={seams}, conv_verify={seams}, kernel config (fake), 1 patch(es) verified", flush=True)
     time.sleep(0.3)  # "loading"; then the pools line SGLang prints once its memory pools are allocated
     print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] Memory pool end. avail mem=1.00 GB", flush=True)
     st = State()

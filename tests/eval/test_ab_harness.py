@@ -423,6 +423,17 @@ def test_seams_state_from_the_server_log():
     assert ab.seams_state("plain SGLang log") is None
 
 
+def test_conv_verify_state_from_the_server_log():
+    """Whether the conv1d verify kernel served: the plugin's line says conv_verify=; servers from before it do not."""
+    line = ("[t replayssm pid=7] INFO sglang_replayssm active (pid 7): L=16, ssm_types=mamba2, spec=True, "
+            "replay_ring=True, conv_verify={}, kernel config x, 9 patch(es) verified")
+    assert ab.conv_verify_state(line.format("True") + "\n" + line.format("True")) is True
+    assert ab.conv_verify_state(line.format("False")) is False
+    assert ab.conv_verify_state(line.format("True") + "\n" + line.format("False")) == "mixed"
+    old = "sglang_replayssm active (pid 7): L=16, ssm_types=gdn, spec=True, replay_ring=True, kernel config x"
+    assert ab.conv_verify_state(old) is None and ab.conv_verify_state("plain SGLang log") is None
+
+
 def test_staged_arm_drops_an_inherited_seams_switch(tmp_path):
     base = {"PATH": "/bin", "SGLANG_REPLAYSSM_REPLAY_RING": "0", "SGLANG_REPLAYSSM_STAGED": "0",
             "SGLANG_REPLAYSSM_BUFFER_LEN": "8"}
@@ -442,8 +453,10 @@ def test_an_arm_whose_server_ran_the_wrong_seams_is_an_error(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = json.loads((tmp_path / "ab-tiny-nemotron-h-stock-vs-staged.json").read_text())
     assert res["arms"]["staged"]["status"] == "ok" and res["arms"]["staged"]["replayssm_seams"] is True
+    assert res["arms"]["staged"]["replayssm_conv_verify"] is True and res["arms"]["stock"]["replayssm_conv_verify"] is None
     res = json.loads((tmp_path / "ab-tiny-nemotron-h-stock-vs-patched.json").read_text())
     assert res["arms"]["patched"]["status"] == "ok" and res["arms"]["patched"]["replayssm_seams"] is False
+    assert res["arms"]["patched"]["replayssm_conv_verify"] is False
     bad = tmp_path / "bad"
     r = _run_ab(bad, "--arms", "stock,staged", "--patched-arg=--fake-replayssm --fake-seams off")
     assert r.returncode == 1

@@ -755,3 +755,21 @@ def test_speed_table_names_the_batch_a_capped_decode_rate_was_read_at():
     rate = r["arms"]["staged"]["bench"][0]["rates"]["decode_tok_s"]
     assert f"{report.fmt(rate, 0)} (at 60)" in table and "(at 64)" not in table
     assert "stock: not judged, staged: not judged" in table
+
+
+def test_the_conv1d_kernel_state_comes_from_the_record_or_the_committed_server_log(tmp_path):
+    """The replay arm's conv_verify: its record when it says, else the plugin's line in the server log beside the
+    result (gzipped as committed), else None (runs from before the setting)."""
+    line = ("[t replayssm pid=7] INFO sglang_replayssm active (pid 7): L=16, ssm_types=mamba2, spec=True, "
+            "replay_ring=True, conv_verify={}, kernel config x, 9 patch(es) verified\n")
+    f = tmp_path / "ab-x.json"
+    assert e2e_summary._conv_verify({"replayssm_conv_verify": False}, f, "staged") is False
+    assert e2e_summary._conv_verify({}, f, "staged") is None
+    with gzip.open(tmp_path / "server-staged.log.gz", "wt") as fh:
+        fh.write(line.format("True") * 2)
+    assert e2e_summary._conv_verify({}, f, "staged") is True
+    assert e2e_summary._conv_verify({"replayssm_conv_verify": None}, f, "staged") is True
+    (tmp_path / "server-patched.log").write_text(line.format("False"))
+    assert e2e_summary._conv_verify({}, f, "patched") is False
+    (tmp_path / "server-old.log").write_text("sglang_replayssm active (pid 7): L=16, replay_ring=True, kernel config x")
+    assert e2e_summary._conv_verify({}, f, "old") is None
