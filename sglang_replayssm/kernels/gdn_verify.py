@@ -165,6 +165,7 @@ _REDUCE_MODES = ("bcast", "token")
 _WINDOW_DOTS = ("fma", "split")
 _SCORES_MODES = ("inline", "pre")
 _FLUSH_ROWS = ("fused", "separate")
+_PROLOGUES = ("chain", "early", "row")
 # Built-in launch parameters: the fastest measured on the H200 (eval/results/spec-variants-h200/, rounds 1-2: one warp,
 # T two-dimensional reductions, key scores in a pre-kernel except at batch 1, a 168-register cap for 12 warps per SM;
 # round 9: from 64 rows up, the looping kernel, 8 value tiles a program, uncapped).
@@ -220,6 +221,13 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     # slot, before the cursors and the per-program prologue (its flush rows return without using it: 1/v_loop of
     # their state read for nothing); the other tiles stay in the pipelined loop. Untimed
     "early_tile": flag_param(0),
+    # with v_loop > 1, the dependent loads before a program's value tiles (eval/results/spec-variants-h200/, round 14;
+    # untimed): "chain" -- the slot, then its cursors, then the window's inputs, the pre-kernel's scores and the q / k
+    # tiles behind the window's ring stores, and a flush row's history key norms one key at a time; "early" -- every
+    # prologue load issued before its math and stores, the flush's key norms in one read; "row" -- as early, with the
+    # row's slot and cursors copied per row by the scores pre-kernel (without one, at batches within
+    # inline_scores_max_batch: early)
+    "prologue": choice_param("chain", _PROLOGUES),
 })
 
 
@@ -282,7 +290,7 @@ def _window_gram(o_t, q_hat, k_hat, TP: tl.constexpr):
 
 @triton.jit
 def _gdn_verify_scores_kernel(
-    qkv, k_ring, state_indices, wp, origin, flush, sc,
+    qkv, k_ring, state_indices, wp, origin, flush, sc, rc,
     scale, null_slot,
     stride_idx, stride_wp, stride_org, stride_fl,
     stride_x0, stride_x1,
@@ -290,18 +298,28 @@ def _gdn_verify_scores_kernel(
     stride_sc0, stride_sc1,
     HK: tl.constexpr, K: tl.constexpr, R: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, LP: tl.constexpr, TP: tl.constexpr, USE_L2NORM: tl.constexpr, EPS: tl.constexpr,
+    ROW_CUR: tl.constexpr,
 ):
     """scores: pre.  Per (row, k-head), fp32 rows of ``sc[row, hk]``: [0, LP) hq[j, i] = k^_j.q^_i and
     [LP, 2LP) hk[j, i] = k^_j.k^_i of the history (zero on flush rows, whose history is folded),
-    then [2LP, 2LP+TP) kk[j, i] = k^_j.k^_i and [2LP+TP, 2LP+2TP) kq[j, i] = k^_j.q^_i of the window."""
+    then [2LP, 2LP+TP) kk[j, i] = k^_j.k^_i and [2LP+TP, 2LP+2TP) kq[j, i] = k^_j.q^_i of the window.
+    ``ROW_CUR`` (``prologue: row``): the programs of k-head 0 also write the row's slot and clamped cursors to
+    rc[row] = (slot, wp, origin, flush) int32, every row (a padded or null row's cursors as 0)."""
     i_n = tl.program_id(0).to(tl.int64)
     i_hk = tl.program_id(1)
     slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
-    if (slot < 0) | (slot == null_slot):
+    live = (slot >= 0) & (slot != null_slot)
+    w = tl.minimum(tl.maximum(tl.load(wp + slot * stride_wp, mask=live, other=0).to(tl.int32), 0), R - T)
+    org = tl.minimum(tl.maximum(tl.load(origin + slot * stride_org, mask=live, other=0).to(tl.int32), 0), R - 1)
+    fl = tl.load(flush + slot * stride_fl, mask=live, other=0) != 0
+    if ROW_CUR:
+        if i_hk == 0:
+            o4 = tl.arange(0, 4)
+            tl.store(rc + i_n * 4 + o4, tl.where(o4 == 0, slot.to(tl.int32),
+                                                 tl.where(o4 == 1, w, tl.where(o4 == 2, org, fl.to(tl.int32)))))
+    if not live:
         return
-    w = tl.minimum(tl.maximum(tl.load(wp + slot * stride_wp).to(tl.int32), 0), R - T)
-    org = tl.minimum(tl.maximum(tl.load(origin + slot * stride_org).to(tl.int32), 0), R - 1)
-    w_hist = tl.where(tl.load(flush + slot * stride_fl) != 0, 0, w)
+    w_hist = tl.where(fl, 0, w)
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
     o_j = tl.arange(0, LP)
@@ -334,13 +352,10 @@ def _fold_history_dot(s, eG, c, d_hist, k_head, stride_k2, ph, valid, o_k, mask_
 
 
 @triton.jit
-def _verify_window_inputs(qkv, a, b, A_log, dt_bias, k_head, g_head, i_n, i_v, i_hv, i_hk, o_t, mask_t, o_k, mask_k,
-                          pw, scale, stride_x0, stride_x1, stride_a0, stride_a1, stride_b0, stride_b1, stride_k2,
-                          stride_g2, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, USE_L2NORM: tl.constexpr,
-                          ROUND_BETA: tl.constexpr, SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr):
-    """The window's inputs of one (row, v-head): loads q, k [TP, BK], a, b [TP]; the gates g [TP] (0 past T) and
-    beta; the window's g (one writer per (row, v-head): V tile 0) and raw k (one per (row, k-head)) go to the ring
-    at physical rows pw now (disjoint from the history every program reads); returns g, beta, q^ (scaled), k^."""
+def _verify_window_loads(qkv, a, b, A_log, dt_bias, i_n, i_hv, i_hk, o_t, mask_t, o_k, mask_k,
+                         stride_x0, stride_x1, stride_a0, stride_a1, stride_b0, stride_b1, HK: tl.constexpr,
+                         K: tl.constexpr):
+    """The window's raw inputs of one (row, v-head): q, k [TP, BK], a, b [TP], A_log, dt_bias."""
     x_row = qkv + i_n * stride_x0
     mask_tk = mask_t[:, None] & mask_k[None, :]
     q_win = tl.load(x_row + o_t[:, None] * stride_x1 + i_hk * K + o_k[None, :], mask=mask_tk, other=0)
@@ -349,6 +364,18 @@ def _verify_window_inputs(qkv, a, b, A_log, dt_bias, k_head, g_head, i_n, i_v, i
     b_win = tl.load(b + i_n * stride_b0 + o_t * stride_b1 + i_hv, mask=mask_t, other=0)
     A_log_val = tl.load(A_log + i_hv)
     dt_bias_val = tl.load(dt_bias + i_hv)
+    return q_win, k_raw, a_win, b_win, A_log_val, dt_bias_val
+
+
+@triton.jit
+def _verify_window_math(q_win, k_raw, a_win, b_win, A_log_val, dt_bias_val, k_head, g_head, i_v, i_hv, o_t, mask_t,
+                        o_k, mask_k, pw, scale, stride_k2, stride_g2, HK: tl.constexpr, HV: tl.constexpr,
+                        USE_L2NORM: tl.constexpr, ROUND_BETA: tl.constexpr, SOFTPLUS_THRESHOLD: tl.constexpr,
+                        EPS: tl.constexpr):
+    """From the window's raw inputs: the gates g [TP] (0 past T) and beta; the window's g (one writer per
+    (row, v-head): V tile 0) and raw k (one per (row, k-head)) go to the ring at physical rows pw now (disjoint from
+    the history every program reads); returns g, beta, q^ (scaled), k^."""
+    mask_tk = mask_t[:, None] & mask_k[None, :]
     g_win, beta_r = _gdn_gate(a_win, b_win, A_log_val, dt_bias_val, SOFTPLUS_THRESHOLD)
     g_win = tl.where(mask_t, g_win, 0.0)
     if ROUND_BETA:
@@ -363,6 +390,21 @@ def _verify_window_inputs(qkv, a, b, A_log, dt_bias, k_head, g_head, i_n, i_v, i
     q_hat = _normalise_rows(q_win, USE_L2NORM, EPS) * scale  # [TP, BK] fp32
     k_hat = _normalise_rows(k_raw, USE_L2NORM, EPS)
     return g_win, beta, q_hat, k_hat
+
+
+@triton.jit
+def _verify_window_inputs(qkv, a, b, A_log, dt_bias, k_head, g_head, i_n, i_v, i_hv, i_hk, o_t, mask_t, o_k, mask_k,
+                          pw, scale, stride_x0, stride_x1, stride_a0, stride_a1, stride_b0, stride_b1, stride_k2,
+                          stride_g2, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, USE_L2NORM: tl.constexpr,
+                          ROUND_BETA: tl.constexpr, SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr):
+    """The window's inputs of one (row, v-head): :func:`_verify_window_loads`, then :func:`_verify_window_math`
+    (loads q, k [TP, BK], a, b [TP]; returns g, beta, q^ (scaled), k^; writes the window's g and raw k to the ring)."""
+    q_win, k_raw, a_win, b_win, A_log_val, dt_bias_val = _verify_window_loads(
+        qkv, a, b, A_log, dt_bias, i_n, i_hv, i_hk, o_t, mask_t, o_k, mask_k,
+        stride_x0, stride_x1, stride_a0, stride_a1, stride_b0, stride_b1, HK, K)
+    return _verify_window_math(q_win, k_raw, a_win, b_win, A_log_val, dt_bias_val, k_head, g_head, i_v, i_hv, o_t,
+                               mask_t, o_k, mask_k, pw, scale, stride_k2, stride_g2, HK, HV, USE_L2NORM, ROUND_BETA,
+                               SOFTPLUS_THRESHOLD, EPS)
 
 
 @triton.jit
@@ -482,7 +524,7 @@ def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2,
 def _gdn_verify_kernel(
     qkv, a, b, A_log, dt_bias,
     state, d_ring, k_ring, g_ring,
-    state_indices, wp, origin, flush, out, sc, parents,
+    state_indices, wp, origin, flush, out, sc, parents, rc,
     scale, null_slot,
     stride_idx, stride_wp, stride_org, stride_fl,
     stride_x0, stride_x1,
@@ -498,7 +540,7 @@ def _gdn_verify_kernel(
     USE_L2NORM: tl.constexpr, ROUND_BETA: tl.constexpr, FLUSH_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, PER_TOKEN: tl.constexpr, SCORES_PRE: tl.constexpr,
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, VL: tl.constexpr, V_STAGES: tl.constexpr, KS: tl.constexpr,
-    WDOT: tl.constexpr, ROWS: tl.constexpr, EARLY_TILE: tl.constexpr,
+    WDOT: tl.constexpr, ROWS: tl.constexpr, EARLY_TILE: tl.constexpr, PROLOGUE: tl.constexpr,
 ):
     """One program per VL value tiles (BV rows each) of a (row, v-head).  VL == 1: the tile is held as [BV, K];
     VL > 1 (``v_loop``): what does not depend on the value rows (gates, q^/k^, key scores, Gram, the
@@ -511,7 +553,16 @@ def _gdn_verify_kernel(
     i_hv = tl.program_id(2)
     i_hk = i_hv // (HV // HK)
 
-    slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
+    if PROLOGUE == 2:  # the row's slot and clamped cursors, copied per row by the scores pre-kernel: one round trip
+        # (one vector load: four scalar loads would be sunk past the slot's return, behind its wait)
+        o4 = tl.arange(0, 4)
+        cur = tl.load(rc + i_n * 4 + o4)
+        slot = tl.sum(tl.where(o4 == 0, cur, 0), axis=0).to(tl.int64)
+        w = tl.sum(tl.where(o4 == 1, cur, 0), axis=0)
+        org = tl.sum(tl.where(o4 == 2, cur, 0), axis=0)
+        is_flush = tl.sum(tl.where(o4 == 3, cur, 0), axis=0) != 0
+    else:
+        slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
     if (slot < 0) | (slot == null_slot):
         return  # padded / null row: nothing is written
     if EARLY_TILE:  # the program's first value tile, in flight before the cursors are known (early_tile)
@@ -522,9 +573,10 @@ def _gdn_verify_kernel(
                           + o_k3_e[None, :, :], mask=(o_v_e < V)[:, None, None] & (o_k3_e < K)[None, :, :],
                           other=0).to(tl.float32)
     # the slot's cursor (w history tokens from ring position org; flush: fold the history first)
-    w = tl.load(wp + slot * stride_wp).to(tl.int32)
-    org = tl.load(origin + slot * stride_org).to(tl.int32)
-    is_flush = tl.load(flush + slot * stride_fl) != 0
+    if PROLOGUE != 2:
+        w = tl.load(wp + slot * stride_wp).to(tl.int32)
+        org = tl.load(origin + slot * stride_org).to(tl.int32)
+        is_flush = tl.load(flush + slot * stride_fl) != 0
     w = tl.minimum(tl.maximum(w, 0), R - T)  # memory safety only (the commit rule keeps w + T <= R)
     org = tl.minimum(tl.maximum(org, 0), R - 1)
     fold = is_flush & (w > 0)  # a flush of an empty history is a verify from the checkpoint
@@ -539,10 +591,14 @@ def _gdn_verify_kernel(
     mask_k = o_k < K
     o_j = tl.arange(0, LP)
     valid = o_j < w
-    ph = (org + o_j) % R  # physical ring index of history position j
     o_t = tl.arange(0, TP)
     mask_t = o_t < T
-    pw = (org + w + o_t) % R  # physical ring index of window token i
+    if PROLOGUE == 0:
+        ph = (org + o_j) % R  # physical ring index of history position j
+        pw = (org + w + o_t) % R  # physical ring index of window token i
+    else:  # org + j < 2R on every lane a mask lets through (j < w <= R - T; i < T): one conditional subtract
+        ph = tl.where(org + o_j >= R, org + o_j - R, org + o_j)
+        pw = tl.where(org + w + o_t >= R, org + w + o_t - R, org + w + o_t)
 
     s_head = state + slot * stride_s0 + i_hv * stride_s1
     d_head = d_ring + slot * stride_d0 + i_hv * stride_d1
@@ -678,20 +734,52 @@ def _gdn_verify_kernel(
         x_row = qkv + i_n * stride_x0
 
         g_hist = tl.load(g_head + ph * stride_g2, mask=valid, other=0.0)
-        g_win, beta, q_hat, k_hat = _verify_window_inputs(
-            qkv, a, b, A_log, dt_bias, k_head, g_head, i_n, i_v, i_hv, i_hk, o_t, mask_t, o_k, mask_k, pw, scale,
-            stride_x0, stride_x1, stride_a0, stride_a1, stride_b0, stride_b1, stride_k2, stride_g2,
-            HK, HV, K, USE_L2NORM, ROUND_BETA, SOFTPLUS_THRESHOLD, EPS)
-        c, eG = _history_weights(g_hist, w, LP)
         # the window's q^, k^ again as [TP, KS, KW] (K cut in KS parts), the form the value tiles take
         KW: tl.constexpr = BK // KS
         o_k3 = tl.arange(0, KS)[:, None] * KW + tl.arange(0, KW)[None, :]
         mask_k3 = o_k3 < K
         mask_tk3 = mask_t[:, None, None] & mask_k3[None, :, :]
-        q3 = tl.load(x_row + o_t[:, None, None] * stride_x1 + i_hk * K + o_k3[None, :, :], mask=mask_tk3,
-                     other=0).to(tl.float32)
-        k3 = tl.load(x_row + o_t[:, None, None] * stride_x1 + HK * K + i_hk * K + o_k3[None, :, :], mask=mask_tk3,
-                     other=0).to(tl.float32)
+        if PROLOGUE > 0:
+            # early / row: every load of the prologue is issued before its math and its ring stores (a store keeps
+            # the loads after it behind it): the window's inputs, its q / k as tiles, the pre-kernel's scores and a
+            # flush's history keys (their norms) come in one round trip with the gates of the history
+            q_win, k_raw, a_win, b_win, A_log_val, dt_bias_val = _verify_window_loads(
+                qkv, a, b, A_log, dt_bias, i_n, i_hv, i_hk, o_t, mask_t, o_k, mask_k,
+                stride_x0, stride_x1, stride_a0, stride_a1, stride_b0, stride_b1, HK, K)
+            q3_raw = tl.load(x_row + o_t[:, None, None] * stride_x1 + i_hk * K + o_k3[None, :, :], mask=mask_tk3,
+                             other=0)
+            k3_raw = tl.load(x_row + o_t[:, None, None] * stride_x1 + HK * K + i_hk * K + o_k3[None, :, :],
+                             mask=mask_tk3, other=0)
+            if SCORES_PRE:
+                sc_base = sc + i_n * stride_sc0 + i_hk * stride_sc1
+                hq_pre = tl.load(sc_base + o_j[:, None] * TP + o_t[None, :])
+                hk_pre = tl.load(sc_base + (LP + o_j)[:, None] * TP + o_t[None, :])
+                kk_pre = tl.load(sc_base + (2 * LP + o_t)[:, None] * TP + o_t[None, :])
+                kq_pre = tl.load(sc_base + (2 * LP + TP + o_t)[:, None] * TP + o_t[None, :])
+            if USE_L2NORM and ROWS != 1:  # a flush's history keys, all at once (squared norms, K chunk by chunk)
+                fold_j = valid & fold
+                knorm2 = tl.zeros([LP], dtype=tl.float32)
+                for kc in tl.static_range(0, BK, KW):
+                    o_kc = kc + tl.arange(0, KW)
+                    kj = tl.load(k_head + ph[:, None] * stride_k2 + o_kc[None, :],
+                                 mask=fold_j[:, None] & (o_kc < K)[None, :], other=0).to(tl.float32)
+                    knorm2 += tl.sum(kj * kj, axis=1)
+            g_win, beta, q_hat, k_hat = _verify_window_math(
+                q_win, k_raw, a_win, b_win, A_log_val, dt_bias_val, k_head, g_head, i_v, i_hv, o_t, mask_t, o_k,
+                mask_k, pw, scale, stride_k2, stride_g2, HK, HV, USE_L2NORM, ROUND_BETA, SOFTPLUS_THRESHOLD, EPS)
+            q3 = q3_raw.to(tl.float32)
+            k3 = k3_raw.to(tl.float32)
+        else:
+            g_win, beta, q_hat, k_hat = _verify_window_inputs(
+                qkv, a, b, A_log, dt_bias, k_head, g_head, i_n, i_v, i_hv, i_hk, o_t, mask_t, o_k, mask_k, pw, scale,
+                stride_x0, stride_x1, stride_a0, stride_a1, stride_b0, stride_b1, stride_k2, stride_g2,
+                HK, HV, K, USE_L2NORM, ROUND_BETA, SOFTPLUS_THRESHOLD, EPS)
+        c, eG = _history_weights(g_hist, w, LP)
+        if PROLOGUE == 0:
+            q3 = tl.load(x_row + o_t[:, None, None] * stride_x1 + i_hk * K + o_k3[None, :, :], mask=mask_tk3,
+                         other=0).to(tl.float32)
+            k3 = tl.load(x_row + o_t[:, None, None] * stride_x1 + HK * K + i_hk * K + o_k3[None, :, :],
+                         mask=mask_tk3, other=0).to(tl.float32)
         if USE_L2NORM:
             q3 = q3 / tl.sqrt(tl.sum(tl.sum(q3 * q3, axis=2), axis=1) + EPS)[:, None, None]
             k3 = k3 / tl.sqrt(tl.sum(tl.sum(k3 * k3, axis=2), axis=1) + EPS)[:, None, None]
@@ -701,7 +789,9 @@ def _gdn_verify_kernel(
         hq = tl.zeros([LP, TP], dtype=tl.float32)
         hk = tl.zeros([LP, TP], dtype=tl.float32)
         cd = c  # a flush's fold coefficients c_j / sqrt(|k_j|^2 + eps)
-        if SCORES_PRE:
+        if SCORES_PRE and (PROLOGUE > 0):
+            hq, hk, kk, kq = hq_pre, hk_pre, kk_pre, kq_pre
+        elif SCORES_PRE:
             sc_base = sc + i_n * stride_sc0 + i_hk * stride_sc1
             hq = tl.load(sc_base + o_j[:, None] * TP + o_t[None, :])
             hk = tl.load(sc_base + (LP + o_j)[:, None] * TP + o_t[None, :])
@@ -712,7 +802,9 @@ def _gdn_verify_kernel(
                 hq, hk = _history_key_scores(k_head, stride_k2, org, w, R, q_hat, k_hat, o_j, o_k, mask_k,
                                              LP, TP, USE_L2NORM, EPS)
             kk, kq = _window_gram(o_t, q_hat, k_hat, TP)
-        if USE_L2NORM and ROWS != 1:
+        if USE_L2NORM and ROWS != 1 and PROLOGUE > 0:
+            cd = tl.where(fold_j, c / tl.sqrt(knorm2 + EPS), c)
+        elif USE_L2NORM and ROWS != 1:
             if fold:
                 for j in range(0, w):
                     k_j = tl.load(k_head + ((org + j) % R) * stride_k2 + o_k, mask=mask_k, other=0).to(tl.float32)
@@ -925,15 +1017,21 @@ def gdn_verify(
     TP = max(2, next_pow2(T))
     scores_pre = cfg["scores"] == "pre" and B > cfg["inline_scores_max_batch"]  # host-side, per graph batch
     null = -1 if null_slot is None else int(null_slot)
+    prologue = _PROLOGUES.index(cfg["prologue"])
+    if prologue == 2 and not scores_pre:
+        prologue = 1  # no pre-kernel to copy the cursors per row
+    rc = state_indices  # never read unless prologue == 2
     if scores_pre:  # per-call scratch (inside a CUDA graph it comes from the graph's pool)
         sc = torch.empty((B, Hk, 2 * LP + 2 * TP, TP), dtype=torch.float32, device=dev)
+        if prologue == 2:
+            rc = torch.empty((B, 4), dtype=torch.int32, device=dev)
         _gdn_verify_scores_kernel[(B, Hk)](
-            mixed_qkv, k_ring, state_indices, wp, origin, flush, sc, float(scale), null,
+            mixed_qkv, k_ring, state_indices, wp, origin, flush, sc, rc, float(scale), null,
             state_indices.stride(0), wp.stride(0), origin.stride(0), flush.stride(0),
             mixed_qkv.stride(0), mixed_qkv.stride(1), k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
             sc.stride(0), sc.stride(1),
             HK=Hk, K=K, R=R, T=T, BK=BK, LP=LP, TP=TP, USE_L2NORM=bool(use_qk_l2norm), EPS=L2NORM_EPS,
-            num_warps=cfg["scores_num_warps"], num_stages=1,
+            ROW_CUR=prologue == 2, num_warps=cfg["scores_num_warps"], num_stages=1,
         )
     else:
         sc = out  # never read
@@ -953,7 +1051,7 @@ def gdn_verify(
         _gdn_verify_kernel[grid](
             mixed_qkv, a, b, A_log, dt_bias,
             state, d_ring, k_ring, g_ring,
-            state_indices, wp, origin, flush, out, sc, state_indices if parents is None else parents,
+            state_indices, wp, origin, flush, out, sc, state_indices if parents is None else parents, rc,
             float(scale), null,
             state_indices.stride(0), wp.stride(0), origin.stride(0), flush.stride(0),
             mixed_qkv.stride(0), mixed_qkv.stride(1),
@@ -970,7 +1068,7 @@ def gdn_verify(
             PER_TOKEN=cfg["reduce"] == "token", SCORES_PRE=scores_pre,
             IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
             DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], PROLOGUE=prologue,
             **rows_args, **register_cap(cfg if VL == 1 or cfg["v_loop_maxnreg"] == -1 else
                                         dict(cfg, maxnreg=cfg["v_loop_maxnreg"])),
         )

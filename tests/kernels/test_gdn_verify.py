@@ -957,6 +957,36 @@ def test_early_tile_verify_launch(device, seed, launch, monkeypatch, v_loop):
     assert launches == [True, False] * 7, launches
 
 
+@pytest.mark.parametrize("cfg", [
+    dict(prologue="early", flush_rows="separate", window_dot="fma"),
+    dict(prologue="row", flush_rows="separate", window_dot="fma"),
+    dict(prologue="row", flush_rows="fused", window_dot="split"),
+    dict(prologue="row", flush_rows="separate", window_dot="fma", scores="inline"),  # no pre-kernel: early
+    dict(prologue="row", flush_rows="separate", window_dot="fma", v_loop=1),  # one tile a program
+], ids=["early-sep-fma", "row-sep-fma", "row-fused-split", "row-inline-scores", "row-vl1"])
+def test_prologue_orders_stay_on_the_reference(device, seed, launch, monkeypatch, cfg):
+    """prologue: early / row (the prologue's loads before its math and ring stores, a flush's key norms in one read;
+    row: the slot and cursors from the scores pre-kernel's per-row copy): folding, padded and null rows among verify
+    rows (some history ring positions wrapped), and a stream across flushes, stay on the reference and oracle."""
+    params = dict(BV=16, v_loop=2, v_loop_min_batch=1, v_stages=2, flush_v_stages=2)
+    params.update(cfg)
+    launch(always=True, **params)
+    launches = _record_verify_launches(monkeypatch, key="PROLOGUE")
+    sim = Sim(device, seed, state_dtype=F32, act_dtype=F32, Bh=6, T=3, **small_geom(Hk=2, HV=4, n_slots=7))
+    for s, (w, o) in {1: (3, 7), 2: (6, 5), 3: (0, 4), 5: (4, 0)}.items():
+        sim.seed_history(s, w, o)
+    sim.seed_history(4, 0, 2, flush=1)
+    sim.step([1, -1, 2, 3, 0, 5, 4], commit=False)
+    sim = Sim(device, seed, state_dtype=F32, act_dtype=F32, Bh=4, T=3, **small_geom(Hk=2, HV=4, n_slots=7))
+    for s in (1, 2, 3):
+        sim.activate(s)
+    for _ in range(6):
+        sim.step([1, 2, 3])
+    assert sim.flushes >= 2
+    want = 1 if cfg.get("scores") == "inline" or cfg["prologue"] == "early" else 2
+    assert launches and set(launches) == {want}, launches
+
+
 def test_v_loop_max_window_keeps_long_windows_one_tile_a_program(device, seed, launch, monkeypatch):
     """v_loop_max_window: a window of more tokens launches the one-tile-a-program kernel."""
     launch(always=True, BV=16, v_loop=2, v_loop_min_batch=1, v_loop_max_window=2)

@@ -32,7 +32,7 @@ GDN_VERIFY = {"BV": 16, "dot_precision": "tf32x3", "flush": "rank1", "inline_sco
               "num_stages": 1, "num_warps": 1, "reduce": "token", "scores": "pre", "scores_num_warps": 1,
               "v_loop": 8, "v_stages": 3, "k_parts": 2, "v_loop_min_batch": 64, "v_loop_max_window": 4,
               "v_loop_maxnreg": 0, "window_dot": "split", "flush_rows": "fused", "flush_v_stages": 0,
-              "early_tile": 0}
+              "early_tile": 0, "prologue": "chain"}
 MAMBA2 = {"BLOCK_M": 32, "BLOCK_NC": 64, "bc_num_warps": 2, "dot_precision": "tf32x3", "flush_first_max_batch": 0, "flush_unroll": 1,
           "inline_bc_max_batch": 1, "inline_maxnreg": -1, "maxnreg": 0, "num_stages": 1, "num_warps": 1,
           "state_first": 1}
@@ -226,6 +226,7 @@ def test_malformed_files(tmp_path, text, match):
     ("mamba2_verify:\n  default: {maxnreg: 1.5}\n", r"maxnreg must be"),
     ("mamba2_verify:\n  default: {BLOCK_M: 8}\n", r"BLOCK_M must be a power of two >= 16, got 8"),
     ("mamba2_verify:\n  default: {nonflush: pipelined}\n", r"nonflush must be one of \('chunked', 'stream', 'mma'\)"),
+    ("gdn_verify:\n  default: {prologue: 1}\n", r"\[gdn_verify\]\[default\]: prologue must be one of \('chain', 'early', 'row'\), got 1"),
     ("mamba2_verify:\n  default: {prologue: eager}\n", r"prologue must be one of \('chain', 'early', 'row'\), got 'eager'"),
     # timed on the H200, lost and removed (eval/results/spec-variants-h200/README.md, round 8)
     ("mamba2_verify:\n  default: {nonflush: pipe}\n", r"nonflush must be one of \('chunked', 'stream', 'mma'\)"),
