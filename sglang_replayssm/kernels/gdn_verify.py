@@ -308,17 +308,23 @@ def _gdn_verify_scores_kernel(
     i_n = tl.program_id(0).to(tl.int64)
     i_hk = tl.program_id(1)
     slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
-    live = (slot >= 0) & (slot != null_slot)
-    w = tl.minimum(tl.maximum(tl.load(wp + slot * stride_wp, mask=live, other=0).to(tl.int32), 0), R - T)
-    org = tl.minimum(tl.maximum(tl.load(origin + slot * stride_org, mask=live, other=0).to(tl.int32), 0), R - 1)
-    fl = tl.load(flush + slot * stride_fl, mask=live, other=0) != 0
-    if ROW_CUR:
+    if ROW_CUR:  # every row's entry is written, a padded or null row's with its cursors as 0
+        live = (slot >= 0) & (slot != null_slot)
+        w = tl.minimum(tl.maximum(tl.load(wp + slot * stride_wp, mask=live, other=0).to(tl.int32), 0), R - T)
+        org = tl.minimum(tl.maximum(tl.load(origin + slot * stride_org, mask=live, other=0).to(tl.int32), 0), R - 1)
+        fl = tl.load(flush + slot * stride_fl, mask=live, other=0) != 0
         if i_hk == 0:
             o4 = tl.arange(0, 4)
             tl.store(rc + i_n * 4 + o4, tl.where(o4 == 0, slot.to(tl.int32),
                                                  tl.where(o4 == 1, w, tl.where(o4 == 2, org, fl.to(tl.int32)))))
-    if not live:
-        return
+        if not live:
+            return
+    else:
+        if (slot < 0) | (slot == null_slot):
+            return
+        w = tl.minimum(tl.maximum(tl.load(wp + slot * stride_wp).to(tl.int32), 0), R - T)
+        org = tl.minimum(tl.maximum(tl.load(origin + slot * stride_org).to(tl.int32), 0), R - 1)
+        fl = tl.load(flush + slot * stride_fl) != 0
     w_hist = tl.where(fl, 0, w)
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
@@ -802,7 +808,7 @@ def _gdn_verify_kernel(
                 hq, hk = _history_key_scores(k_head, stride_k2, org, w, R, q_hat, k_hat, o_j, o_k, mask_k,
                                              LP, TP, USE_L2NORM, EPS)
             kk, kq = _window_gram(o_t, q_hat, k_hat, TP)
-        if USE_L2NORM and ROWS != 1 and PROLOGUE > 0:
+        if USE_L2NORM and (ROWS != 1 and PROLOGUE > 0):
             cd = tl.where(fold_j, c / tl.sqrt(knorm2 + EPS), c)
         elif USE_L2NORM and ROWS != 1:
             if fold:

@@ -177,17 +177,24 @@ def _mamba2_verify_bc_kernel(
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1).to(tl.int64)
     slot = tl.load(slot_ptr + row).to(tl.int64)
-    live = (slot >= 0) & (slot != null_slot)
-    wp = tl.minimum(tl.maximum(tl.load(wp_ptr + slot, mask=live, other=0).to(tl.int32), 0), R - T)
-    org = tl.minimum(tl.maximum(tl.load(org_ptr + slot, mask=live, other=0).to(tl.int32), 0), R - 1)
-    flag = tl.load(fl_ptr + slot, mask=live, other=0)
-    if ROW_CUR:
+    if ROW_CUR:  # every row's entry is written, a padded or null row's with its cursors as 0
+        live = (slot >= 0) & (slot != null_slot)
+        wp = tl.minimum(tl.maximum(tl.load(wp_ptr + slot, mask=live, other=0).to(tl.int32), 0), R - T)
+        org = tl.minimum(tl.maximum(tl.load(org_ptr + slot, mask=live, other=0).to(tl.int32), 0), R - 1)
+        flag = tl.load(fl_ptr + slot, mask=live, other=0)
         if g == 0:
             o4 = tl.arange(0, 4)
-            rc = tl.where(o4 == 0, slot.to(tl.int32), tl.where(o4 == 1, wp, tl.where(o4 == 2, org, (flag != 0).to(tl.int32))))
+            rc = tl.where(o4 == 0, slot.to(tl.int32),
+                          tl.where(o4 == 1, wp, tl.where(o4 == 2, org, (flag != 0).to(tl.int32))))
             tl.store(rc_ptr + row * 4 + o4, rc)
-    if not live:
-        return
+        if not live:
+            return
+    else:
+        if (slot < 0) | (slot == null_slot):
+            return
+        wp = tl.minimum(tl.maximum(tl.load(wp_ptr + slot).to(tl.int32), 0), R - T)
+        org = tl.minimum(tl.maximum(tl.load(org_ptr + slot).to(tl.int32), 0), R - 1)
+        flag = tl.load(fl_ptr + slot)
     no_flush = flag == 0
     offs_t = tl.arange(0, TP)
     mask_t = offs_t < T
@@ -329,7 +336,7 @@ def _mamba2_verify_kernel(
         if HAS_Z:
             z_raw = tl.load(z_ptr + row * s_z_b + h * s_z_h + offs_m[:, None] * s_z_p + offs_t[None, :] * s_z_t,
                             mask=mask_m[:, None] & mask_t[None, :], other=0.0)
-        if BC_PRE:
+        if BC_PRE:  # (a padded row's entry was never written: read, unused, its outputs masked off)
             bc_base = bc_ptr + row * s_bc_b + g * s_bc_g
             bc_h = tl.load(bc_base + offs_k[:, None] * TP + offs_t[None, :])
             bc_w = tl.load(bc_base + (WH + offs_t)[:, None] * TP + offs_t[None, :])
