@@ -90,6 +90,7 @@ REDUCE_MODES = ("bcast", "token")
 BC_MODES = ("inline", "pre")
 NONFLUSH_MODES = ("chunked", "stream", "mma")
 PROLOGUE_MODES = ("chain", "early", "row")
+FLUSH_DOTS_MODES = ("fold", "replay")
 
 # Built-in launch parameters: the fastest measured on the H200 (eval/results/spec-variants-h200/, rounds 1-2 and 7).
 MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", {
@@ -130,6 +131,12 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     #            in the first round trip with the window (batches at or below inline_bc_max_batch, which launch no
     #            pre-kernel, run "early")
     "prologue": choice_param("chain", PROLOGUE_MODES),
+    # how a flush row (nonflush "stream" or "mma") gets its outputs (round 14; untimed): "fold" -- its N-chunk loop
+    # folds a chunk, stores it and takes the chunk's dots S_c·C_s from the folded chunk (a layout change of the
+    # tensor-core result and the chunk's C loads in every iteration); "replay" -- it reads S_ck as a verify row does
+    # (the dots S_ck·C_s and the history replayed: the same S_c·C_s), and the chunk loop only folds and stores
+    # (the pre-kernel's B·C then covers a flush row's history too)
+    "flush_dots": choice_param("fold", FLUSH_DOTS_MODES),
     # 1: a flush row's fold x_hist @ (s ⊙ B_hist) as two tf32 passes (common.split_dot): the ring's x is 16-bit,
     # exact in tf32, so only s ⊙ B is split hi + lo; tf32x3's accuracy with one tensor-core pass fewer (an fp32
     # x ring: three passes). 0: tl.dot at dot_precision. On for fp32 states in default.yaml (won on the H200:
@@ -169,11 +176,13 @@ def _mamba2_verify_bc_kernel(
     s_C_b, s_C_t, s_C_g, s_C_n,
     s_bc_b, s_bc_g,
     BLOCK_NC: tl.constexpr, N_CHUNKS: tl.constexpr, WH: tl.constexpr, TP: tl.constexpr, ROW_CUR: tl.constexpr,
+    HIST_ALL: tl.constexpr,
 ):
     """bc[row, g, k, s] = B_k · C_s (history k < wp; zero on flush rows, whose history is folded)
     and bc[row, g, WH + m, s] = B_m · C_s (window m), fp32.  ``ROW_CUR`` (``prologue: row``): the programs of
     group 0 also write the row's slot and clamped cursors to rc[row] = (slot, wp, origin, flush) int32, every row
-    (a padded or null row's cursors as 0), for the main kernel to read in one round trip."""
+    (a padded or null row's cursors as 0), for the main kernel to read in one round trip.  ``HIST_ALL``
+    (``flush_dots: replay``): the history's B_k · C_s on flush rows too."""
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1).to(tl.int64)
     slot = tl.load(slot_ptr + row).to(tl.int64)
@@ -199,7 +208,10 @@ def _mamba2_verify_bc_kernel(
     offs_t = tl.arange(0, TP)
     mask_t = offs_t < T
     offs_k = tl.arange(0, WH)
-    valid_k = (offs_k < wp) & no_flush
+    if HIST_ALL:
+        valid_k = offs_k < wp
+    else:
+        valid_k = (offs_k < wp) & no_flush
     phys_k = ((org + offs_k) % R).to(tl.int64)
     bc_h = tl.zeros([WH, TP], dtype=tl.float32)
     bc_w = tl.zeros([TP, TP], dtype=tl.float32)
@@ -226,24 +238,26 @@ def _verify_chunk(c, SC, bc_h, bc_w, st_base, s_st_p, s_st_n, offs_m, mask_m, N,
                   B_row, s_B_t, s_B_n, write_B, Br_base, s_Br_r, s_Br_n, phys_k, valid_k, phys_t, is_flush, no_flush,
                   wp, decay_end, x_hist, s_hist, DOT_PRECISION: tl.constexpr, BLOCK_NC: tl.constexpr,
                   TP: tl.constexpr, PER_TOKEN: tl.constexpr, BC_PRE: tl.constexpr, SPLIT: tl.constexpr,
-                  X_EXACT: tl.constexpr):
+                  X_EXACT: tl.constexpr, DOTS: tl.constexpr):
     """State columns c·BLOCK_NC .. of one program: on a flush row the history folded into the checkpoint chunk
     (stored), then the chunk's per-token dots S·C_s (and B·C_s unless the pre-kernel made them); the window's B
-    chunk goes to the ring. Returns (SC, bc_h, bc_w)."""
+    chunk goes to the ring. Returns (SC, bc_h, bc_w).  ``DOTS`` False (``flush_dots: replay``): the fold and its
+    store only (the row's dots and its B ring entries were made by the non-flush read)."""
     offs_n = c * BLOCK_NC + tl.arange(0, BLOCK_NC)
     mask_n = offs_n < N
     st_ptrs = st_base + offs_m[:, None] * s_st_p + offs_n[None, :] * s_st_n
     st_mask = mask_m[:, None] & mask_n[None, :]
     S = tl.load(st_ptrs, mask=st_mask, other=0.0).to(tl.float32)
-    if (not PER_TOKEN) and (not BC_PRE):
+    if (not PER_TOKEN) and (not BC_PRE) and DOTS:
         C_w = tl.load(C_row + offs_t[:, None] * s_C_t + offs_n[None, :] * s_C_n,
                       mask=mask_t[:, None] & mask_n[None, :], other=0.0).to(tl.float32)  # [TP, NC]
-    b_mask = mask_t[:, None] & mask_n[None, :]
-    if BC_PRE:
-        b_mask = b_mask & write_B
-    B_w = tl.load(B_row + offs_t[:, None] * s_B_t + offs_n[None, :] * s_B_n, mask=b_mask, other=0.0)  # [TP, NC]
+    if DOTS:
+        b_mask = mask_t[:, None] & mask_n[None, :]
+        if BC_PRE:
+            b_mask = b_mask & write_B
+        B_w = tl.load(B_row + offs_t[:, None] * s_B_t + offs_n[None, :] * s_B_n, mask=b_mask, other=0.0)  # [TP, NC]
     h_mask = valid_k[:, None] & mask_n[None, :]
-    if BC_PRE:
+    if BC_PRE or (not DOTS):
         h_mask = h_mask & is_flush
     B_h = tl.load(Br_base + phys_k[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
                   mask=h_mask, other=0.0).to(tl.float32)  # [WH, NC]
@@ -258,25 +272,27 @@ def _verify_chunk(c, SC, bc_h, bc_w, st_base, s_st_p, s_st_n, offs_m, mask_m, N,
             S = decay_end * S + tl.dot(x_hist, B_h * s_hist[:, None], input_precision=DOT_PRECISION)
         if wp > 0:
             tl.store(st_ptrs, S.to(st_base.dtype.element_ty), mask=st_mask)
-    if PER_TOKEN or BC_PRE:
-        B_wf = B_w.to(tl.float32)
-        for t in tl.static_range(TP):
-            col = (offs_t == t)[None, :]
-            C_t = tl.load(C_row + t * s_C_t + offs_n * s_C_n, mask=mask_n & (t < T), other=0.0).to(tl.float32)
-            SC = _add_token_dot(SC, S, C_t, col)
-            if not BC_PRE:  # the group-shared dots, unless the pre-kernel made them
-                bc_w = _add_token_dot(bc_w, B_wf, C_t, col)
-                if no_flush:
-                    bc_h = _add_token_dot(bc_h, B_h, C_t, col)
-    else:
-        B_wf = B_w.to(tl.float32)
-        if no_flush:
-            bc_h += tl.sum(B_h[:, None, :] * C_w[None, :, :], 2)
-        SC += tl.sum(S[:, None, :] * C_w[None, :, :], 2)
-        bc_w += tl.sum(B_wf[:, None, :] * C_w[None, :, :], 2)
-    if write_B:
-        tl.store(Br_base + phys_t[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
-                 B_w.to(Br_base.dtype.element_ty), mask=mask_t[:, None] & mask_n[None, :])
+    if DOTS:
+        if PER_TOKEN or BC_PRE:
+            B_wf = B_w.to(tl.float32)
+            for t in tl.static_range(TP):
+                col = (offs_t == t)[None, :]
+                C_t = tl.load(C_row + t * s_C_t + offs_n * s_C_n, mask=mask_n & (t < T), other=0.0).to(tl.float32)
+                SC = _add_token_dot(SC, S, C_t, col)
+                if not BC_PRE:  # the group-shared dots, unless the pre-kernel made them
+                    bc_w = _add_token_dot(bc_w, B_wf, C_t, col)
+                    if no_flush:
+                        bc_h = _add_token_dot(bc_h, B_h, C_t, col)
+        else:
+            B_wf = B_w.to(tl.float32)
+            if no_flush:
+                bc_h += tl.sum(B_h[:, None, :] * C_w[None, :, :], 2)
+            SC += tl.sum(S[:, None, :] * C_w[None, :, :], 2)
+            bc_w += tl.sum(B_wf[:, None, :] * C_w[None, :, :], 2)
+    if DOTS:
+        if write_B:
+            tl.store(Br_base + phys_t[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
+                     B_w.to(Br_base.dtype.element_ty), mask=mask_t[:, None] & mask_n[None, :])
     return SC, bc_h, bc_w
 
 
@@ -311,7 +327,7 @@ def _mamba2_verify_kernel(
     PER_TOKEN: tl.constexpr, BC_PRE: tl.constexpr, STREAM: tl.constexpr, BLOCK_N: tl.constexpr,
     STREAM_CHUNK: tl.constexpr, FLUSH_STAGES: tl.constexpr,
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, NF_MMA: tl.constexpr,
-    FLUSH_SPLIT: tl.constexpr, X_EXACT: tl.constexpr, PROLOGUE: tl.constexpr,
+    FLUSH_SPLIT: tl.constexpr, X_EXACT: tl.constexpr, PROLOGUE: tl.constexpr, FLUSH_REPLAY: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -431,7 +447,11 @@ def _mamba2_verify_kernel(
         # summed element-wise per token (all loads issued together, as the decode kernel does); flush rows take the
         # chunked fold below
         run_chunks = is_flush
-        if no_flush:
+        if FLUSH_REPLAY:  # flush rows too: their outputs replay the history as a verify row's do
+            stream_rows = no_flush | is_flush
+        else:
+            stream_rows = no_flush
+        if stream_rows:
             offs_nf = tl.arange(0, BLOCK_N)
             mask_nf = offs_nf < N
             bf_mask = mask_t[:, None] & mask_nf[None, :]
@@ -484,7 +504,7 @@ def _mamba2_verify_kernel(
                 c, SC, bc_h, bc_w, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row, s_C_t, s_C_n, offs_t, mask_t,
                 T, B_row, s_B_t, s_B_n, write_B, Br_base, s_Br_r, s_Br_n, phys_k, valid_k, phys_t, is_flush,
                 no_flush, wp, decay_end, x_hist, s_hist, DOT_PRECISION, BLOCK_NC, TP, PER_TOKEN, BC_PRE, FLUSH_SPLIT,
-                X_EXACT)
+                X_EXACT, not FLUSH_REPLAY)
 
     if BC_PRE and (PROLOGUE == 0):
         bc_base = bc_ptr + row * s_bc_b + g * s_bc_g
@@ -506,23 +526,28 @@ def _mamba2_verify_kernel(
         between = tl.sum(tl.where(between_i, d_win[None, None, :], 0.0), 2)
     expo = tl.where(causal, A * between, 0.0)
     w_w = tl.where(causal, d_win[:, None] * tl.exp(expo) * bc_w, 0.0)  # [m, s]
-    if is_flush:
-        y = SC * tl.exp(A * mu)[None, :]          # S_c is the new checkpoint, no history left
-    else:
+    if FLUSH_REPLAY:  # every row: S_ck's dots and the history replayed (a flush row's fold only stores)
         y = SC * tl.exp(A * (lam_end + mu))[None, :]
+        hist_rows = no_flush | is_flush
+    else:
+        if is_flush:
+            y = SC * tl.exp(A * mu)[None, :]          # S_c is the new checkpoint, no history left
+        else:
+            y = SC * tl.exp(A * (lam_end + mu))[None, :]
+        hist_rows = no_flush
     if PER_TOKEN:
         e_mu = tl.exp(A * mu)
         for t in tl.static_range(TP):
             sel = offs_t == t
             w_t = tl.sum(tl.where(sel[None, :], w_w, 0.0), 1)                       # [m]
             y_t = tl.sum(x_win * w_t[None, :], 1)
-            if no_flush:
+            if hist_rows:
                 bc_t = tl.sum(tl.where(sel[None, :], bc_h, 0.0), 1)                 # [k]
                 wh_t = s_hist * bc_t * tl.sum(tl.where(sel, e_mu, 0.0), 0)
                 y_t += tl.sum(x_hist * wh_t[None, :], 1)
             y += tl.where(sel[None, :], y_t[:, None], 0.0)
     else:
-        if no_flush:
+        if hist_rows:
             w_h = s_hist[:, None] * tl.exp(A * mu)[None, :] * bc_h
             y += tl.sum(x_hist[:, :, None] * w_h[None, :, :], 1)
         y += tl.sum(x_win[:, :, None] * w_w[None, :, :], 1)
@@ -667,6 +692,7 @@ def mamba2_verify(
     n_chunks = triton.cdiv(N, BLOCK_NC)
     bc_pre = cfg["bc"] == "pre" and batch > cfg["inline_bc_max_batch"]  # host-side: one CUDA graph per batch size
     prologue = PROLOGUE_MODES.index(cfg["prologue"])
+    flush_replay = cfg["flush_dots"] == "replay" and cfg["nonflush"] in ("stream", "mma")
     if prologue == 2 and not bc_pre:
         prologue = 1  # no pre-kernel to copy the cursors per row
     rc = state_indices  # never read unless prologue == 2
@@ -678,7 +704,7 @@ def mamba2_verify(
             B_ring, B, C, state_indices, wp, origin, flush, bc, rc,
             -1 if null_slot is None else int(null_slot), N, R, T,
             *B_ring.stride(), *B.stride(), *C.stride(), bc.stride(0), bc.stride(1),
-            BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP, ROW_CUR=prologue == 2,
+            BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP, ROW_CUR=prologue == 2, HIST_ALL=flush_replay,
             num_warps=int(cfg["bc_num_warps"]), num_stages=1,
         )
     else:
@@ -705,7 +731,7 @@ def mamba2_verify(
         FLUSH_STAGES=int(cfg["flush_stages"]),
         IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
         FLUSH_SPLIT=bool(cfg["flush_split"]), X_EXACT=x_ring.dtype in (torch.bfloat16, torch.float16),
-        PROLOGUE=prologue, num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg),
+        PROLOGUE=prologue, FLUSH_REPLAY=flush_replay, num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg),
     )
     return out
 

@@ -43,7 +43,7 @@ MAMBA2_BF16 = dict(MAMBA2, BLOCK_NC=32, flush_unroll=0, maxnreg=128, inline_maxn
 MAMBA2_VERIFY = {"BLOCK_M": 32, "BLOCK_NC": 32, "bc": "pre", "bc_num_warps": 1, "dot_precision": "tf32x3",
                  "inline_bc_max_batch": 1, "maxnreg": 0, "nonflush": "stream", "num_stages": 1, "num_warps": 1,
                  "reduce": "token", "stream_chunk": 16, "flush_stages": 2, "flush_split": 0,
-                 "prologue": "chain"}
+                 "prologue": "chain", "flush_dots": "fold"}
 
 GDN_GEOMS = ["HV32_HK16_K128_V128", "HV64_HK16_K128_V128", "HV16_HK16_K128_V128", "HV4_HK2_K32_V32"]
 MAMBA2_GEOMS = ["H128_P64_N128_G8", "H256_P64_N128_G8", "H4_P16_N16_G2"]
@@ -227,6 +227,7 @@ def test_malformed_files(tmp_path, text, match):
     ("mamba2_verify:\n  default: {BLOCK_M: 8}\n", r"BLOCK_M must be a power of two >= 16, got 8"),
     ("mamba2_verify:\n  default: {nonflush: pipelined}\n", r"nonflush must be one of \('chunked', 'stream', 'mma'\)"),
     ("gdn_verify:\n  default: {prologue: 1}\n", r"\[gdn_verify\]\[default\]: prologue must be one of \('chain', 'early', 'row'\), got 1"),
+    ("mamba2_verify:\n  default: {flush_dots: unfold}\n", r"flush_dots must be one of \('fold', 'replay'\), got 'unfold'"),
     ("mamba2_verify:\n  default: {prologue: eager}\n", r"prologue must be one of \('chain', 'early', 'row'\), got 'eager'"),
     # timed on the H200, lost and removed (eval/results/spec-variants-h200/README.md, round 8)
     ("mamba2_verify:\n  default: {nonflush: pipe}\n", r"nonflush must be one of \('chunked', 'stream', 'mma'\)"),

@@ -251,10 +251,11 @@ def test_stream_of_random_trees_and_paths_matches_sequential_recurrence(device, 
     assert h.max_depth >= 3, f"{h.tag()} accepted paths stayed shallow ({h.max_depth})"
 
 
-@pytest.mark.parametrize("prologue", ["early", "row"])
+@pytest.mark.parametrize("prologue", ["early", "row", "chain, flush_dots: replay", "row, flush_dots: replay"])
 def test_prologue_orders_keep_trees_on_the_recurrence(device, tmp_path, monkeypatch, prologue):
     """``prologue: early / row`` (the row-indexed loads and the ancestor mask before the slot; ``row``: the cursors
-    from the pre-kernel's per-row copy) under the same random trees, paths, flushes and padded rows."""
+    from the pre-kernel's per-row copy) and ``flush_dots: replay`` (a flush row's outputs from S_ck and the replayed
+    history, its chunk loop folding only) under the same random trees, paths, flushes and padded rows."""
     from sglang_replayssm.kernels import common
 
     f = tmp_path / "cfg.yaml"
