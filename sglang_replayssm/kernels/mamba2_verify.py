@@ -23,7 +23,8 @@ one streaming read of the S_ck tile, all element-wise fp32.  Flush
 (``flush[slot] == 1``): S_c is built N-chunk by N-chunk (one ``tl.dot`` [BLOCK_M, WH] x
 [WH, BLOCK_NC] with ``dot_precision`` tf32x3 / ieee — plain tf32 is refused), stored as
 the new checkpoint (history only, never a draft), and the window is computed on top of
-it with an empty history.  Either way the window's (x, Δ, B) are written to the ring
+it with an empty history (``flush_dots: fold``); with ``flush_dots: replay`` a flush row's outputs are a
+verify row's (the same S_c·C_s, replayed) and the chunk loop only folds and stores.  Either way the window's (x, Δ, B) are written to the ring
 at logical wp .. wp+T-1.  The output of every window position is produced (SGLang's
 rejection sampler reads the logits of all of them).
 
@@ -135,7 +136,7 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     # folds a chunk, stores it and takes the chunk's dots S_c·C_s from the folded chunk (a layout change of the
     # tensor-core result and the chunk's C loads in every iteration); "replay" -- it reads S_ck as a verify row does
     # (the dots S_ck·C_s and the history replayed: the same S_c·C_s), and the chunk loop only folds and stores
-    # (the pre-kernel's B·C then covers a flush row's history too)
+    # (the pre-kernel's B·C then covers a flush row's history too); nonflush "chunked" always folds
     "flush_dots": choice_param("fold", FLUSH_DOTS_MODES),
     # 1: a flush row's fold x_hist @ (s ⊙ B_hist) as two tf32 passes (common.split_dot): the ring's x is 16-bit,
     # exact in tf32, so only s ⊙ B is split hi + lo; tf32x3's accuracy with one tensor-core pass fewer (an fp32
@@ -329,6 +330,7 @@ def _mamba2_verify_kernel(
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, NF_MMA: tl.constexpr,
     FLUSH_SPLIT: tl.constexpr, X_EXACT: tl.constexpr, PROLOGUE: tl.constexpr, FLUSH_REPLAY: tl.constexpr,
 ):
+    tl.static_assert(STREAM or (not FLUSH_REPLAY), "flush_dots: replay needs the non-flush stream read")
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     h = tl.program_id(2).to(tl.int64)
@@ -499,6 +501,8 @@ def _mamba2_verify_kernel(
         s_hist = tl.where(valid_k, d_hist * tl.exp(A * suffix_sum_excl(d_hist, offs_k)), 0.0)
         decay_end = tl.exp(A * lam_end)
     if run_chunks:  # a runtime loop (one chunk's registers live at a time), software-pipelined FLUSH_STAGES deep
+        if FLUSH_REPLAY:  # the stream read of S_ck must be done in every warp before any warp stores the fold over it
+            tl.debug_barrier()
         for c in tl.range(0, N_CHUNKS, num_stages=FLUSH_STAGES):
             SC, bc_h, bc_w = _verify_chunk(
                 c, SC, bc_h, bc_w, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row, s_C_t, s_C_n, offs_t, mask_t,
