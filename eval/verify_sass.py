@@ -128,6 +128,41 @@ def capture(family: str, config: Dict[str, Any], geom: Dict[str, int], T: int, h
     return calls
 
 
+_GLOBAL_MEM = ("LDG", "STG", "LDGSTS")
+
+
+def load_order(insns: Sequence[Dict[str, Any]]) -> str:
+    """The global loads and stores, exits and branches of a build in program order, each load with the address of
+    the first later instruction that reads its destination register (where the warp first waits on it) and the
+    source lines of both: how many dependent round trips a program waits on before a given load is issued is read
+    off this listing (round 14 of eval/results/spec-variants-h200/README.md). A register is taken as read where it
+    appears among an instruction's sources (every operand after the first, or every operand of a store)."""
+    import re
+
+    out = []
+    for i, ins in enumerate(insns):
+        op = ins["op"]
+        if not (op.split(".")[0] in _GLOBAL_MEM or op.startswith(("EXIT", "BRA"))):
+            continue
+        src = f"{Path(ins['file']).name if ins['file'] else '?'}:{ins['line']}"
+        body = ins["text"].split("*/", 1)[-1].strip().rstrip(";").strip()
+        line = f"{ins['addr']:#07x}  {src:26s} {body}"
+        m = re.search(r"\bLDG\S*\s+(R\d+)", body)
+        if m and not op.startswith("LDGSTS"):
+            reg = m.group(1)
+            for later in insns[i + 1:]:
+                operands = later["text"].split("*/", 1)[-1].strip().rstrip(";").split(None, 1)
+                operands = operands[-1] if len(operands) > 1 else ""  # (a predicated one keeps its opcode here)
+                parts = [x.strip() for x in operands.split(",")]
+                sources = parts if later["op"].split(".")[0] in ("STG", "STS", "ST") else parts[1:]
+                if any(re.search(rf"\b{reg}\b", x) for x in sources):
+                    lsrc = f"{Path(later['file']).name if later['file'] else '?'}:{later['line']}"
+                    line += f"   -> first read at {later['addr']:#07x} ({lsrc})"
+                    break
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
 def loop_instructions(insns: Sequence[Dict[str, Any]], labels: Dict[str, int]) -> int:
     """Instructions inside runtime loops: the address ranges [target, branch] of backward branches."""
     import re
@@ -182,7 +217,8 @@ def _analyse_launch(family, name, config, calls, launch, T, hist, batch_model, d
                          "issue_us_bs256": pre_programs * pb["num_warps"] * n_pre / rate * 1e6}
     if dump:
         dump.mkdir(parents=True, exist_ok=True)
-        for ext, body in (("ptx", built["ptx"]), ("ttgir", built["ttgir"]), ("sass", text), ("ptxas.log", rep["log"])):
+        for ext, body in (("ptx", built["ptx"]), ("ttgir", built["ttgir"]), ("sass", text), ("ptxas.log", rep["log"]),
+                          ("loads.txt", load_order(insns))):
             (dump / f"{family}-{name}.{ext}").write_text(body)
     main_us = programs * nw * (len(insns) + (trips - 1) * in_loops) / rate * 1e6
     return {"family": family, "variant": name, "config": config, "geometry": geom, "T": T, "history": hist,
@@ -224,7 +260,8 @@ def main(argv=None) -> int:
     ap.add_argument("--md", default=None, help="Markdown report (table, and measured times with --measured)")
     ap.add_argument("--measured", default=None,
                     help="an eval.bench_spec result JSON: its batch-256 fp32 times are set beside the issue bound")
-    ap.add_argument("--dump", default=None, help="directory for ptx/ttgir/sass/ptxas logs")
+    ap.add_argument("--dump", default=None, help="directory for ptx/ttgir/sass/ptxas logs and each build's global "
+                                                 "loads with where they are first read (<family>-<variant>.loads.txt)")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("eval.verify_sass compiles for sm_90a: unset TRITON_INTERPRET", file=sys.stderr)

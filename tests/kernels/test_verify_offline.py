@@ -75,3 +75,33 @@ def test_offline_verify_variants(tmp_path):
     for fam, heads, extent in (("mamba2", 128, 64), ("gdn", 32, 128)):
         tiles, rest = divmod(res[(fam, "packaged")]["programs_bs256"], 256 * heads)
         assert rest == 0 and 1 <= tiles <= extent // 16
+
+
+def test_load_order_names_where_each_load_is_first_read():
+    """eval.verify_sass.load_order on a hand-written SASS listing: a load's first reader is the first later
+    instruction with its register among the sources (not a later write of it, nor the load's own address), a store
+    reads every operand, predicated instructions count, and the branches and exits are listed in place."""
+    from eval.gdn_sass import parse_sass
+    from eval.verify_sass import load_order
+
+    sass = """
+        //## File "/x/k.py", line 10
+        /*0000*/                   LDG.E R2, desc[UR4][R2.64] ;
+        /*0010*/                   MOV R2, R7 ;
+        //## File "/x/k.py", line 11
+        /*0020*/              @!P0 EXIT ;
+        /*0030*/                   LDG.E R5, desc[UR4][R8.64] ;
+        /*0040*/               @P1 LDG.E.128 R12, desc[UR4][R10.64] ;
+        //## File "/x/k.py", line 12
+        /*0050*/                   FADD R6, R9, R12 ;
+        /*0060*/               @P1 STG.E desc[UR4][R4.64], R5 ;
+        /*0070*/               @P0 BRA `(.L_x_0) ;
+"""
+    text = load_order(parse_sass(sass)[0])
+    lines = text.splitlines()
+    assert len(lines) == 6, text
+    assert lines[0].startswith("0x00000  k.py:10") and "first read" not in lines[0]  # R2 is overwritten, never read
+    assert "EXIT" in lines[1] and "k.py:11" in lines[1]
+    assert lines[2].endswith("-> first read at 0x00060 (k.py:12)")  # R5: the store's value operand
+    assert lines[3].endswith("-> first read at 0x00050 (k.py:12)")  # R12: a predicated load, read by the FADD
+    assert "STG.E" in lines[4] and "BRA" in lines[5]
