@@ -348,6 +348,16 @@ def _gdn_verify_scores_kernel(
 
 
 @triton.jit
+def _load_scores(sc_base, o_j, o_t, LP: tl.constexpr, TP: tl.constexpr):
+    """The scores pre-kernel's rows of one (row, k-head): hq, hk [LP, TP], kk, kq [TP, TP]."""
+    hq = tl.load(sc_base + o_j[:, None] * TP + o_t[None, :])
+    hk = tl.load(sc_base + (LP + o_j)[:, None] * TP + o_t[None, :])
+    kk = tl.load(sc_base + (2 * LP + o_t)[:, None] * TP + o_t[None, :])
+    kq = tl.load(sc_base + (2 * LP + TP + o_t)[:, None] * TP + o_t[None, :])
+    return hq, hk, kk, kq
+
+
+@triton.jit
 def _fold_history_dot(s, eG, c, d_hist, k_head, stride_k2, ph, valid, o_k, mask_k,
                       USE_L2NORM: tl.constexpr, EPS: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """S_c = e^G s + sum_j c_j d_j k^_j^T as one tl.dot [BV, LP] x [LP, BK]: s [BV, BK] fp32, d_hist [BV, LP]
@@ -757,11 +767,8 @@ def _gdn_verify_kernel(
             k3_raw = tl.load(x_row + o_t[:, None, None] * stride_x1 + HK * K + i_hk * K + o_k3[None, :, :],
                              mask=mask_tk3, other=0)
             if SCORES_PRE:
-                sc_base = sc + i_n * stride_sc0 + i_hk * stride_sc1
-                hq_pre = tl.load(sc_base + o_j[:, None] * TP + o_t[None, :])
-                hk_pre = tl.load(sc_base + (LP + o_j)[:, None] * TP + o_t[None, :])
-                kk_pre = tl.load(sc_base + (2 * LP + o_t)[:, None] * TP + o_t[None, :])
-                kq_pre = tl.load(sc_base + (2 * LP + TP + o_t)[:, None] * TP + o_t[None, :])
+                hq_pre, hk_pre, kk_pre, kq_pre = _load_scores(sc + i_n * stride_sc0 + i_hk * stride_sc1, o_j, o_t,
+                                                              LP, TP)
             if USE_L2NORM and ROWS != 1:  # a flush's history keys, all at once (squared norms, K chunk by chunk)
                 fold_j = valid & fold
                 knorm2 = tl.zeros([LP], dtype=tl.float32)
@@ -798,11 +805,7 @@ def _gdn_verify_kernel(
         if SCORES_PRE and (PROLOGUE > 0):
             hq, hk, kk, kq = hq_pre, hk_pre, kk_pre, kq_pre
         elif SCORES_PRE:
-            sc_base = sc + i_n * stride_sc0 + i_hk * stride_sc1
-            hq = tl.load(sc_base + o_j[:, None] * TP + o_t[None, :])
-            hk = tl.load(sc_base + (LP + o_j)[:, None] * TP + o_t[None, :])
-            kk = tl.load(sc_base + (2 * LP + o_t)[:, None] * TP + o_t[None, :])
-            kq = tl.load(sc_base + (2 * LP + TP + o_t)[:, None] * TP + o_t[None, :])
+            hq, hk, kk, kq = _load_scores(sc + i_n * stride_sc0 + i_hk * stride_sc1, o_j, o_t, LP, TP)
         else:
             if not is_flush:
                 hq, hk = _history_key_scores(k_head, stride_k2, org, w, R, q_hat, k_hat, o_j, o_k, mask_k,
