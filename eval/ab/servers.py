@@ -237,11 +237,17 @@ ARM_SEAMS = {"staged": True, "patched": False}
 _SEAMS_LINE = re.compile(r"sglang_replayssm active \(pid \d+\):.*?\b(?:replay_ring|staged)=(True|False)\b")
 
 
+def _logged_flag(line: "re.Pattern", log_text: str) -> Any:
+    """True / False when every process's plugin line agrees on the flag ``line`` captures, ``"mixed"`` when they
+    disagree, None when no process logged it."""
+    found = {m.group(1) == "True" for m in line.finditer(log_text)}
+    return None if not found else found.pop() if len(found) == 1 else "mixed"
+
+
 def seams_state(log_text: str) -> Any:
     """True / False when every SGLang process of the server logged that state of the replay-ring seams,
     ``"mixed"`` when they disagree, None when no process logged it (plain SGLang, stand-in servers)."""
-    found = {m.group(1) == "True" for m in _SEAMS_LINE.finditer(log_text)}
-    return None if not found else found.pop() if len(found) == 1 else "mixed"
+    return _logged_flag(_SEAMS_LINE, log_text)
 
 
 _CONV_LINE = re.compile(r"sglang_replayssm active \(pid \d+\):.*?\bconv_verify=(True|False)\b")
@@ -251,8 +257,7 @@ def conv_verify_state(log_text: str) -> Any:
     """Whether the server's processes ran the target verify's conv1d on the package's kernel
     (``--replayssm-conv-verify``; the plugin's log line): True / False when every process that logged it agrees,
     ``"mixed"`` when they disagree, None when none did (plain SGLang, servers from before the setting)."""
-    found = {m.group(1) == "True" for m in _CONV_LINE.finditer(log_text)}
-    return None if not found else found.pop() if len(found) == 1 else "mixed"
+    return _logged_flag(_CONV_LINE, log_text)
 
 
 def count_retractions(log_text: str) -> int:

@@ -24,8 +24,8 @@ one streaming read of the S_ck tile, all element-wise fp32.  Flush
 [WH, BLOCK_NC] with ``dot_precision`` tf32x3 / ieee — plain tf32 is refused), stored as
 the new checkpoint (history only, never a draft), and the window is computed on top of
 it with an empty history (``flush_dots: fold``); with ``flush_dots: replay`` a flush row's outputs are a
-verify row's (the same S_c·C_s, replayed) and the chunk loop only folds and stores.  Either way the window's (x, Δ, B) are written to the ring
-at logical wp .. wp+T-1.  The output of every window position is produced (SGLang's
+verify row's (the same S_c·C_s, replayed) and the chunk loop only folds and stores.  Either way the window's
+(x, Δ, B) are written to the ring at logical wp .. wp+T-1.  The output of every window position is produced (SGLang's
 rejection sampler reads the logits of all of them).
 
 Programs: grid (cdiv(P, BLOCK_M), batch, H).  Each reads its S_ck tile once (plus, on
@@ -290,7 +290,6 @@ def _verify_chunk(c, SC, bc_h, bc_w, st_base, s_st_p, s_st_n, offs_m, mask_m, N,
                 bc_h += tl.sum(B_h[:, None, :] * C_w[None, :, :], 2)
             SC += tl.sum(S[:, None, :] * C_w[None, :, :], 2)
             bc_w += tl.sum(B_wf[:, None, :] * C_w[None, :, :], 2)
-    if DOTS:
         if write_B:
             tl.store(Br_base + phys_t[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
                      B_w.to(Br_base.dtype.element_ty), mask=mask_t[:, None] & mask_n[None, :])
