@@ -221,13 +221,13 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     # slot, before the cursors and the per-program prologue (its flush rows return without using it: 1/v_loop of
     # their state read for nothing); the other tiles stay in the pipelined loop. Untimed
     "early_tile": flag_param(0),
-    # with v_loop > 1, the dependent loads before a program's value tiles (eval/results/spec-variants-h200/, round 14;
-    # untimed): "chain" -- the slot, then its cursors, then the window's inputs, the pre-kernel's scores and the q / k
+    # with v_loop > 1, the dependent loads before a program's value tiles (eval/results/spec-variants-h200/, rounds 14
+    # and 15: early won): "chain" -- the slot, then its cursors, then the window's inputs, the pre-kernel's scores and the q / k
     # tiles behind the window's ring stores, and a flush row's history key norms one key at a time; "early" -- every
     # prologue load issued before its math and stores, the flush's key norms in one read; "row" -- as early, with the
     # row's slot and cursors copied per row by the scores pre-kernel (without one, at batches within
     # inline_scores_max_batch: early)
-    "prologue": choice_param("chain", _PROLOGUES),
+    "prologue": choice_param("early", _PROLOGUES),
 })
 
 

@@ -123,7 +123,7 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     # and window loads are issued before this chunk's checkpoint store; chunks never overlap, so nothing is read
     # stale). 2 won over the loop unrolled, which is removed (eval/results/spec-variants-h200/, round 8)
     "flush_stages": count_param(2, 1),
-    # the dependent loads before a program's first dot (eval/results/spec-variants-h200/, round 14; untimed):
+    # the dependent loads before a program's first dot (eval/results/spec-variants-h200/, rounds 14 and 15: row won):
     # "chain" -- the slot, then its cursors, then the history's weights (their math waits on the Δ ring), then the
     #            state tile, and the pre-kernel's B·C after the dots;
     # "early" -- what the row alone indexes (window, B·C, A, D, z) before the slot, the history and the state tile
@@ -131,13 +131,13 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     # "row"   -- as early, with the row's slot and cursors copied per row by the B·C pre-kernel, so that they come
     #            in the first round trip with the window (batches at or below inline_bc_max_batch, which launch no
     #            pre-kernel, run "early")
-    "prologue": choice_param("chain", PROLOGUE_MODES),
-    # how a flush row (nonflush "stream" or "mma") gets its outputs (round 14; untimed): "fold" -- its N-chunk loop
+    "prologue": choice_param("row", PROLOGUE_MODES),
+    # how a flush row (nonflush "stream" or "mma") gets its outputs (rounds 14 and 15: replay won): "fold" -- its N-chunk loop
     # folds a chunk, stores it and takes the chunk's dots S_c·C_s from the folded chunk (a layout change of the
     # tensor-core result and the chunk's C loads in every iteration); "replay" -- it reads S_ck as a verify row does
     # (the dots S_ck·C_s and the history replayed: the same S_c·C_s), and the chunk loop only folds and stores
     # (the pre-kernel's B·C then covers a flush row's history too); nonflush "chunked" always folds
-    "flush_dots": choice_param("fold", FLUSH_DOTS_MODES),
+    "flush_dots": choice_param("replay", FLUSH_DOTS_MODES),
     # 1: a flush row's fold x_hist @ (s ⊙ B_hist) as two tf32 passes (common.split_dot): the ring's x is 16-bit,
     # exact in tf32, so only s ⊙ B is split hi + lo; tf32x3's accuracy with one tensor-core pass fewer (an fp32
     # x ring: three passes). 0: tl.dot at dot_precision. On for fp32 states in default.yaml (won on the H200:

@@ -32,7 +32,7 @@ GDN_VERIFY = {"BV": 16, "dot_precision": "tf32x3", "flush": "rank1", "inline_sco
               "num_stages": 1, "num_warps": 1, "reduce": "token", "scores": "pre", "scores_num_warps": 1,
               "v_loop": 8, "v_stages": 3, "k_parts": 2, "v_loop_min_batch": 64, "v_loop_max_window": 4,
               "v_loop_maxnreg": 0, "window_dot": "split", "flush_rows": "fused", "flush_v_stages": 0,
-              "early_tile": 0, "prologue": "chain"}
+              "early_tile": 0, "prologue": "early"}
 MAMBA2 = {"BLOCK_M": 32, "BLOCK_NC": 64, "bc_num_warps": 2, "dot_precision": "tf32x3", "flush_first_max_batch": 0, "flush_unroll": 1,
           "inline_bc_max_batch": 1, "inline_maxnreg": -1, "maxnreg": 0, "num_stages": 1, "num_warps": 1,
           "state_first": 1}
@@ -43,7 +43,7 @@ MAMBA2_BF16 = dict(MAMBA2, BLOCK_NC=32, flush_unroll=0, maxnreg=128, inline_maxn
 MAMBA2_VERIFY = {"BLOCK_M": 32, "BLOCK_NC": 32, "bc": "pre", "bc_num_warps": 1, "dot_precision": "tf32x3",
                  "inline_bc_max_batch": 1, "maxnreg": 0, "nonflush": "stream", "num_stages": 1, "num_warps": 1,
                  "reduce": "token", "stream_chunk": 16, "flush_stages": 2, "flush_split": 0,
-                 "prologue": "chain", "flush_dots": "fold"}
+                 "prologue": "row", "flush_dots": "replay"}
 
 GDN_GEOMS = ["HV32_HK16_K128_V128", "HV64_HK16_K128_V128", "HV16_HK16_K128_V128", "HV4_HK2_K32_V32"]
 MAMBA2_GEOMS = ["H128_P64_N128_G8", "H256_P64_N128_G8", "H4_P16_N16_G2"]
