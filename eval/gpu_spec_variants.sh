@@ -41,7 +41,8 @@ if [ ${#variants[@]} -eq 0 ]; then
   # The packaged file alone (a run-to-run reference; open candidates are named on the command line). The options
   # that lost on the H200 were removed from the kernels (standard decode: GDN `prefetch`, `l2_hints`, `rank1_fold`,
   # `v_tiles`, `flush_prefetch`, the Mamba2 state_and_output route and `flush_prefetch`; verify: GDN and Mamba2
-  # `reduce: dot`, GDN `flush: split`, Mamba2 `stream_chunk: 0`); their results stay under
+  # `reduce: dot`, GDN `flush: split`, `early_tile`, the `prologue` orders that lost (both families), Mamba2
+  # `stream_chunk: 0`, `flush_dots: fold`); their results stay under
   # eval/results/kernel-variants-h200/ and spec-variants-h200/. Name variants on the command line to time new ones.
   variants=("packaged=")
   if [ "$BENCH" = kernels ] && [ ${#flags[@]} -eq 0 ]; then flags=(--quick --family gdn --dtypes fp32 --time-budget-s 60); fi

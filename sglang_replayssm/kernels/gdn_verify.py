@@ -165,7 +165,6 @@ _REDUCE_MODES = ("bcast", "token")
 _WINDOW_DOTS = ("fma", "split")
 _SCORES_MODES = ("inline", "pre")
 _FLUSH_ROWS = ("fused", "separate")
-_PROLOGUES = ("chain", "early", "row")
 # Built-in launch parameters: the fastest measured on the H200 (eval/results/spec-variants-h200/, rounds 1-2: one warp,
 # T two-dimensional reductions, key scores in a pre-kernel except at batch 1, a 168-register cap for 12 warps per SM;
 # round 9: from 64 rows up, the looping kernel, 8 value tiles a program, uncapped).
@@ -217,17 +216,6 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     "flush_rows": choice_param("fused", _FLUSH_ROWS),
     # with flush_rows: separate, the flush launch's pipelining depth (0: as v_stages)
     "flush_v_stages": count_param(0, 0, " (0: as v_stages)"),
-    # with flush_rows: separate and window_dot: fma, 1 issues the verify launch's first value tile right after the
-    # slot, before the cursors and the per-program prologue (its flush rows return without using it: 1/v_loop of
-    # their state read for nothing); the other tiles stay in the pipelined loop. Untimed
-    "early_tile": flag_param(0),
-    # with v_loop > 1, the dependent loads before a program's value tiles (eval/results/spec-variants-h200/, rounds 14
-    # and 15: early won): "chain" -- the slot, then its cursors, then the window's inputs, the pre-kernel's scores and the q / k
-    # tiles behind the window's ring stores, and a flush row's history key norms one key at a time; "early" -- every
-    # prologue load issued before its math and stores, the flush's key norms in one read; "row" -- as early, with the
-    # row's slot and cursors copied per row by the scores pre-kernel (without one, at batches within
-    # inline_scores_max_batch: early)
-    "prologue": choice_param("early", _PROLOGUES),
 })
 
 
@@ -290,7 +278,7 @@ def _window_gram(o_t, q_hat, k_hat, TP: tl.constexpr):
 
 @triton.jit
 def _gdn_verify_scores_kernel(
-    qkv, k_ring, state_indices, wp, origin, flush, sc, rc,
+    qkv, k_ring, state_indices, wp, origin, flush, sc,
     scale, null_slot,
     stride_idx, stride_wp, stride_org, stride_fl,
     stride_x0, stride_x1,
@@ -298,33 +286,18 @@ def _gdn_verify_scores_kernel(
     stride_sc0, stride_sc1,
     HK: tl.constexpr, K: tl.constexpr, R: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, LP: tl.constexpr, TP: tl.constexpr, USE_L2NORM: tl.constexpr, EPS: tl.constexpr,
-    ROW_CUR: tl.constexpr,
 ):
     """scores: pre.  Per (row, k-head), fp32 rows of ``sc[row, hk]``: [0, LP) hq[j, i] = k^_j.q^_i and
     [LP, 2LP) hk[j, i] = k^_j.k^_i of the history (zero on flush rows, whose history is folded),
-    then [2LP, 2LP+TP) kk[j, i] = k^_j.k^_i and [2LP+TP, 2LP+2TP) kq[j, i] = k^_j.q^_i of the window.
-    ``ROW_CUR`` (``prologue: row``): the programs of k-head 0 also write the row's slot and clamped cursors to
-    rc[row] = (slot, wp, origin, flush) int32, every row (a padded or null row's cursors as 0)."""
+    then [2LP, 2LP+TP) kk[j, i] = k^_j.k^_i and [2LP+TP, 2LP+2TP) kq[j, i] = k^_j.q^_i of the window."""
     i_n = tl.program_id(0).to(tl.int64)
     i_hk = tl.program_id(1)
     slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
-    if ROW_CUR:  # every row's entry is written, a padded or null row's with its cursors as 0
-        live = (slot >= 0) & (slot != null_slot)
-        w = tl.minimum(tl.maximum(tl.load(wp + slot * stride_wp, mask=live, other=0).to(tl.int32), 0), R - T)
-        org = tl.minimum(tl.maximum(tl.load(origin + slot * stride_org, mask=live, other=0).to(tl.int32), 0), R - 1)
-        fl = tl.load(flush + slot * stride_fl, mask=live, other=0) != 0
-        if i_hk == 0:
-            o4 = tl.arange(0, 4)
-            tl.store(rc + i_n * 4 + o4, tl.where(o4 == 0, slot.to(tl.int32),
-                                                 tl.where(o4 == 1, w, tl.where(o4 == 2, org, fl.to(tl.int32)))))
-        if not live:
-            return
-    else:
-        if (slot < 0) | (slot == null_slot):
-            return
-        w = tl.minimum(tl.maximum(tl.load(wp + slot * stride_wp).to(tl.int32), 0), R - T)
-        org = tl.minimum(tl.maximum(tl.load(origin + slot * stride_org).to(tl.int32), 0), R - 1)
-        fl = tl.load(flush + slot * stride_fl) != 0
+    if (slot < 0) | (slot == null_slot):
+        return
+    w = tl.minimum(tl.maximum(tl.load(wp + slot * stride_wp).to(tl.int32), 0), R - T)
+    org = tl.minimum(tl.maximum(tl.load(origin + slot * stride_org).to(tl.int32), 0), R - 1)
+    fl = tl.load(flush + slot * stride_fl) != 0
     w_hist = tl.where(fl, 0, w)
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
@@ -468,14 +441,13 @@ def _vloop_fma_dots(s, q3, k3, d_hist, hq, hk, eG, c, o_t, BV: tl.constexpr, TP:
 @triton.jit
 def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row, stride_x1,
                     out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, valid, o_t, mask_t, ph, pw, q3, k3, hq, hk, eG, c,
-                    cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2, s_pre,
+                    cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
                     V: tl.constexpr, T: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr, KS: tl.constexpr,
-                    KW: tl.constexpr, FOLD: tl.constexpr, WDOT: tl.constexpr, PRE: tl.constexpr):
+                    KW: tl.constexpr, FOLD: tl.constexpr, WDOT: tl.constexpr):
     """One value tile (BV rows) of a (row, v-head) in ``v_loop``, held as [BV, KS, KW] (the K row cut in KS
     parts of KW: fewer lanes share a row's K, so its dot products take fewer shuffles): the checkpoint tile
     (folded and stored on a flush row, ``FOLD``), the window's dots against it, the forward substitution (its
-    per-token scalars computed once per program), and the tile's out and ring d. ``PRE``: a verify row's tile on
-    the CUDA cores is ``s_pre``, loaded by the caller (``early_tile``)."""
+    per-token scalars computed once per program), and the tile's out and ring d."""
     o_v = v0 + tl.arange(0, BV)
     mask_v = o_v < V
     if FOLD:
@@ -506,11 +478,8 @@ def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2,
         acc = split_dot(d_hist, hc_hi, hc_lo, eG * acc, d_head.dtype.element_ty)
         s_q, s_k = tl.split(tl.reshape(acc, [BV, TP, 2]))
     else:  # a verify row's tile, its window dots on the CUDA cores
-        if PRE:
-            s = s_pre
-        else:
-            s = tl.load(s_head + o_v[:, None, None] * stride_s2 + o_k3[None, :, :],
-                        mask=mask_v[:, None, None] & mask_k3[None, :, :], other=0).to(tl.float32)
+        s = tl.load(s_head + o_v[:, None, None] * stride_s2 + o_k3[None, :, :],
+                    mask=mask_v[:, None, None] & mask_k3[None, :, :], other=0).to(tl.float32)
         d_hist = tl.load(d_head + ph[None, :] * stride_d2 + o_v[:, None], mask=mask_v[:, None] & valid[None, :],
                          other=0).to(tl.float32)
         s_q, s_k = _vloop_fma_dots(s, q3, k3, d_hist, hq, hk, eG, c, o_t, BV, TP, KS, KW)
@@ -540,7 +509,7 @@ def _gdn_vloop_tile(v0, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2,
 def _gdn_verify_kernel(
     qkv, a, b, A_log, dt_bias,
     state, d_ring, k_ring, g_ring,
-    state_indices, wp, origin, flush, out, sc, parents, rc,
+    state_indices, wp, origin, flush, out, sc, parents,
     scale, null_slot,
     stride_idx, stride_wp, stride_org, stride_fl,
     stride_x0, stride_x1,
@@ -556,7 +525,7 @@ def _gdn_verify_kernel(
     USE_L2NORM: tl.constexpr, ROUND_BETA: tl.constexpr, FLUSH_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, PER_TOKEN: tl.constexpr, SCORES_PRE: tl.constexpr,
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, VL: tl.constexpr, V_STAGES: tl.constexpr, KS: tl.constexpr,
-    WDOT: tl.constexpr, ROWS: tl.constexpr, EARLY_TILE: tl.constexpr, PROLOGUE: tl.constexpr,
+    WDOT: tl.constexpr, ROWS: tl.constexpr,
 ):
     """One program per VL value tiles (BV rows each) of a (row, v-head).  VL == 1: the tile is held as [BV, K];
     VL > 1 (``v_loop``): what does not depend on the value rows (gates, q^/k^, key scores, Gram, the
@@ -569,30 +538,13 @@ def _gdn_verify_kernel(
     i_hv = tl.program_id(2)
     i_hk = i_hv // (HV // HK)
 
-    if PROLOGUE == 2:  # the row's slot and clamped cursors, copied per row by the scores pre-kernel: one round trip
-        # (one vector load: four scalar loads would be sunk past the slot's return, behind its wait)
-        o4 = tl.arange(0, 4)
-        cur = tl.load(rc + i_n * 4 + o4)
-        slot = tl.sum(tl.where(o4 == 0, cur, 0), axis=0).to(tl.int64)
-        w = tl.sum(tl.where(o4 == 1, cur, 0), axis=0)
-        org = tl.sum(tl.where(o4 == 2, cur, 0), axis=0)
-        is_flush = tl.sum(tl.where(o4 == 3, cur, 0), axis=0) != 0
-    else:
-        slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
+    slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
     if (slot < 0) | (slot == null_slot):
         return  # padded / null row: nothing is written
-    if EARLY_TILE:  # the program's first value tile, in flight before the cursors are known (early_tile)
-        KW_E: tl.constexpr = BK // KS
-        o_k3_e = tl.arange(0, KS)[:, None] * KW_E + tl.arange(0, KW_E)[None, :]
-        o_v_e = i_v * (VL * BV) + tl.arange(0, BV)
-        s_first = tl.load(state + slot * stride_s0 + i_hv * stride_s1 + o_v_e[:, None, None] * stride_s2
-                          + o_k3_e[None, :, :], mask=(o_v_e < V)[:, None, None] & (o_k3_e < K)[None, :, :],
-                          other=0).to(tl.float32)
     # the slot's cursor (w history tokens from ring position org; flush: fold the history first)
-    if PROLOGUE != 2:
-        w = tl.load(wp + slot * stride_wp).to(tl.int32)
-        org = tl.load(origin + slot * stride_org).to(tl.int32)
-        is_flush = tl.load(flush + slot * stride_fl) != 0
+    w = tl.load(wp + slot * stride_wp).to(tl.int32)
+    org = tl.load(origin + slot * stride_org).to(tl.int32)
+    is_flush = tl.load(flush + slot * stride_fl) != 0
     w = tl.minimum(tl.maximum(w, 0), R - T)  # memory safety only (the commit rule keeps w + T <= R)
     org = tl.minimum(tl.maximum(org, 0), R - 1)
     fold = is_flush & (w > 0)  # a flush of an empty history is a verify from the checkpoint
@@ -609,12 +561,10 @@ def _gdn_verify_kernel(
     valid = o_j < w
     o_t = tl.arange(0, TP)
     mask_t = o_t < T
-    if PROLOGUE == 0:
-        ph = (org + o_j) % R  # physical ring index of history position j
-        pw = (org + w + o_t) % R  # physical ring index of window token i
-    else:  # org + j < 2R on every lane a mask lets through (j < w <= R - T; i < T): one conditional subtract
-        ph = tl.where(org + o_j >= R, org + o_j - R, org + o_j)
-        pw = tl.where(org + w + o_t >= R, org + w + o_t - R, org + w + o_t)
+    # physical ring indices of history position j and window token i: org + j < 2R on every lane a mask lets
+    # through (j < w <= R - T; i < T), so one conditional subtract
+    ph = tl.where(org + o_j >= R, org + o_j - R, org + o_j)
+    pw = tl.where(org + w + o_t >= R, org + w + o_t - R, org + w + o_t)
 
     s_head = state + slot * stride_s0 + i_hv * stride_s1
     d_head = d_ring + slot * stride_d0 + i_hv * stride_d1
@@ -755,44 +705,34 @@ def _gdn_verify_kernel(
         o_k3 = tl.arange(0, KS)[:, None] * KW + tl.arange(0, KW)[None, :]
         mask_k3 = o_k3 < K
         mask_tk3 = mask_t[:, None, None] & mask_k3[None, :, :]
-        if PROLOGUE > 0:
-            # early / row: every load of the prologue is issued before its math and its ring stores (a store keeps
-            # the loads after it behind it): the window's inputs, its q / k as tiles, the pre-kernel's scores and a
-            # flush's history keys (their norms) come in one round trip with the gates of the history
-            q_win, k_raw, a_win, b_win, A_log_val, dt_bias_val = _verify_window_loads(
-                qkv, a, b, A_log, dt_bias, i_n, i_hv, i_hk, o_t, mask_t, o_k, mask_k,
-                stride_x0, stride_x1, stride_a0, stride_a1, stride_b0, stride_b1, HK, K)
-            q3_raw = tl.load(x_row + o_t[:, None, None] * stride_x1 + i_hk * K + o_k3[None, :, :], mask=mask_tk3,
-                             other=0)
-            k3_raw = tl.load(x_row + o_t[:, None, None] * stride_x1 + HK * K + i_hk * K + o_k3[None, :, :],
-                             mask=mask_tk3, other=0)
-            if SCORES_PRE:
-                hq_pre, hk_pre, kk_pre, kq_pre = _load_scores(sc + i_n * stride_sc0 + i_hk * stride_sc1, o_j, o_t,
-                                                              LP, TP)
-            if USE_L2NORM and ROWS != 1:  # a flush's history keys, all at once (squared norms, K chunk by chunk)
-                fold_j = valid & fold
-                knorm2 = tl.zeros([LP], dtype=tl.float32)
-                for kc in tl.static_range(0, BK, KW):
-                    o_kc = kc + tl.arange(0, KW)
-                    kj = tl.load(k_head + ph[:, None] * stride_k2 + o_kc[None, :],
-                                 mask=fold_j[:, None] & (o_kc < K)[None, :], other=0).to(tl.float32)
-                    knorm2 += tl.sum(kj * kj, axis=1)
-            g_win, beta, q_hat, k_hat = _verify_window_math(
-                q_win, k_raw, a_win, b_win, A_log_val, dt_bias_val, k_head, g_head, i_v, i_hv, o_t, mask_t, o_k,
-                mask_k, pw, scale, stride_k2, stride_g2, HK, HV, USE_L2NORM, ROUND_BETA, SOFTPLUS_THRESHOLD, EPS)
-            q3 = q3_raw.to(tl.float32)
-            k3 = k3_raw.to(tl.float32)
-        else:
-            g_win, beta, q_hat, k_hat = _verify_window_inputs(
-                qkv, a, b, A_log, dt_bias, k_head, g_head, i_n, i_v, i_hv, i_hk, o_t, mask_t, o_k, mask_k, pw, scale,
-                stride_x0, stride_x1, stride_a0, stride_a1, stride_b0, stride_b1, stride_k2, stride_g2,
-                HK, HV, K, USE_L2NORM, ROUND_BETA, SOFTPLUS_THRESHOLD, EPS)
+        # every load of the prologue is issued before its math and its ring stores (a store keeps the loads after
+        # it behind it): the window's inputs, its q / k as tiles, the pre-kernel's scores and a flush's history keys
+        # (their norms) come in one round trip with the gates of the history. This won on the H200 over the chained
+        # order and over reading the slot and cursors from a per-row copy (eval/results/spec-variants-h200/, round 15)
+        q_win, k_raw, a_win, b_win, A_log_val, dt_bias_val = _verify_window_loads(
+            qkv, a, b, A_log, dt_bias, i_n, i_hv, i_hk, o_t, mask_t, o_k, mask_k,
+            stride_x0, stride_x1, stride_a0, stride_a1, stride_b0, stride_b1, HK, K)
+        q3_raw = tl.load(x_row + o_t[:, None, None] * stride_x1 + i_hk * K + o_k3[None, :, :], mask=mask_tk3,
+                         other=0)
+        k3_raw = tl.load(x_row + o_t[:, None, None] * stride_x1 + HK * K + i_hk * K + o_k3[None, :, :],
+                         mask=mask_tk3, other=0)
+        if SCORES_PRE:
+            hq_pre, hk_pre, kk_pre, kq_pre = _load_scores(sc + i_n * stride_sc0 + i_hk * stride_sc1, o_j, o_t,
+                                                          LP, TP)
+        if USE_L2NORM and ROWS != 1:  # a flush's history keys, all at once (squared norms, K chunk by chunk)
+            fold_j = valid & fold
+            knorm2 = tl.zeros([LP], dtype=tl.float32)
+            for kc in tl.static_range(0, BK, KW):
+                o_kc = kc + tl.arange(0, KW)
+                kj = tl.load(k_head + ph[:, None] * stride_k2 + o_kc[None, :],
+                             mask=fold_j[:, None] & (o_kc < K)[None, :], other=0).to(tl.float32)
+                knorm2 += tl.sum(kj * kj, axis=1)
+        g_win, beta, q_hat, k_hat = _verify_window_math(
+            q_win, k_raw, a_win, b_win, A_log_val, dt_bias_val, k_head, g_head, i_v, i_hv, o_t, mask_t, o_k,
+            mask_k, pw, scale, stride_k2, stride_g2, HK, HV, USE_L2NORM, ROUND_BETA, SOFTPLUS_THRESHOLD, EPS)
+        q3 = q3_raw.to(tl.float32)
+        k3 = k3_raw.to(tl.float32)
         c, eG = _history_weights(g_hist, w, LP)
-        if PROLOGUE == 0:
-            q3 = tl.load(x_row + o_t[:, None, None] * stride_x1 + i_hk * K + o_k3[None, :, :], mask=mask_tk3,
-                         other=0).to(tl.float32)
-            k3 = tl.load(x_row + o_t[:, None, None] * stride_x1 + HK * K + i_hk * K + o_k3[None, :, :],
-                         mask=mask_tk3, other=0).to(tl.float32)
         if USE_L2NORM:
             q3 = q3 / tl.sqrt(tl.sum(tl.sum(q3 * q3, axis=2), axis=1) + EPS)[:, None, None]
             k3 = k3 / tl.sqrt(tl.sum(tl.sum(k3 * k3, axis=2), axis=1) + EPS)[:, None, None]
@@ -802,22 +742,15 @@ def _gdn_verify_kernel(
         hq = tl.zeros([LP, TP], dtype=tl.float32)
         hk = tl.zeros([LP, TP], dtype=tl.float32)
         cd = c  # a flush's fold coefficients c_j / sqrt(|k_j|^2 + eps)
-        if SCORES_PRE and (PROLOGUE > 0):
+        if SCORES_PRE:
             hq, hk, kk, kq = hq_pre, hk_pre, kk_pre, kq_pre
-        elif SCORES_PRE:
-            hq, hk, kk, kq = _load_scores(sc + i_n * stride_sc0 + i_hk * stride_sc1, o_j, o_t, LP, TP)
         else:
             if not is_flush:
                 hq, hk = _history_key_scores(k_head, stride_k2, org, w, R, q_hat, k_hat, o_j, o_k, mask_k,
                                              LP, TP, USE_L2NORM, EPS)
             kk, kq = _window_gram(o_t, q_hat, k_hat, TP)
-        if USE_L2NORM and (ROWS != 1 and PROLOGUE > 0):
+        if USE_L2NORM and ROWS != 1:
             cd = tl.where(fold_j, c / tl.sqrt(knorm2 + EPS), c)
-        elif USE_L2NORM and ROWS != 1:
-            if fold:
-                for j in range(0, w):
-                    k_j = tl.load(k_head + ((org + j) % R) * stride_k2 + o_k, mask=mask_k, other=0).to(tl.float32)
-                    cd = tl.where(o_j == j, cd / tl.sqrt(tl.sum(k_j * k_j) + EPS), cd)
 
         if IS_TREE:
             anc = _tree_ancestor_mask(parents + i_n * stride_p0, stride_p1, T, TP, LOG_TP)
@@ -844,31 +777,23 @@ def _gdn_verify_kernel(
         v_base = i_v * (VL * BV)
         if ROWS != 0:  # one kind of row, known when compiling
             FOLD_ROWS: tl.constexpr = ROWS == 2
-            if EARLY_TILE:  # the first tile was loaded at the top; the loop takes the rest
-                _gdn_vloop_tile(v_base, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
-                                stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, valid, o_t, mask_t, ph, pw,
-                                q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2, s_first,
-                                V, T, BV, TP, KS, KW, FOLD_ROWS, WDOT, True)
-                v_first: tl.constexpr = 1
-            else:
-                v_first: tl.constexpr = 0
-            for vi in tl.range(v_first, VL, num_stages=V_STAGES):
+            for vi in tl.range(0, VL, num_stages=V_STAGES):
                 _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
                                 stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, valid, o_t, mask_t, ph, pw,
-                                q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2, q3,
-                                V, T, BV, TP, KS, KW, FOLD_ROWS, WDOT, False)
+                                q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
+                                V, T, BV, TP, KS, KW, FOLD_ROWS, WDOT)
         elif fold:
             for vi in tl.range(0, VL, num_stages=V_STAGES):
                 _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
                                 stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, valid, o_t, mask_t, ph, pw,
-                                q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2, q3,
-                                V, T, BV, TP, KS, KW, True, WDOT, False)
+                                q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
+                                V, T, BV, TP, KS, KW, True, WDOT)
         else:
             for vi in tl.range(0, VL, num_stages=V_STAGES):
                 _gdn_vloop_tile(v_base + vi * BV, s_head, stride_s2, d_head, stride_d2, k_head, stride_k2, v_row,
                                 stride_x1, out_row, stride_o1, o_k, mask_k, o_k3, mask_k3, valid, o_t, mask_t, ph, pw,
-                                q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2, q3,
-                                V, T, BV, TP, KS, KW, False, WDOT, False)
+                                q3, k3, hq, hk, eG, c, cd, beta, coef_e, coef_a, coef_w, qk2, qk_lo, hc2,
+                                V, T, BV, TP, KS, KW, False, WDOT)
 
 
 # ----------------------------------------------------------------------------------
@@ -1026,21 +951,15 @@ def gdn_verify(
     TP = max(2, next_pow2(T))
     scores_pre = cfg["scores"] == "pre" and B > cfg["inline_scores_max_batch"]  # host-side, per graph batch
     null = -1 if null_slot is None else int(null_slot)
-    prologue = _PROLOGUES.index(cfg["prologue"])
-    if prologue == 2 and not scores_pre:
-        prologue = 1  # no pre-kernel to copy the cursors per row
-    rc = state_indices  # never read unless prologue == 2
     if scores_pre:  # per-call scratch (inside a CUDA graph it comes from the graph's pool)
         sc = torch.empty((B, Hk, 2 * LP + 2 * TP, TP), dtype=torch.float32, device=dev)
-        if prologue == 2:
-            rc = torch.empty((B, 4), dtype=torch.int32, device=dev)
         _gdn_verify_scores_kernel[(B, Hk)](
-            mixed_qkv, k_ring, state_indices, wp, origin, flush, sc, rc, float(scale), null,
+            mixed_qkv, k_ring, state_indices, wp, origin, flush, sc, float(scale), null,
             state_indices.stride(0), wp.stride(0), origin.stride(0), flush.stride(0),
             mixed_qkv.stride(0), mixed_qkv.stride(1), k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
             sc.stride(0), sc.stride(1),
             HK=Hk, K=K, R=R, T=T, BK=BK, LP=LP, TP=TP, USE_L2NORM=bool(use_qk_l2norm), EPS=L2NORM_EPS,
-            ROW_CUR=prologue == 2, num_warps=cfg["scores_num_warps"], num_stages=1,
+            num_warps=cfg["scores_num_warps"], num_stages=1,
         )
     else:
         sc = out  # never read
@@ -1049,18 +968,15 @@ def gdn_verify(
     loop_args = dict(VL=1, V_STAGES=1, KS=1, WDOT=False) if VL == 1 else dict(
         VL=VL, V_STAGES=cfg["v_stages"], KS=k_slices(cfg["k_parts"], BK), WDOT=cfg["window_dot"] == "split")
     if VL > 1 and cfg["flush_rows"] == "separate":  # verify rows, then flush rows: each launch compiled for one path
-        # early_tile: the verify launch's first value tile (window dots on the CUDA cores) loaded before the cursors
-        early = bool(cfg["early_tile"]) and not loop_args["WDOT"]
-        launches = [dict(loop_args, ROWS=1, EARLY_TILE=early),
-                    dict(loop_args, ROWS=2, V_STAGES=cfg["flush_v_stages"] or cfg["v_stages"], EARLY_TILE=False)]
+        launches = [dict(loop_args, ROWS=1), dict(loop_args, ROWS=2, V_STAGES=cfg["flush_v_stages"] or cfg["v_stages"])]
     else:
-        launches = [dict(loop_args, ROWS=0, EARLY_TILE=False)]
+        launches = [dict(loop_args, ROWS=0)]
     grid = (triton.cdiv(V, BV * VL), B, HV)
     for rows_args in launches:
         _gdn_verify_kernel[grid](
             mixed_qkv, a, b, A_log, dt_bias,
             state, d_ring, k_ring, g_ring,
-            state_indices, wp, origin, flush, out, sc, state_indices if parents is None else parents, rc,
+            state_indices, wp, origin, flush, out, sc, state_indices if parents is None else parents,
             float(scale), null,
             state_indices.stride(0), wp.stride(0), origin.stride(0), flush.stride(0),
             mixed_qkv.stride(0), mixed_qkv.stride(1),
@@ -1077,7 +993,7 @@ def gdn_verify(
             PER_TOKEN=cfg["reduce"] == "token", SCORES_PRE=scores_pre,
             IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
             DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], PROLOGUE=prologue,
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
             **rows_args, **register_cap(cfg if VL == 1 or cfg["v_loop_maxnreg"] == -1 else
                                         dict(cfg, maxnreg=cfg["v_loop_maxnreg"])),
         )

@@ -23,8 +23,9 @@ one streaming read of the S_ck tile, all element-wise fp32.  Flush
 (``flush[slot] == 1``): S_c is built N-chunk by N-chunk (one ``tl.dot`` [BLOCK_M, WH] x
 [WH, BLOCK_NC] with ``dot_precision`` tf32x3 / ieee — plain tf32 is refused), stored as
 the new checkpoint (history only, never a draft), and the window is computed on top of
-it with an empty history (``flush_dots: fold``); with ``flush_dots: replay`` a flush row's outputs are a
-verify row's (the same S_c·C_s, replayed) and the chunk loop only folds and stores.  Either way the window's
+it with an empty history (``nonflush: chunked``); with the stream read (``nonflush: stream / mma``) a flush row's
+outputs are a verify row's (the same S_c·C_s, replayed from S_ck) and its chunk loop only folds and stores (this
+won over folding the dots into the loop on the H200, round 15).  Either way the window's
 (x, Δ, B) are written to the ring at logical wp .. wp+T-1.  The output of every window position is produced (SGLang's
 rejection sampler reads the logits of all of them).
 
@@ -38,15 +39,16 @@ reduced as one 3-D broadcast (``reduce: bcast``) or T 2-D row reductions (``redu
 ``nonflush: chunked`` reads the S_ck tile N-chunk by N-chunk on every row (each chunk's loads wait
 behind the previous chunk's conditional ring / checkpoint stores); ``nonflush: stream`` lets
 non-flush rows read the whole [BLOCK_M, N] tile at once, all loads in flight together (the decode
-kernel's output-only read), and keeps the chunk loop for flush rows; ``nonflush: mma`` is that read with the
+kernel's output-only read), flush rows too, whose chunk loop then only folds; ``nonflush: mma`` is that read with the
 dots S_ck·C_s as one tl.dot on the tensor cores, fp32-accurate (tf32 passes over hi/lo halves,
 ``common.split_dot``).
 ``eval/verify_sass.py`` compares the variants offline; their H200 timings (one warp, ``reduce:
 token``, ``bc: pre``, ``nonflush: stream``: the built-in defaults) are in eval/results/spec-variants-h200/.
-``prologue`` orders the loads a program waits on before its first dot: ``chain`` (the slot, then its cursors, then
-the history's weights, then the tile), ``early`` (row-indexed loads before the slot, history and tile together after
-the cursors, no early return: a padded row runs masked) or ``row`` (the cursors from a per-row copy the pre-kernel
-writes).
+Load order (round 15 on the H200: it won over the slot -> cursors -> Δ-weights -> tile chain and over the same
+order without the per-row copy): what the row alone indexes (window, B·C, A, D, z) is issued before the slot; the
+slot and cursors come from a per-row copy that the B·C pre-kernel writes (without a pre-kernel: the slot, then its
+cursors); the history and the state tile are issued together, and the weights' math follows the dots. No early
+return: a padded or null row runs with every load and store masked off.
 Rows whose slot is < 0 or == null_slot write nothing.  The window is ``T`` tokens per row (SGLang's
 chain verify: ``draft_token_num`` for every row); ``wp`` is clamped to [0, R − T] for memory safety only.
 
@@ -90,8 +92,6 @@ REDUCE_MODES = ("bcast", "token")
 #             [batch, G, WH + TP, TP] that the main kernel reads.
 BC_MODES = ("inline", "pre")
 NONFLUSH_MODES = ("chunked", "stream", "mma")
-PROLOGUE_MODES = ("chain", "early", "row")
-FLUSH_DOTS_MODES = ("fold", "replay")
 
 # Built-in launch parameters: the fastest measured on the H200 (eval/results/spec-variants-h200/, rounds 1-2 and 7).
 MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", {
@@ -109,9 +109,10 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     # register cap of the main kernel (0: none).  One-warp programs at 255 registers leave 8 warps per
     # SM (eval/verify_sass.py); a cap trades spills for resident warps, i.e. loads in flight
     "maxnreg": maxnreg_param(0),
-    # how non-flush rows read their S_ck tile: "chunked" (the N-chunk loop flush rows also take; the chunks'
+    # how rows read their S_ck tile for the outputs: "chunked" (the N-chunk loop flush rows also take; the chunks'
     # conditional stores keep the next chunk's loads behind them) or "stream" (the whole [BLOCK_M, N]
-    # tile in one read, all loads in flight together, as the decode kernel's output-only read) or "mma" (the
+    # tile in one read, all loads in flight together, as the decode kernel's output-only read; a flush row's
+    # outputs replay its history on S_ck and its N-chunk loop only folds and stores) or "mma" (the
     # stream read, its dots S_ck·C_s as one [BLOCK_M, N] x [N, T] tl.dot in tf32 passes over hi/lo halves)
     "nonflush": choice_param("stream", NONFLUSH_MODES),
     # with nonflush "stream": the per-token dots S_ck·C_s of a non-flush row sum the tile's column chunks of this
@@ -123,21 +124,6 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     # and window loads are issued before this chunk's checkpoint store; chunks never overlap, so nothing is read
     # stale). 2 won over the loop unrolled, which is removed (eval/results/spec-variants-h200/, round 8)
     "flush_stages": count_param(2, 1),
-    # the dependent loads before a program's first dot (eval/results/spec-variants-h200/, rounds 14 and 15: row won):
-    # "chain" -- the slot, then its cursors, then the history's weights (their math waits on the Δ ring), then the
-    #            state tile, and the pre-kernel's B·C after the dots;
-    # "early" -- what the row alone indexes (window, B·C, A, D, z) before the slot, the history and the state tile
-    #            issued together once the cursors are known, all the weights' math after the dots;
-    # "row"   -- as early, with the row's slot and cursors copied per row by the B·C pre-kernel, so that they come
-    #            in the first round trip with the window (batches at or below inline_bc_max_batch, which launch no
-    #            pre-kernel, run "early")
-    "prologue": choice_param("row", PROLOGUE_MODES),
-    # how a flush row (nonflush "stream" or "mma") gets its outputs (rounds 14 and 15: replay won): "fold" -- its N-chunk loop
-    # folds a chunk, stores it and takes the chunk's dots S_c·C_s from the folded chunk (a layout change of the
-    # tensor-core result and the chunk's C loads in every iteration); "replay" -- it reads S_ck as a verify row does
-    # (the dots S_ck·C_s and the history replayed: the same S_c·C_s), and the chunk loop only folds and stores
-    # (the pre-kernel's B·C then covers a flush row's history too); nonflush "chunked" always folds
-    "flush_dots": choice_param("replay", FLUSH_DOTS_MODES),
     # 1: a flush row's fold x_hist @ (s ⊙ B_hist) as two tf32 passes (common.split_dot): the ring's x is 16-bit,
     # exact in tf32, so only s ⊙ B is split hi + lo; tf32x3's accuracy with one tensor-core pass fewer (an fp32
     # x ring: three passes). 0: tl.dot at dot_precision. On for fp32 states in default.yaml (won on the H200:
@@ -176,35 +162,28 @@ def _mamba2_verify_bc_kernel(
     s_B_b, s_B_t, s_B_g, s_B_n,
     s_C_b, s_C_t, s_C_g, s_C_n,
     s_bc_b, s_bc_g,
-    BLOCK_NC: tl.constexpr, N_CHUNKS: tl.constexpr, WH: tl.constexpr, TP: tl.constexpr, ROW_CUR: tl.constexpr,
-    HIST_ALL: tl.constexpr,
+    BLOCK_NC: tl.constexpr, N_CHUNKS: tl.constexpr, WH: tl.constexpr, TP: tl.constexpr, HIST_ALL: tl.constexpr,
 ):
     """bc[row, g, k, s] = B_k · C_s (history k < wp; zero on flush rows, whose history is folded)
-    and bc[row, g, WH + m, s] = B_m · C_s (window m), fp32.  ``ROW_CUR`` (``prologue: row``): the programs of
-    group 0 also write the row's slot and clamped cursors to rc[row] = (slot, wp, origin, flush) int32, every row
-    (a padded or null row's cursors as 0), for the main kernel to read in one round trip.  ``HIST_ALL``
-    (``flush_dots: replay``): the history's B_k · C_s on flush rows too."""
+    and bc[row, g, WH + m, s] = B_m · C_s (window m), fp32.  The programs of group 0 also write the row's slot and
+    clamped cursors to rc[row] = (slot, wp, origin, flush) int32, every row (a padded or null row's cursors as 0),
+    for the main kernel to read in one round trip.  ``HIST_ALL`` (the stream read, whose flush rows replay their
+    history): the history's B_k · C_s on flush rows too."""
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1).to(tl.int64)
     slot = tl.load(slot_ptr + row).to(tl.int64)
-    if ROW_CUR:  # every row's entry is written, a padded or null row's with its cursors as 0
-        live = (slot >= 0) & (slot != null_slot)
-        wp = tl.minimum(tl.maximum(tl.load(wp_ptr + slot, mask=live, other=0).to(tl.int32), 0), R - T)
-        org = tl.minimum(tl.maximum(tl.load(org_ptr + slot, mask=live, other=0).to(tl.int32), 0), R - 1)
-        flag = tl.load(fl_ptr + slot, mask=live, other=0)
-        if g == 0:
-            o4 = tl.arange(0, 4)
-            rc = tl.where(o4 == 0, slot.to(tl.int32),
-                          tl.where(o4 == 1, wp, tl.where(o4 == 2, org, (flag != 0).to(tl.int32))))
-            tl.store(rc_ptr + row * 4 + o4, rc)
-        if not live:
-            return
-    else:
-        if (slot < 0) | (slot == null_slot):
-            return
-        wp = tl.minimum(tl.maximum(tl.load(wp_ptr + slot).to(tl.int32), 0), R - T)
-        org = tl.minimum(tl.maximum(tl.load(org_ptr + slot).to(tl.int32), 0), R - 1)
-        flag = tl.load(fl_ptr + slot)
+    # every row's entry is written, a padded or null row's with its cursors as 0
+    live = (slot >= 0) & (slot != null_slot)
+    wp = tl.minimum(tl.maximum(tl.load(wp_ptr + slot, mask=live, other=0).to(tl.int32), 0), R - T)
+    org = tl.minimum(tl.maximum(tl.load(org_ptr + slot, mask=live, other=0).to(tl.int32), 0), R - 1)
+    flag = tl.load(fl_ptr + slot, mask=live, other=0)
+    if g == 0:
+        o4 = tl.arange(0, 4)
+        rc = tl.where(o4 == 0, slot.to(tl.int32),
+                      tl.where(o4 == 1, wp, tl.where(o4 == 2, org, (flag != 0).to(tl.int32))))
+        tl.store(rc_ptr + row * 4 + o4, rc)
+    if not live:
+        return
     no_flush = flag == 0
     offs_t = tl.arange(0, TP)
     mask_t = offs_t < T
@@ -242,7 +221,7 @@ def _verify_chunk(c, SC, bc_h, bc_w, st_base, s_st_p, s_st_n, offs_m, mask_m, N,
                   X_EXACT: tl.constexpr, DOTS: tl.constexpr):
     """State columns c·BLOCK_NC .. of one program: on a flush row the history folded into the checkpoint chunk
     (stored), then the chunk's per-token dots S·C_s (and B·C_s unless the pre-kernel made them); the window's B
-    chunk goes to the ring. Returns (SC, bc_h, bc_w).  ``DOTS`` False (``flush_dots: replay``): the fold and its
+    chunk goes to the ring. Returns (SC, bc_h, bc_w).  ``DOTS`` False (the stream read): the fold and its
     store only (the row's dots and its B ring entries were made by the non-flush read)."""
     offs_n = c * BLOCK_NC + tl.arange(0, BLOCK_NC)
     mask_n = offs_n < N
@@ -327,9 +306,8 @@ def _mamba2_verify_kernel(
     PER_TOKEN: tl.constexpr, BC_PRE: tl.constexpr, STREAM: tl.constexpr, BLOCK_N: tl.constexpr,
     STREAM_CHUNK: tl.constexpr, FLUSH_STAGES: tl.constexpr,
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, NF_MMA: tl.constexpr,
-    FLUSH_SPLIT: tl.constexpr, X_EXACT: tl.constexpr, PROLOGUE: tl.constexpr, FLUSH_REPLAY: tl.constexpr,
+    FLUSH_SPLIT: tl.constexpr, X_EXACT: tl.constexpr, ROW_CUR: tl.constexpr,
 ):
-    tl.static_assert(STREAM or (not FLUSH_REPLAY), "flush_dots: replay needs the non-flush stream read")
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     h = tl.program_id(2).to(tl.int64)
@@ -339,120 +317,76 @@ def _mamba2_verify_kernel(
     offs_t = tl.arange(0, TP)
     mask_t = offs_t < T
     offs_k = tl.arange(0, WH)
-    if PROLOGUE > 0:  # early / row: what the row alone indexes, issued before the slot is known
-        A = tl.load(A_ptr + h * s_A_h).to(tl.float32)
-        if HAS_DT_BIAS:
-            dtb = tl.load(dtb_ptr + h * s_dtb_h)
-        else:
-            dtb = 0.0
-        dt_win = tl.load(dt_ptr + row * s_dt_b + offs_t * s_dt_t + h * s_dt_h, mask=mask_t, other=0.0)
-        x_win_raw = tl.load(x_ptr + row * s_x_b + h * s_x_h + offs_m[:, None] * s_x_p + offs_t[None, :] * s_x_t,
-                            mask=mask_m[:, None] & mask_t[None, :], other=0.0)  # [BLOCK_M, TP]
-        if HAS_D:
-            Dv_raw = tl.load(D_ptr + h * s_D_h + offs_m * s_D_p, mask=mask_m, other=0.0)
-        if HAS_Z:
-            z_raw = tl.load(z_ptr + row * s_z_b + h * s_z_h + offs_m[:, None] * s_z_p + offs_t[None, :] * s_z_t,
-                            mask=mask_m[:, None] & mask_t[None, :], other=0.0)
-        if BC_PRE:  # (a padded row's entry was never written: read, unused, its outputs masked off)
-            bc_base = bc_ptr + row * s_bc_b + g * s_bc_g
-            bc_h = tl.load(bc_base + offs_k[:, None] * TP + offs_t[None, :])
-            bc_w = tl.load(bc_base + (WH + offs_t)[:, None] * TP + offs_t[None, :])
-        if IS_TREE:
-            anc = _tree_ancestor_mask(par_ptr + row * s_par_b, s_par_t, T, TP, LOG_TP) > 0.5  # [m, s]: m on root..s
-    if PROLOGUE == 0:
-        slot = tl.load(slot_ptr + row).to(tl.int64)
-        if (slot < 0) | (slot == null_slot):
-            return
-        wp = tl.load(wp_ptr + slot).to(tl.int32)
-        org = tl.load(org_ptr + slot).to(tl.int32)
-        flag = tl.load(fl_ptr + slot)
-        is_flush = flag != 0
-        no_flush = flag == 0
+    # what the row alone indexes (window, B·C, A, D, z), issued before the slot is known
+    A = tl.load(A_ptr + h * s_A_h).to(tl.float32)
+    if HAS_DT_BIAS:
+        dtb = tl.load(dtb_ptr + h * s_dtb_h)
     else:
-        # no early return: the compiler would sink the loads above into the live branch, behind the slot's wait.
-        # A padded or null row runs with every load and store masked off by `live`.
-        if PROLOGUE == 2:  # the row's slot and cursors, copied per row by the pre-kernel: one round trip
-            slot = tl.load(rc_ptr + row * 4).to(tl.int64)
-            wp = tl.load(rc_ptr + row * 4 + 1)
-            org = tl.load(rc_ptr + row * 4 + 2)
-            flag = tl.load(rc_ptr + row * 4 + 3)
-            live = (slot >= 0) & (slot != null_slot)
-        else:
-            slot = tl.load(slot_ptr + row).to(tl.int64)
-            live = (slot >= 0) & (slot != null_slot)
-            wp = tl.load(wp_ptr + slot, mask=live, other=0).to(tl.int32)
-            org = tl.load(org_ptr + slot, mask=live, other=0).to(tl.int32)
-            flag = tl.load(fl_ptr + slot, mask=live, other=0)
-        is_flush = live & (flag != 0)
-        no_flush = live & (flag == 0)
+        dtb = 0.0
+    dt_win = tl.load(dt_ptr + row * s_dt_b + offs_t * s_dt_t + h * s_dt_h, mask=mask_t, other=0.0)
+    x_win_raw = tl.load(x_ptr + row * s_x_b + h * s_x_h + offs_m[:, None] * s_x_p + offs_t[None, :] * s_x_t,
+                        mask=mask_m[:, None] & mask_t[None, :], other=0.0)  # [BLOCK_M, TP]
+    if HAS_D:
+        Dv_raw = tl.load(D_ptr + h * s_D_h + offs_m * s_D_p, mask=mask_m, other=0.0)
+    if HAS_Z:
+        z_raw = tl.load(z_ptr + row * s_z_b + h * s_z_h + offs_m[:, None] * s_z_p + offs_t[None, :] * s_z_t,
+                        mask=mask_m[:, None] & mask_t[None, :], other=0.0)
+    if BC_PRE:  # (a padded row's entry was never written: read, unused, its outputs masked off)
+        bc_base = bc_ptr + row * s_bc_b + g * s_bc_g
+        bc_h = tl.load(bc_base + offs_k[:, None] * TP + offs_t[None, :])
+        bc_w = tl.load(bc_base + (WH + offs_t)[:, None] * TP + offs_t[None, :])
+    if IS_TREE:
+        anc = _tree_ancestor_mask(par_ptr + row * s_par_b, s_par_t, T, TP, LOG_TP) > 0.5  # [m, s]: m on root..s
+    # no early return: the compiler would sink the loads above into the live branch, behind the slot's wait.
+    # A padded or null row runs with every load and store masked off by `live`.
+    if ROW_CUR:  # the row's slot and cursors, copied per row by the pre-kernel: one round trip
+        slot = tl.load(rc_ptr + row * 4).to(tl.int64)
+        wp = tl.load(rc_ptr + row * 4 + 1)
+        org = tl.load(rc_ptr + row * 4 + 2)
+        flag = tl.load(rc_ptr + row * 4 + 3)
+        live = (slot >= 0) & (slot != null_slot)
+    else:  # no pre-kernel (bc inline, or a batch within inline_bc_max_batch): the slot, then its cursors
+        slot = tl.load(slot_ptr + row).to(tl.int64)
+        live = (slot >= 0) & (slot != null_slot)
+        wp = tl.load(wp_ptr + slot, mask=live, other=0).to(tl.int32)
+        org = tl.load(org_ptr + slot, mask=live, other=0).to(tl.int32)
+        flag = tl.load(fl_ptr + slot, mask=live, other=0)
+    is_flush = live & (flag != 0)
+    no_flush = live & (flag == 0)
     wp = tl.minimum(tl.maximum(wp, 0), R - T)  # memory safety only (the commit rule keeps wp + T <= R)
     org = tl.minimum(tl.maximum(org, 0), R - 1)
 
     valid_k = offs_k < wp
-    if PROLOGUE == 0:
-        phys_k = ((org + offs_k) % R).to(tl.int64)
-        phys_t = ((org + wp + offs_t) % R).to(tl.int64)
-    else:  # org + k < 2R on every lane a mask lets through (k < wp <= R - T; t < T): one conditional subtract
-        pk = org + offs_k
-        pt = org + wp + offs_t
-        phys_k = tl.where(pk >= R, pk - R, pk).to(tl.int64)
-        phys_t = tl.where(pt >= R, pt - R, pt).to(tl.int64)
-        valid_k = valid_k & live
+    # org + k < 2R on every lane a mask lets through (k < wp <= R - T; t < T): one conditional subtract
+    pk = org + offs_k
+    pt = org + wp + offs_t
+    phys_k = tl.where(pk >= R, pk - R, pk).to(tl.int64)
+    phys_t = tl.where(pt >= R, pt - R, pt).to(tl.int64)
+    valid_k = valid_k & live
 
-    if PROLOGUE == 0:  # chain: each load after the math of the one before
-        A = tl.load(A_ptr + h * s_A_h).to(tl.float32)
-        if HAS_DT_BIAS:
-            dtb = tl.load(dtb_ptr + h * s_dtb_h)
-        else:
-            dtb = 0.0
-
-        # ---- window: Δ_s, μ_s (chain: prefix sums; tree: sums over the path root..s), x_s ----
-        dt_win = tl.load(dt_ptr + row * s_dt_b + offs_t * s_dt_t + h * s_dt_h, mask=mask_t, other=0.0)
-        d_win = tl.where(mask_t, _delta_from_raw(dt_win, dtb, HAS_DT_BIAS, DT_SOFTPLUS), 0.0)
-        if IS_TREE:
-            anc = _tree_ancestor_mask(par_ptr + row * s_par_b, s_par_t, T, TP, LOG_TP) > 0.5  # [m, s]: m on root..s
-            mu = tl.sum(tl.where(anc & mask_t[:, None], d_win[:, None], 0.0), 0)
-        else:
-            mu = tl.cumsum(d_win, 0)
-        x_win = tl.load(x_ptr + row * s_x_b + h * s_x_h + offs_m[:, None] * s_x_p + offs_t[None, :] * s_x_t,
-                        mask=mask_m[:, None] & mask_t[None, :], other=0.0).to(tl.float32)  # [BLOCK_M, TP]
-
-    # ---- history: Δ_k, Λ_k, x_k ----
+    # ---- history: Δ_k, x_k (issued with the state tile's loads below; converted and weighted after the dots) ----
     xr_base = xr_ptr + slot * s_xr_s + h * s_xr_h
     dtr_base = dtr_ptr + slot * s_dtr_s + h * s_dtr_h
     Br_base = Br_ptr + slot * s_Br_s + g * s_Br_g
     st_base = state_ptr + slot * s_st_s + h * s_st_h
     d_hist = tl.load(dtr_base + phys_k * s_dtr_r, mask=valid_k, other=0.0).to(tl.float32)
-    if PROLOGUE == 0:
-        lam_end = tl.sum(d_hist, 0)
-        x_hist = tl.load(xr_base + offs_m[:, None] * s_xr_p + phys_k[None, :] * s_xr_r,
-                         mask=mask_m[:, None] & valid_k[None, :], other=0.0).to(tl.float32)  # [BLOCK_M, WH]
-        # fold weights Δ_k e^{A(Λ − Λ_k)}, Λ − Λ_k summed directly (no prefix-sum difference: see suffix_sum_excl)
-        s_hist = tl.where(valid_k, d_hist * tl.exp(A * suffix_sum_excl(d_hist, offs_k)), 0.0)
-    else:  # issued with the state tile's loads below; converted and weighted after the dots
-        x_hist_raw = tl.load(xr_base + offs_m[:, None] * s_xr_p + phys_k[None, :] * s_xr_r,
-                             mask=mask_m[:, None] & valid_k[None, :], other=0.0)
+    x_hist_raw = tl.load(xr_base + offs_m[:, None] * s_xr_p + phys_k[None, :] * s_xr_r,
+                         mask=mask_m[:, None] & valid_k[None, :], other=0.0)
 
-    # ---- N chunks: S·C_s (S = S_ck, or the folded S_c on flush), B_k·C_s, B_m·C_s ----
+    # ---- S_ck·C_s (every row with the stream read), B_k·C_s, B_m·C_s; the N-chunk fold on flush rows ----
     SC = tl.zeros([BLOCK_M, TP], dtype=tl.float32)
-    if (not BC_PRE) or (PROLOGUE == 0):
+    if not BC_PRE:
         bc_h = tl.zeros([WH, TP], dtype=tl.float32)
         bc_w = tl.zeros([TP, TP], dtype=tl.float32)  # [m, s]
-    if PROLOGUE == 0:
-        decay_end = tl.exp(A * lam_end)
     write_B = (pid_m == 0) & (h % heads_per_group == 0)
     B_row = B_ptr + row * s_B_b + g * s_B_g
     C_row = C_ptr + row * s_C_b + g * s_C_g
     if STREAM:
-        # non-flush rows: one streaming read of the whole [BLOCK_M, N] S_ck tile, in column chunks of STREAM_CHUNK
-        # summed element-wise per token (all loads issued together, as the decode kernel does); flush rows take the
-        # chunked fold below
+        # every live row: one streaming read of the whole [BLOCK_M, N] S_ck tile, in column chunks of STREAM_CHUNK
+        # summed element-wise per token (all loads issued together, as the decode kernel does). A flush row's
+        # outputs replay its history on S_ck as a verify row's do; its N-chunk loop below only folds and stores
         run_chunks = is_flush
-        if FLUSH_REPLAY:  # flush rows too: their outputs replay the history as a verify row's do
-            stream_rows = no_flush | is_flush
-        else:
-            stream_rows = no_flush
-        if stream_rows:
+        if no_flush | is_flush:
             offs_nf = tl.arange(0, BLOCK_N)
             mask_nf = offs_nf < N
             bf_mask = mask_t[:, None] & mask_nf[None, :]
@@ -485,34 +419,29 @@ def _mamba2_verify_kernel(
                 tl.store(Br_base + phys_t[:, None] * s_Br_r + offs_nf[None, :] * s_Br_n,
                          B_wn.to(Br_ptr.dtype.element_ty), mask=mask_t[:, None] & mask_nf[None, :])
     else:
-        run_chunks = True  # every row, N chunk by N chunk
-        if PROLOGUE > 0:
-            run_chunks = live
-    if PROLOGUE > 0:  # the window's and the history's weights, off the loads' critical path
-        d_win = tl.where(mask_t, _delta_from_raw(dt_win, dtb, HAS_DT_BIAS, DT_SOFTPLUS), 0.0)
-        if IS_TREE:
-            mu = tl.sum(tl.where(anc & mask_t[:, None], d_win[:, None], 0.0), 0)
-        else:
-            mu = tl.cumsum(d_win, 0)
-        x_win = x_win_raw.to(tl.float32)
-        lam_end = tl.sum(d_hist, 0)
-        x_hist = x_hist_raw.to(tl.float32)  # [BLOCK_M, WH]
-        s_hist = tl.where(valid_k, d_hist * tl.exp(A * suffix_sum_excl(d_hist, offs_k)), 0.0)
-        decay_end = tl.exp(A * lam_end)
+        run_chunks = live  # every row, N chunk by N chunk, a flush row's dots from its folded chunks
+    # the window's and the history's weights, off the loads' critical path:
+    # ---- window: Δ_s, μ_s (chain: prefix sums; tree: sums over the path root..s), x_s ----
+    d_win = tl.where(mask_t, _delta_from_raw(dt_win, dtb, HAS_DT_BIAS, DT_SOFTPLUS), 0.0)
+    if IS_TREE:
+        mu = tl.sum(tl.where(anc & mask_t[:, None], d_win[:, None], 0.0), 0)
+    else:
+        mu = tl.cumsum(d_win, 0)
+    x_win = x_win_raw.to(tl.float32)
+    lam_end = tl.sum(d_hist, 0)
+    x_hist = x_hist_raw.to(tl.float32)  # [BLOCK_M, WH]
+    # fold weights Δ_k e^{A(Λ − Λ_k)}, Λ − Λ_k summed directly (no prefix-sum difference: see suffix_sum_excl)
+    s_hist = tl.where(valid_k, d_hist * tl.exp(A * suffix_sum_excl(d_hist, offs_k)), 0.0)
+    decay_end = tl.exp(A * lam_end)
     if run_chunks:  # a runtime loop (one chunk's registers live at a time), software-pipelined FLUSH_STAGES deep
-        if FLUSH_REPLAY:  # the stream read of S_ck must be done in every warp before any warp stores the fold over it
+        if STREAM:  # the stream read of S_ck must be done in every warp before any warp stores the fold over it
             tl.debug_barrier()
         for c in tl.range(0, N_CHUNKS, num_stages=FLUSH_STAGES):
             SC, bc_h, bc_w = _verify_chunk(
                 c, SC, bc_h, bc_w, st_base, s_st_p, s_st_n, offs_m, mask_m, N, C_row, s_C_t, s_C_n, offs_t, mask_t,
                 T, B_row, s_B_t, s_B_n, write_B, Br_base, s_Br_r, s_Br_n, phys_k, valid_k, phys_t, is_flush,
                 no_flush, wp, decay_end, x_hist, s_hist, DOT_PRECISION, BLOCK_NC, TP, PER_TOKEN, BC_PRE, FLUSH_SPLIT,
-                X_EXACT, not FLUSH_REPLAY)
-
-    if BC_PRE and (PROLOGUE == 0):
-        bc_base = bc_ptr + row * s_bc_b + g * s_bc_g
-        bc_h = tl.load(bc_base + offs_k[:, None] * TP + offs_t[None, :])
-        bc_w = tl.load(bc_base + (WH + offs_t)[:, None] * TP + offs_t[None, :])
+                X_EXACT, not STREAM)
 
     # ---- outputs ----
     # μ_s − μ_m [m, s], summed directly over the Δ between (nothing subtracted: no cancellation)
@@ -529,7 +458,7 @@ def _mamba2_verify_kernel(
         between = tl.sum(tl.where(between_i, d_win[None, None, :], 0.0), 2)
     expo = tl.where(causal, A * between, 0.0)
     w_w = tl.where(causal, d_win[:, None] * tl.exp(expo) * bc_w, 0.0)  # [m, s]
-    if FLUSH_REPLAY:  # every row: S_ck's dots and the history replayed (a flush row's fold only stores)
+    if STREAM:  # every row: S_ck's dots and the history replayed (a flush row's fold only stores)
         y = SC * tl.exp(A * (lam_end + mu))[None, :]
         hist_rows = no_flush | is_flush
     else:
@@ -555,21 +484,11 @@ def _mamba2_verify_kernel(
             y += tl.sum(x_hist[:, :, None] * w_h[None, :, :], 1)
         y += tl.sum(x_win[:, :, None] * w_w[None, :, :], 1)
     if HAS_D:
-        if PROLOGUE > 0:
-            Dv = Dv_raw.to(tl.float32)
-        else:
-            Dv = tl.load(D_ptr + h * s_D_h + offs_m * s_D_p, mask=mask_m, other=0.0).to(tl.float32)
-        y += Dv[:, None] * x_win
+        y += Dv_raw.to(tl.float32)[:, None] * x_win
     if HAS_Z:
-        if PROLOGUE > 0:
-            zv = z_raw.to(tl.float32)
-        else:
-            zv = tl.load(z_ptr + row * s_z_b + h * s_z_h + offs_m[:, None] * s_z_p + offs_t[None, :] * s_z_t,
-                         mask=mask_m[:, None] & mask_t[None, :], other=0.0).to(tl.float32)
+        zv = z_raw.to(tl.float32)
         y *= zv * tl.sigmoid(zv)
-    om = mask_m[:, None] & mask_t[None, :]
-    if PROLOGUE > 0:
-        om = om & live
+    om = mask_m[:, None] & mask_t[None, :] & live
     tl.store(out_ptr + row * s_o_b + h * s_o_h + offs_m[:, None] * s_o_p + offs_t[None, :] * s_o_t,
              y.to(out_ptr.dtype.element_ty), mask=om)
 
@@ -577,10 +496,7 @@ def _mamba2_verify_kernel(
     tl.store(xr_base + offs_m[:, None] * s_xr_p + phys_t[None, :] * s_xr_r,
              x_win.to(xr_ptr.dtype.element_ty), mask=om)
     if pid_m == 0:
-        if PROLOGUE > 0:
-            tl.store(dtr_base + phys_t * s_dtr_r, d_win.to(dtr_ptr.dtype.element_ty), mask=mask_t & live)
-        else:
-            tl.store(dtr_base + phys_t * s_dtr_r, d_win.to(dtr_ptr.dtype.element_ty), mask=mask_t)
+        tl.store(dtr_base + phys_t * s_dtr_r, d_win.to(dtr_ptr.dtype.element_ty), mask=mask_t & live)
 
 
 def _err(msg: str):
@@ -694,20 +610,16 @@ def mamba2_verify(
     dz = z.stride() if z is not None else (0, 0, 0, 0)
     n_chunks = triton.cdiv(N, BLOCK_NC)
     bc_pre = cfg["bc"] == "pre" and batch > cfg["inline_bc_max_batch"]  # host-side: one CUDA graph per batch size
-    prologue = PROLOGUE_MODES.index(cfg["prologue"])
-    flush_replay = cfg["flush_dots"] == "replay" and cfg["nonflush"] in ("stream", "mma")
-    if prologue == 2 and not bc_pre:
-        prologue = 1  # no pre-kernel to copy the cursors per row
-    rc = state_indices  # never read unless prologue == 2
+    stream = cfg["nonflush"] in ("stream", "mma")
+    rc = state_indices  # never read without the pre-kernel
     if bc_pre:  # per-call scratch (inside a CUDA graph it comes from the graph's pool)
         bc = torch.empty((batch, G, WH + TP, TP), dtype=torch.float32, device=dev)
-        if prologue == 2:
-            rc = torch.empty((batch, 4), dtype=torch.int32, device=dev)
+        rc = torch.empty((batch, 4), dtype=torch.int32, device=dev)  # each row's slot and cursors
         _mamba2_verify_bc_kernel[(batch, G)](
             B_ring, B, C, state_indices, wp, origin, flush, bc, rc,
             -1 if null_slot is None else int(null_slot), N, R, T,
             *B_ring.stride(), *B.stride(), *C.stride(), bc.stride(0), bc.stride(1),
-            BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP, ROW_CUR=prologue == 2, HIST_ALL=flush_replay,
+            BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP, HIST_ALL=stream,
             num_warps=int(cfg["bc_num_warps"]), num_stages=1,
         )
     else:
@@ -729,12 +641,12 @@ def mamba2_verify(
         DT_SOFTPLUS=bool(dt_softplus), DOT_PRECISION=cfg["dot_precision"],
         BLOCK_M=BLOCK_M, BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP,
         PER_TOKEN=cfg["reduce"] == "token", BC_PRE=bc_pre,
-        STREAM=cfg["nonflush"] in ("stream", "mma"), BLOCK_N=max(16, next_pow2(N)), NF_MMA=cfg["nonflush"] == "mma",
+        STREAM=stream, BLOCK_N=max(16, next_pow2(N)), NF_MMA=cfg["nonflush"] == "mma",
         STREAM_CHUNK=min(cfg["stream_chunk"], max(16, next_pow2(N))) if cfg["nonflush"] == "stream" else 0,
         FLUSH_STAGES=int(cfg["flush_stages"]),
         IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
         FLUSH_SPLIT=bool(cfg["flush_split"]), X_EXACT=x_ring.dtype in (torch.bfloat16, torch.float16),
-        PROLOGUE=prologue, FLUSH_REPLAY=flush_replay, num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg),
+        ROW_CUR=bc_pre, num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg),
     )
     return out
 

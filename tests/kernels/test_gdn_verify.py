@@ -934,44 +934,21 @@ def test_flush_rows_separate_launches_verify_then_flush_rows(device, seed, launc
     assert sim.flushes >= 4
 
 
-@pytest.mark.parametrize("v_loop", [2, 3])
-def test_early_tile_verify_launch(device, seed, launch, monkeypatch, v_loop):
-    """early_tile (flush_rows: separate, window_dot: fma): the verify launch's first value tile loaded before the
-    cursors, the rest in the loop (v_loop 3: a partial last tile too); folding, padded and null rows among verify
-    rows, and a stream across flushes, stay on the reference and oracle. Only the verify launch takes it."""
-    launch(always=True, BV=16, v_loop=v_loop, v_loop_min_batch=1, v_stages=2, flush_rows="separate",
-           window_dot="fma", early_tile=1)
-    launches = _record_verify_launches(monkeypatch, key="EARLY_TILE")
-    geom = small_geom(Hk=2, HV=4, n_slots=7, V=40 if v_loop == 3 else 32)  # V 40: tiles of 16, 16 and 8 rows
-    sim = Sim(device, seed, state_dtype=F32, act_dtype=F32, Bh=6, T=3, **geom)
-    for s, (w, o) in {1: (3, 7), 2: (6, 5), 3: (0, 4), 5: (4, 0)}.items():
-        sim.seed_history(s, w, o)
-    sim.seed_history(4, 0, 2, flush=1)
-    sim.step([1, -1, 2, 3, 0, 5, 4], commit=False)
-    sim = Sim(device, seed, state_dtype=F32, act_dtype=F32, Bh=4, T=3, **geom)
-    for s in (1, 2, 3):
-        sim.activate(s)
-    for _ in range(6):
-        sim.step([1, 2, 3])
-    assert sim.flushes >= 2
-    assert launches == [True, False] * 7, launches
-
-
 @pytest.mark.parametrize("cfg", [
-    dict(prologue="early", flush_rows="separate", window_dot="fma"),
-    dict(prologue="row", flush_rows="separate", window_dot="fma"),
-    dict(prologue="row", flush_rows="fused", window_dot="split"),
-    dict(prologue="row", flush_rows="separate", window_dot="fma", scores="inline"),  # no pre-kernel: early
-    dict(prologue="row", flush_rows="separate", window_dot="fma", v_loop=1),  # one tile a program
-], ids=["early-sep-fma", "row-sep-fma", "row-fused-split", "row-inline-scores", "row-vl1"])
-def test_prologue_orders_stay_on_the_reference(device, seed, launch, monkeypatch, cfg):
-    """prologue: early / row (the prologue's loads before its math and ring stores, a flush's key norms in one read;
-    row: the slot and cursors from the scores pre-kernel's per-row copy): folding, padded and null rows among verify
-    rows (some history ring positions wrapped), and a stream across flushes, stay on the reference and oracle."""
+    dict(flush_rows="separate", window_dot="fma"),
+    dict(flush_rows="fused", window_dot="split"),
+    dict(flush_rows="separate", window_dot="fma", scores="inline"),
+    dict(flush_rows="separate", window_dot="fma", v_loop=1),  # one tile a program
+], ids=["sep-fma", "fused-split", "inline-scores", "vl1"])
+def test_load_order_stays_on_the_reference(device, seed, launch, monkeypatch, cfg):
+    """The looping kernel's prologue loads before its math and ring stores, a flush's key norms in one read (with
+    and without the scores pre-kernel, split and fused flush launches, one tile a program): folding, padded and null
+    rows among verify rows (some history ring positions wrapped), and a stream across flushes, stay on the
+    reference and oracle."""
     params = dict(BV=16, v_loop=2, v_loop_min_batch=1, v_stages=2, flush_v_stages=2)
     params.update(cfg)
     launch(always=True, **params)
-    launches = _record_verify_launches(monkeypatch, key="PROLOGUE")
+    launches = _record_verify_launches(monkeypatch, key="VL")
     sim = Sim(device, seed, state_dtype=F32, act_dtype=F32, Bh=6, T=3, **small_geom(Hk=2, HV=4, n_slots=7))
     for s, (w, o) in {1: (3, 7), 2: (6, 5), 3: (0, 4), 5: (4, 0)}.items():
         sim.seed_history(s, w, o)
@@ -983,8 +960,7 @@ def test_prologue_orders_stay_on_the_reference(device, seed, launch, monkeypatch
     for _ in range(6):
         sim.step([1, 2, 3])
     assert sim.flushes >= 2
-    want = 1 if cfg.get("scores") == "inline" or cfg["prologue"] == "early" else 2
-    assert launches and set(launches) == {want}, launches
+    assert launches and set(launches) == {cfg.get("v_loop", 2)}, launches
 
 
 def test_v_loop_max_window_keeps_long_windows_one_tile_a_program(device, seed, launch, monkeypatch):

@@ -251,15 +251,16 @@ def test_stream_of_random_trees_and_paths_matches_sequential_recurrence(device, 
     assert h.max_depth >= 3, f"{h.tag()} accepted paths stayed shallow ({h.max_depth})"
 
 
-@pytest.mark.parametrize("prologue", ["early", "row", "chain, flush_dots: replay", "row, flush_dots: replay"])
-def test_prologue_orders_keep_trees_on_the_recurrence(device, tmp_path, monkeypatch, prologue):
-    """``prologue: early / row`` (the row-indexed loads and the ancestor mask before the slot; ``row``: the cursors
-    from the pre-kernel's per-row copy) and ``flush_dots: replay`` (a flush row's outputs from S_ck and the replayed
-    history, its chunk loop folding only) under the same random trees, paths, flushes and padded rows."""
+@pytest.mark.parametrize("variant", ["bc: pre", "bc: inline", "nonflush: chunked", "nonflush: mma, flush_split: 1"])
+def test_load_orders_keep_trees_on_the_recurrence(device, tmp_path, monkeypatch, variant):
+    """The row-indexed loads and the ancestor mask before the slot, with the cursors from the pre-kernel's per-row
+    copy (``bc: pre``) or read after the slot (``bc: inline``), and a flush row's outputs from S_ck and the replayed
+    history (its chunk loop folding only) or from its folded chunks (``nonflush: chunked``), under the same random
+    trees, paths, flushes and padded rows."""
     from sglang_replayssm.kernels import common
 
     f = tmp_path / "cfg.yaml"
-    f.write_text("mamba2_verify:\n  default: {prologue: " + prologue + "}\n")
+    f.write_text("mamba2_verify:\n  default: {inline_bc_max_batch: 0, " + variant + "}\n")
     monkeypatch.setenv(common.ENV_CONFIG_FILE, str(f))
     h = TreeHarness(device, SMALL_H2, 8, 8, F32, F32, n_req=2)
     for _ in range(14):

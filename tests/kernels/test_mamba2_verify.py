@@ -557,12 +557,8 @@ def test_flushing_verify_with_no_accept_does_not_fold_twice(device):
                                      "reduce: token, bc: pre, nonflush: stream, BLOCK_M: 16",
                                      "reduce: token, bc: pre, nonflush: mma",
                                      "reduce: token, bc: pre, nonflush: stream, flush_split: 1",
-                                     "reduce: token, bc: pre, nonflush: stream, prologue: early",
-                                     "reduce: token, bc: pre, nonflush: stream, prologue: row",
-                                     "reduce: bcast, bc: inline, nonflush: chunked, prologue: row",
-                                     "reduce: token, bc: pre, nonflush: stream, flush_dots: replay",
-                                     "reduce: bcast, bc: inline, nonflush: stream, flush_dots: replay",
-                                     "reduce: token, bc: pre, nonflush: mma, flush_dots: replay, prologue: row"])
+                                     "reduce: token, bc: inline, nonflush: stream",
+                                     "reduce: token, bc: pre, nonflush: mma, flush_split: 1"])
 # the CPU run takes every variant at T1 on SMALL; the longer windows and the odd geometry are the GPU run's (slow)
 @pytest.mark.parametrize("T,hist,geom,prec", [(1, 1, SMALL, (F32, F32)),
                                               pytest.param(4, 6, SMALL, (F32, F32), marks=pytest.mark.slow),
@@ -589,11 +585,7 @@ def test_launch_variants_match_sequential_recurrence(device, tmp_path, monkeypat
                                      "nonflush: chunked, flush_stages: 3, bc: inline",
                                      "nonflush: mma", "nonflush: mma, bc: inline, BLOCK_M: 16",
                                      "flush_split: 1", "flush_split: 1, nonflush: chunked, bc: inline",
-                                     "prologue: early", "prologue: row", "prologue: row, flush_split: 1",
-                                     "prologue: row, nonflush: mma", "prologue: early, bc: inline",
-                                     "flush_dots: replay", "flush_dots: replay, prologue: row, flush_split: 1",
-                                     "flush_dots: replay, bc: inline, reduce: bcast",
-                                     "flush_dots: replay, nonflush: chunked"])
+                                     "bc: inline", "nonflush: mma, flush_split: 1"])
 def test_nonflush_reads_and_flush_loop_match_sequential_recurrence(device, tmp_path, monkeypatch, variant):
     """How a non-flush row reads its S_ck tile (``stream_chunk``: per-token dots summed over column chunks first, on
     N 40: chunks of 16 with a partial and a fully masked one, or 32 with a partial one; ``nonflush: mma``: one tl.dot
