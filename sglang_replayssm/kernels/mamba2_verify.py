@@ -38,8 +38,8 @@ program (``bc: inline``, group sharing left to L2) or once per (row, group) by
 reduced as one 3-D broadcast (``reduce: bcast``) or T 2-D row reductions (``reduce: token``).
 ``nonflush: chunked`` reads the S_ck tile N-chunk by N-chunk on every row (each chunk's loads wait
 behind the previous chunk's conditional ring / checkpoint stores); ``nonflush: stream`` lets
-non-flush rows read the whole [BLOCK_M, N] tile at once, all loads in flight together (the decode
-kernel's output-only read), flush rows too, whose chunk loop then only folds; ``nonflush: mma`` is that read with the
+every live row read the whole [BLOCK_M, N] tile at once, all loads in flight together (the decode
+kernel's output-only read), a flush row's chunk loop then only folding; ``nonflush: mma`` is that read with the
 dots S_ck·C_s as one tl.dot on the tensor cores, fp32-accurate (tf32 passes over hi/lo halves,
 ``common.split_dot``).
 ``eval/verify_sass.py`` compares the variants offline; their H200 timings (one warp, ``reduce:
@@ -115,7 +115,7 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     # outputs replay its history on S_ck and its N-chunk loop only folds and stores) or "mma" (the
     # stream read, its dots S_ck·C_s as one [BLOCK_M, N] x [N, T] tl.dot in tf32 passes over hi/lo halves)
     "nonflush": choice_param("stream", NONFLUSH_MODES),
-    # with nonflush "stream": the per-token dots S_ck·C_s of a non-flush row sum the tile's column chunks of this
+    # with nonflush "stream": the per-token dots S_ck·C_s of every live row sum the tile's column chunks of this
     # width element-wise first and reduce once per token. A [rows, 16] chunk is spread over fewer lanes than a
     # whole row, so a token's reduction takes fewer shuffle rounds (eval/results/spec-variants-h200/, round 7:
     # 16 won over 32 and over one reduction across the whole row, which is removed)
@@ -164,7 +164,7 @@ def _mamba2_verify_bc_kernel(
     s_bc_b, s_bc_g,
     BLOCK_NC: tl.constexpr, N_CHUNKS: tl.constexpr, WH: tl.constexpr, TP: tl.constexpr, HIST_ALL: tl.constexpr,
 ):
-    """bc[row, g, k, s] = B_k · C_s (history k < wp; zero on flush rows, whose history is folded)
+    """bc[row, g, k, s] = B_k · C_s (history k < wp; zero on flush rows unless ``HIST_ALL``)
     and bc[row, g, WH + m, s] = B_m · C_s (window m), fp32.  The programs of group 0 also write the row's slot and
     clamped cursors to rc[row] = (slot, wp, origin, flush) int32, every row (a padded or null row's cursors as 0),
     for the main kernel to read in one round trip.  ``HIST_ALL`` (the stream read, whose flush rows replay their
@@ -222,7 +222,7 @@ def _verify_chunk(c, SC, bc_h, bc_w, st_base, s_st_p, s_st_n, offs_m, mask_m, N,
     """State columns c·BLOCK_NC .. of one program: on a flush row the history folded into the checkpoint chunk
     (stored), then the chunk's per-token dots S·C_s (and B·C_s unless the pre-kernel made them); the window's B
     chunk goes to the ring. Returns (SC, bc_h, bc_w).  ``DOTS`` False (the stream read): the fold and its
-    store only (the row's dots and its B ring entries were made by the non-flush read)."""
+    store only (the row's dots and its B ring entries were made by the stream read, which every live row takes)."""
     offs_n = c * BLOCK_NC + tl.arange(0, BLOCK_NC)
     mask_n = offs_n < N
     st_ptrs = st_base + offs_m[:, None] * s_st_p + offs_n[None, :] * s_st_n
