@@ -227,7 +227,8 @@ def test_malformed_files(tmp_path, text, match):
     # timed on the H200: the winners built in, the options removed (eval/results/spec-variants-h200/README.md, round 15)
     ("gdn_verify:\n  default: {prologue: row}\n", r"\[gdn_verify\]\[default\]: unknown parameter 'prologue'"),
     ("gdn_verify:\n  default: {early_tile: 1}\n", r"\[gdn_verify\]\[default\]: unknown parameter 'early_tile'"),
-    ("mamba2_verify:\n  default: {flush_dots: fold}\n", r"\[mamba2_verify\]\[default\]: unknown parameter 'flush_dots'"),
+    ("mamba2_verify:\n  default: {flush_dots: fold}\n",
+     r"\[mamba2_verify\]\[default\]: unknown parameter 'flush_dots'"),
     ("mamba2_verify:\n  default: {prologue: chain}\n", r"\[mamba2_verify\]\[default\]: unknown parameter 'prologue'"),
     # timed on the H200, lost and removed (eval/results/spec-variants-h200/README.md, round 8)
     ("mamba2_verify:\n  default: {nonflush: pipe}\n", r"nonflush must be one of \('chunked', 'stream', 'mma'\)"),
