@@ -426,3 +426,65 @@ def flush_first_row(order):
     and the short ones fill in behind them. (Without the option the kernels read (row, head) from the grid's
     second and third axes inline, the same build as before the option.)"""
     return tl.load(order + tl.program_id(2)).to(tl.int64)
+
+
+# ---- L2 prefetch of a later program's contiguous blocks (launch option ``l2_prefetch``) ----
+@triton.jit
+def l2_prefetch(base, nbytes, pred):
+    """Ask L2 for the contiguous block ``base`` .. ``base + nbytes`` (bytes): one bulk prefetch
+    (``cp.async.bulk.prefetch.L2``, sm_90) at a warp-uniform address per warp of the program (the verify kernels'
+    one-warp programs: one), nothing when ``pred`` is false or ``nbytes`` is 0.  No register waits on it and nothing reads it back: a later program's loads of the block hit L2 instead
+    of going to DRAM.  The caller guarantees 16-byte alignment of ``base`` and ``nbytes`` and that the block lies in
+    one allocation (:func:`prefetch_bytes`); never traced by the interpreter (the launch turns it off there)."""
+    on = (pred & (nbytes > 0)).to(tl.int32)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $3; mov.u32 $0, 0; }",
+        "=r,l,r,r", [base, on, nbytes], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def later_program(slot, head, n_heads, n_rows, pf_dist, order, state_indices, stride_idx, null_slot,
+                  FF: tl.constexpr):
+    """(slot, head, ok) of the program ``pf_dist`` groups later in a decode launch (launch option ``l2_prefetch``):
+    with the rows-first grid (FF 0: blocks, rows, heads) the same row ``pf_dist`` heads on; with the flush-first
+    grid (FF > 0: blocks, heads, ranks; :func:`flush_first_row`) the same head ``pf_dist`` ranks on, that rank's
+    row read from ``order`` and its slot from ``state_indices``. ``ok`` is false past the last head or rank and for
+    a padded or null row."""
+    if FF == 0:
+        return slot, head + pf_dist, head + pf_dist < n_heads
+    else:
+        rank = tl.program_id(2) + pf_dist
+        ok = rank < n_rows
+        row = tl.load(order + rank, mask=ok, other=0).to(tl.int64)
+        slot_p = tl.load(state_indices + row * stride_idx, mask=ok, other=-1).to(tl.int64)
+        return slot_p, head, ok & (slot_p >= 0) & (slot_p != null_slot)
+
+
+def prefetch_bytes(t: torch.Tensor, block_elems: int, starts_strides: Tuple[int, ...]) -> int:
+    """The bytes of a contiguous block of ``block_elems`` elements of ``t`` for :func:`l2_prefetch`, or 0 when it
+    cannot be prefetched in one piece: ``t``'s data pointer and every stride in ``starts_strides`` (elements: the
+    strides that place a block's start) must be 16-byte multiples, and so must the block's bytes."""
+    esize = t.element_size()
+    nbytes = block_elems * esize
+    if block_elems <= 0 or nbytes % 16 or t.data_ptr() % 16 or any((s * esize) % 16 for s in starts_strides):
+        return 0
+    return nbytes
+
+
+def prefetch_launch_args(programs_ahead: int, programs_per_step: int, steps: int, tile, rings: Dict[str, Any]
+                         ) -> Dict[str, Any]:
+    """The L2-prefetch launch arguments (launch option ``l2_prefetch``) of a kernel whose launch walks its programs
+    in ``steps`` equal groups of ``programs_per_step`` (rows-first grids: a head's programs; heads-first grids: a
+    row's): ``pf_dist``, the distance in groups (``programs_ahead`` rounded up to whole groups), ``pf_st_bytes``
+    for the program's state block ``tile`` and one entry per ring block in ``rings`` (each a (tensor, block
+    elements, start strides) triple for :func:`prefetch_bytes`, or None where the block is not contiguous: 0 bytes,
+    not prefetched), and ``PF``. PF is off when the option is 0, in the interpreter, when the state block is not
+    prefetchable, on a GPU before sm_90 (no bulk prefetch) or when the distance passes the last group (it is not
+    clamped: a distance of many heads at a small batch turns the prefetch off)."""
+    dist = -(-programs_ahead // programs_per_step) if programs_ahead > 0 else 0
+    st = prefetch_bytes(*tile) if dist and tile is not None else 0
+    t = tile[0] if tile is not None else None
+    sm90 = t is not None and (not t.is_cuda or torch.cuda.get_device_capability(t.device)[0] >= 9)
+    on = bool(dist) and dist < steps and st > 0 and sm90 and not interpreting()
+    return dict(pf_dist=dist if on else 0, pf_st_bytes=st,
+                **{k: prefetch_bytes(*r) if r is not None else 0 for k, r in rings.items()}, PF=on)

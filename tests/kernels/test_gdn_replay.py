@@ -1157,3 +1157,72 @@ def test_qwen3_next_kchunk_cycles_gpu(device, seed, interp_launch, monkeypatch, 
         sim.step(_staggered_rows(sim, slots, list(range(len(slots))), t))
     assert len(launches) == 2 * L + len(slots)
     print(prec, entries, {k: f"{v:.2e}" for k, v in sim.max_errs.items()})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bkc", [0, 32], ids=["whole-tile", "k-chunked"])
+def test_l2_prefetch_is_bit_identical(device, seed, tmp_path, monkeypatch, bkc):
+    """``l2_prefetch``: each program asks L2 for a later program's checkpoint rows and rings (the grid order: the next
+    v-head of its row; flush first: the same v-head of the next rank, its row and slot read from the order and the
+    indices). A prefetch moves no value: outputs and every pool are bit-identical to the launch without it, flush
+    rows, a null row past the ring and a padded row included, for both decode kernels and both grid orders (CUDA
+    only: the interpreter launches without it)."""
+    import sglang_replayssm.kernels.gdn_replay as mod
+
+    L = 4
+    sim = _filled_ring_sim(device, seed, "s32-a16b", L)
+    kernel = "_gdn_replay_decode_kchunk_kernel" if bkc else "_gdn_replay_decode_kernel"
+    real = getattr(mod, kernel)
+    flags = []
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                flags.append((kw["PF"], kw["pf_dist"], bool(kw["FF"])))
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(mod, kernel, Recording())
+    for slot, w in {1: 0, 2: L - 1, 3: 1, 4: 2, 5: L - 1}.items():
+        sim.activate(slot)
+        sim.wpos[slot] = w
+    sim.wpos[0], sim.wpos[-1] = L + 3, -2
+    rows = [3, -1, 5, 1, 0, 2, 4]
+    B = len(rows)
+    x, a, b = sim.inputs(B)
+    idx, wp = sim.index_tensors(rows)
+    before = {n: t.clone() for n, t in sim.bases.items()}
+    tiles = triton.cdiv(sim.V, 16)
+    got = {}
+    for name, extra in (("grid", ""), ("grid-pf", f", l2_prefetch: {tiles * B}"), ("ff", f", flush_first_max_batch: {B}"),
+                        ("ff-pf", f", flush_first_max_batch: {B}, l2_prefetch: {tiles * sim.HV}")):
+        f = tmp_path / f"{name}.yaml"
+        f.write_text(f"gdn_decode:\n  default: {{BV: 16, BKC: {bkc}{extra}}}\n")
+        monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
+        bases = {n: t.clone() for n, t in before.items()}
+        got[name] = (sim.launch(gdn_replay_decode, x, a, b, idx, wp, bases, sim.new_out(B, F32)), bases)
+    assert flags == [(False, 0, False), (True, 1, False), (False, 0, True), (True, 1, True)], flags
+    for name, ref in (("grid-pf", "grid"), ("ff-pf", "ff")):
+        (out, pools), (out_ref, pools_ref) = got[name], got[ref]
+        assert torch.equal(bits(out), bits(out_ref)), f"{name}: outputs differ"
+        for n in pools:
+            assert torch.equal(bits(pools[n]), bits(pools_ref[n])), f"{name}: pool {n} differs"
+
+
+def test_l2_prefetch_plan(monkeypatch):
+    """The host side of the decode kernels' ``l2_prefetch``: rows-first, the distance in v-heads (V tiles x rows a
+    v-head); flush first, in ranks (V tiles x v-heads a rank); a block is prefetched when it is contiguous and
+    16-byte aligned; off in the interpreter, for rows that are not one block and past the last group."""
+    from sglang_replayssm.kernels import common
+
+    S, HV, Hk, K, V, L = 3, 8, 4, 32, 64, 16
+    state = torch.zeros(S, HV, V, K)
+    d, k, g = torch.zeros(S, HV, L, V), torch.zeros(S, Hk, L, K, dtype=BF16), torch.zeros(S, HV, L)
+    assert not gr._prefetch_args(64, state, d, k, g, 32, 4, False)["PF"]  # the tests' interpreter
+    monkeypatch.setattr(common, "interpreting", lambda: False)
+    assert gr._prefetch_args(9, state, d, k, g, 32, 4, False) == dict(  # 2 V tiles x 4 rows = 8 a v-head
+        pf_dist=2, pf_st_bytes=32 * K * 4, pf_d_bytes=L * V * 4, pf_k_bytes=L * K * 2, pf_g_bytes=L * 4, PF=True)
+    assert gr._prefetch_args(17, state, d, k, g, 32, 4, True)["pf_dist"] == 2  # 2 V tiles x 8 v-heads = 16 a rank
+    assert not gr._prefetch_args(3 * 16 + 1, state, d, k, g, 32, 4, True)["PF"]  # 4 ranks ahead of 4: past the last
+    assert not gr._prefetch_args(8, state, d, k, g, 48, 4, False)["PF"]  # 64 % 48: the last tile is partial
+    assert not gr._prefetch_args(0, state, d, k, g, 32, 4, False)["PF"]

@@ -622,3 +622,54 @@ def test_inline_bc_max_batch_keeps_small_batches_in_one_launch(device, tmp_path,
         h.step(pads=("neg",))
     assert len(launches) == 8, "the B·C pre-kernel ran for a batch within inline_bc_max_batch"
     assert h.flushes >= 2, f"{h.tag()} the stream must cross flushes, saw {h.flushes}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ahead", [1, 3])
+@pytest.mark.parametrize("prec", [(F32, BF16), (BF16, BF16)], ids=["s32a16b", "s16b"])
+def test_l2_prefetch_matches_sequential_recurrence(device, tmp_path, monkeypatch, ahead, prec):
+    """``l2_prefetch``: each program asks L2 for a later head's checkpoint tile and rings (one head ahead with 3 rows
+    x 2 P blocks; 3 programs ahead rounds up to one head too, the last head prefetching nothing). A prefetch moves no
+    value, so the stream checks are the packaged config's; CUDA only (the interpreter launches without it)."""
+    from sglang_replayssm.kernels import mamba2_verify as mv
+
+    f = tmp_path / "cfg.yaml"
+    f.write_text("mamba2_verify:\n  default: {l2_prefetch: %d, BLOCK_M: 16}\n" % ahead)
+    monkeypatch.setenv(common.ENV_CONFIG_FILE, str(f))
+    seen = []
+    orig = mv._prefetch_args
+    monkeypatch.setattr(mv, "_prefetch_args", lambda *a, **k: seen.append(orig(*a, **k)) or seen[-1])
+    h = SpecHarness(device, (6, 32, 48, 2), 4, 6, *prec, n_req=3)
+    for _ in range(16):
+        h.step()
+    assert h.flushes >= 2, f"{h.tag()} the stream must cross flushes, saw {h.flushes}"
+    assert seen and all(a["PF"] and a["pf_dist"] == 1 and a["pf_st_bytes"] == 16 * 48 * prec[0].itemsize
+                        for a in seen), seen[:1]
+
+
+def test_l2_prefetch_plan(monkeypatch):
+    """The host side of ``l2_prefetch``: the head distance rounds the programs up to whole heads (P blocks x rows per
+    head); a block is prefetched in one piece when it is contiguous and 16-byte aligned; the prefetch is off in the
+    interpreter, for a tile that is not contiguous (P not a multiple of BLOCK_M, a strided state) and past the last
+    head."""
+    from sglang_replayssm.kernels import mamba2_verify as mv
+
+    S, H, P, N, R = 3, 8, 64, 48, 12
+    state = torch.zeros(S, H, P, N)
+    xr = torch.zeros(S, H, R, P, dtype=BF16)
+    dtr = torch.zeros(S, H, R)
+    assert not mv._prefetch_args(1024, state, xr, dtr, 32, 4)["PF"]  # the tests' interpreter
+    monkeypatch.setattr(common, "interpreting", lambda: False)
+    a = mv._prefetch_args(20, state, xr, dtr, 32, 4)  # 2 P blocks x 4 rows = 8 programs per head
+    assert a == dict(pf_dist=3, pf_st_bytes=32 * N * 4, pf_xr_bytes=R * P * 2, pf_dt_bytes=R * 4, PF=True)
+    assert mv._prefetch_args(8, state, xr, dtr, 32, 4)["pf_dist"] == 1
+    assert not mv._prefetch_args(0, state, xr, dtr, 32, 4)["PF"]
+    assert not mv._prefetch_args(8 * 8, state, xr, dtr, 32, 4)["PF"]  # 8 heads ahead: past the last
+    assert not mv._prefetch_args(8, state, xr, dtr, 48, 4)["PF"]  # 64 % 48: the last tile is partial
+    assert not mv._prefetch_args(8, state.transpose(2, 3).contiguous().transpose(2, 3), xr, dtr, 32, 4)["PF"]
+    odd = torch.zeros(S, H, R, P + 1, dtype=BF16)[..., :P]  # a strided x ring: the state is still prefetched
+    b = mv._prefetch_args(8, state, odd, torch.zeros(S, H, R + 1)[..., :R], 32, 4)
+    assert b["PF"] and b["pf_xr_bytes"] == 0 and b["pf_dt_bytes"] == 0
+    assert mv._prefetch_args(8, state, xr, torch.zeros(S, H, 10), 32, 4)["pf_dt_bytes"] == 0  # 40 B: not 16-aligned
+    shifted = torch.zeros(S * H * P * N + 1)[1:].view(S, H, P, N)  # 4 bytes off a 16-byte boundary
+    assert not mv._prefetch_args(8, shifted, xr, dtr, 32, 4)["PF"]
