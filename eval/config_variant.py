@@ -37,24 +37,30 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("changes", help="YAML mapping {family: {key: {param: value}}} of what the variant changes")
     ap.add_argument("--out", required=True, help="the variant's YAML file")
     ap.add_argument("--base", default=None, help="the file to start from (default: the packaged file for this "
-                                                 "machine's GPU, kernels/common.config_file())")
+                                                 "machine's GPU, kernels/common.config_file(); a GPU without one "
+                                                 "runs default.yaml and the built-in defaults alone, so the variant "
+                                                 "starts from nothing)")
     args = ap.parse_args(argv)
+    base_path = None
     if args.base is None:
         from sglang_replayssm.kernels import common
 
-        args.base = common.config_file()
-    base_path = Path(args.base)
-    if not base_path.is_file():
-        ap.error(f"--base {args.base}: no such file")
+        gpu_file = common.config_file()
+        base_path = gpu_file if gpu_file.is_file() else None
+    else:
+        base_path = Path(args.base)
+        if not base_path.is_file():
+            ap.error(f"--base {args.base}: no such file")
     try:
         changes = yaml.safe_load(args.changes) or {}
         if not isinstance(changes, dict):
             raise ValueError(f"variant: expected a mapping, got {changes!r}")
-        doc = merged(yaml.safe_load(base_path.read_text()) or {}, changes)
+        doc = merged(yaml.safe_load(base_path.read_text()) or {} if base_path else {}, changes)
     except (yaml.YAMLError, ValueError) as e:
         ap.error(str(e))
     out = Path(args.out)
-    out.write_text(f"# {base_path.name} with {args.changes!r} (python -m eval.config_variant)\n"
+    out.write_text(f"# {base_path.name if base_path else 'no GPU file (default.yaml)'} with {args.changes!r} "
+                   "(python -m eval.config_variant)\n"
                    + yaml.safe_dump(doc, sort_keys=False))
     from sglang_replayssm.kernels import common
 

@@ -39,3 +39,23 @@ def test_bad_variant_is_refused(tmp_path, capsys, bad):
     with pytest.raises(SystemExit):
         config_variant.main(["--base", str(H200), "--out", str(tmp_path / "v.yaml"), bad])
     assert "error" in capsys.readouterr().err and not (tmp_path / "v.yaml").exists()
+
+
+def test_gpu_without_its_own_file_starts_from_nothing(tmp_path, monkeypatch):
+    """On a GPU with no packaged file (an H100: default.yaml and the built-in defaults alone) the variant holds only
+    what it names, so it runs that GPU's packaged config with the change on top; a named --base must exist."""
+    from sglang_replayssm.kernels import common
+
+    monkeypatch.delenv(common.ENV_CONFIG_FILE, raising=False)
+    monkeypatch.setattr(common, "gpu_key", lambda: "h100")
+    assert not common.config_file().exists()
+    out = tmp_path / "v.yaml"
+    assert config_variant.main(["--out", str(out), "mamba2_verify: {default: {flush_stages: 3}}"]) == 0
+    assert yaml.safe_load(out.read_text()) == {"mamba2_verify": {"default": {"flush_stages": 3}}}
+    import torch
+
+    cfg = common.launch_config("mamba2_verify", common.config_keys("H128_P64_N128_G8_R20_T4", torch.float32),
+                               path=str(out))
+    assert cfg["flush_stages"] == 3 and cfg["flush_split"] == 1  # default.yaml's fp32 entry still applies below
+    with pytest.raises(SystemExit):
+        config_variant.main(["--base", str(tmp_path / "none.yaml"), "--out", str(out), "{}"])
