@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-host call: Nsight Compute counters of the verify and decode kernels (eval/ncu_profile.py), one profiled
-# launch per region, beside SGLang's kernels and a plain device copy.
+# launch per region, beside SGLang's kernels and an elementwise device copy.
 # Usage (repo root on the GPU host, offline SGLang bundle carried in .sglang-bundle/):
 #   GIT_COMMIT=<sha> OUT=<dir> bash eval/gpu_ncu.sh [region ...]     # region: kind:family:dtype:batch
 # Without regions: eval/ncu_profile.py's DEFAULT_REGIONS (the keys). Writes $OUT/ncu-h200.{json,md} (the

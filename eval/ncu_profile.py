@@ -2,7 +2,7 @@
 
 The benchmarks (bench_kernels, bench_spec) time each kernel and divide model bytes by the time; they cannot say
 why a kernel sits at 74% of copy bandwidth where another sits at 96%.  This module profiles one launch per
-*region* (a kernel at one cursor phase, SGLang's kernel beside it, and a plain device copy as the 100% mark) under
+*region* (a kernel at one cursor phase, SGLang's kernel beside it, and an elementwise device copy as the 100% mark) under
 ``ncu`` and reduces the counters to a table: the DRAM bytes each launch really moved (against the model's), the
 DRAM throughput, the warps resident and eligible, the issue rate and the warp-stall reasons.
 
@@ -381,7 +381,7 @@ def markdown(summary: Dict[str, Any]) -> str:
     lines = [f"# Nsight Compute counters ({summary.get('gpu')}, commit {summary.get('git_commit')})", "",
              "One profiled launch per region (ncu kernel replay, clocks as found). `DRAM GB`: bytes the launch "
              "read and wrote in DRAM; `model GB`: the benchmark's unique-byte model of the region; `of copy`: the "
-             "region's DRAM GB/s over the plain copy's in the same run "
+             "region's DRAM GB/s over the elementwise copy's in the same run "
              f"({_f(summary.get('copy_dram_GBps'), 0)} GB/s); `model of copy`: model bytes over the region's time, "
              "over the same (the benchmarks' bandwidth fraction, here from one launch).", "",
              tabulate(rows, head, tablefmt="github"), ""]
@@ -402,7 +402,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="kind:family:dtype:batch, kind verify|decode (default: %(default)s)")
     r.add_argument("--manifest", required=True, type=Path, help="where the region list (JSON) is written")
     r.add_argument("--device", choices=("cuda", "cpu"), default=None, help="cpu: tiny geometries, interpreter")
-    r.add_argument("--no-copy", action="store_true", help="leave out the plain-copy reference region")
+    r.add_argument("--no-copy", action="store_true", help="leave out the copy reference region")
     r.add_argument("--seed", type=int, default=0)
     s = sub.add_parser("summarize", help="ncu raw CSV + manifest -> JSON and Markdown")
     s.add_argument("--csv", required=True, type=Path, help="ncu --import REP --csv --page raw --print-units base")

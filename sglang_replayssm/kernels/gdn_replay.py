@@ -114,7 +114,7 @@ import triton
 import triton.language as tl
 
 from .common import L2NORM_EPS, SOFTPLUS_THRESHOLD, interpreting, launch_config, next_pow2, softplus, suffix_sum_excl
-from .common import flush_first_row, l2_prefetch, later_program, prefetch_launch_args, write_flush_first_rank
+from .common import flush_first_row, write_flush_first_rank
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, register_cap, register_family
 from .common import block_param, choice_param, count_param, dot_precision_param, maxnreg_param, warps_param
 
@@ -160,12 +160,6 @@ GDN_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_decode", {
     # row from the score pre-kernel's flush-first order (common.flush_first_row; only with scores "pre" above
     # inline_scores_max_batch). Off by default; on in the H200 file's Qwen entries (kernel-variants-h200/mixed-order/)
     "flush_first_max_batch": count_param(0),
-    # L2 prefetch (0: off): each program asks L2 (cp.async.bulk.prefetch, sm_90) for the checkpoint block of the
-    # program about this many programs later in launch order and, from V tile 0, that program's rings (the same V
-    # tile of a later v-head of the same row; with flush_first, whose launch walks v-heads first, of the same
-    # v-head of a later rank: common.later_program), so that program's loads hit L2 and DRAM streams while warps
-    # compute. Rounded up to whole v-heads (ranks); never in the interpreter
-    "l2_prefetch": count_param(0),
 })
 # the string launch parameters that are speed choices (same results), for eval/tune_kernels.py
 GDN_LAUNCH_CHOICES: Dict[str, Tuple[str, ...]] = {"flush": _FLUSH_MODES, "scores": _SCORE_MODES,
@@ -443,22 +437,6 @@ def _slot_heads(state, d_ring, k_ring, g_ring, slot, i_hv, i_hk, stride_s0, stri
 
 
 @triton.jit
-def _prefetch_later(state, d_ring, k_ring, g_ring, state_indices, order, slot, i_v, i_hv, n_rows, null_slot,
-                    stride_idx, stride_s0, stride_s1, stride_s2, stride_d0, stride_d1, stride_k0, stride_k1,
-                    stride_g0, stride_g1, pf_dist, pf_st_bytes, pf_d_bytes, pf_k_bytes, pf_g_bytes,
-                    HV: tl.constexpr, HK: tl.constexpr, BV: tl.constexpr, FF: tl.constexpr):
-    """The blocks of the program ``pf_dist`` groups later (launch option ``l2_prefetch``) into L2: its checkpoint
-    rows [BV, K] (the same V tile) and, from V tile 0, its v-head's d and g rings and its k-head's k ring."""
-    sp, hp, ok = later_program(slot, i_hv, HV, n_rows, pf_dist, order, state_indices, stride_idx, null_slot, FF)
-    l2_prefetch(state + sp * stride_s0 + hp * stride_s1 + i_v * BV * stride_s2, pf_st_bytes, ok)
-    if i_v == 0:
-        l2_prefetch(d_ring + sp * stride_d0 + hp * stride_d1, pf_d_bytes, ok)
-        l2_prefetch(g_ring + sp * stride_g0 + hp * stride_g1, pf_g_bytes, ok)
-        if hp % (HV // HK) == 0:  # a k-head's ring once, from its first v-head
-            l2_prefetch(k_ring + sp * stride_k0 + (hp // (HV // HK)) * stride_k1, pf_k_bytes, ok)
-
-
-@triton.jit
 def _append_g_k(g_head, k_head, stride_k2, w, g, k_raw, o_k, mask_k, first_tile, i_hv,
                 HV: tl.constexpr, HK: tl.constexpr, L: tl.constexpr):
     """A non-flush row appends g_w (one writer per (row, v-head): its first V tile) and raw k_w (one writer
@@ -489,7 +467,6 @@ def _gdn_replay_decode_kernel(
     BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, NUM_STAGES: tl.constexpr,
     USE_L2NORM: tl.constexpr, PRE_SCORES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, CAST_BITS: tl.constexpr, FF: tl.constexpr,
-    n_rows, pf_dist, pf_st_bytes, pf_d_bytes, pf_k_bytes, pf_g_bytes, PF: tl.constexpr,
 ):
     # program: one V tile of BV rows of one (row, v-head)
     i_vp = tl.program_id(0)
@@ -499,10 +476,6 @@ def _gdn_replay_decode_kernel(
     slot, w, live = _row_cursor(state_indices, write_pos, i_n, stride_idx, stride_wp, null_slot, L)
     if not live:
         return  # padded / null row: nothing is written
-    if PF:
-        _prefetch_later(state, d_ring, k_ring, g_ring, state_indices, order, slot, i_vp, i_hv, n_rows, null_slot,
-                        stride_idx, stride_s0, stride_s1, stride_s2, stride_d0, stride_d1, stride_k0, stride_k1,
-                        stride_g0, stride_g1, pf_dist, pf_st_bytes, pf_d_bytes, pf_k_bytes, pf_g_bytes, HV, HK, BV, FF)
     is_flush = w == L - 1
 
     o_k = tl.arange(0, BK)
@@ -587,7 +560,6 @@ def _gdn_replay_decode_kchunk_kernel(
     BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, LP: tl.constexpr, NUM_STAGES: tl.constexpr,
     USE_L2NORM: tl.constexpr, PRE_SCORES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, CAST_BITS: tl.constexpr, FF: tl.constexpr,
-    n_rows, pf_dist, pf_st_bytes, pf_d_bytes, pf_k_bytes, pf_g_bytes, PF: tl.constexpr,
 ):
     """The decode step of ``_gdn_replay_decode_kernel`` (same math, same writes) with the checkpoint
     tile streamed in K chunks of BKC columns (launch option ``BKC`` > 0): the output pass accumulates
@@ -602,10 +574,6 @@ def _gdn_replay_decode_kchunk_kernel(
     slot, w, live = _row_cursor(state_indices, write_pos, i_n, stride_idx, stride_wp, null_slot, L)
     if not live:
         return  # padded / null row: nothing is written
-    if PF:
-        _prefetch_later(state, d_ring, k_ring, g_ring, state_indices, order, slot, i_v, i_hv, n_rows, null_slot,
-                        stride_idx, stride_s0, stride_s1, stride_s2, stride_d0, stride_d1, stride_k0, stride_k1,
-                        stride_g0, stride_g1, pf_dist, pf_st_bytes, pf_d_bytes, pf_k_bytes, pf_g_bytes, HV, HK, BV, FF)
     is_flush = w == L - 1
 
     o_v = i_v * BV + tl.arange(0, BV)
@@ -725,27 +693,6 @@ def _err(msg: str):
 def _check_last_contig(name: str, t: torch.Tensor):
     if t.stride(-1) != 1:
         _err(f"{name} must be contiguous in its last dim (got strides {tuple(t.stride())})")
-
-
-def _prefetch_args(programs_ahead: int, state, d_ring, k_ring, g_ring, BV: int, batch: int, heads_first: bool
-                   ) -> Dict[str, Any]:
-    """The decode kernels' L2-prefetch arguments (launch option ``l2_prefetch``): the distance in v-heads (rows-first
-    grid) or ranks (``heads_first``: the flush-first grid) and the bytes of each block, a program's checkpoint rows
-    [BV, K] and a v-head's d ring [L, V] and g ring [L] and its k-head's k ring [L, K] (common.prefetch_launch_args;
-    the rows are one block only where BV divides V and the state is contiguous in its last two dims)."""
-    S, HV, V, K = state.shape
-    L = d_ring.shape[2]
-    tile = ((state, BV * K, (state.stride(0), state.stride(1), BV * state.stride(2)))
-            if V % BV == 0 and state.stride(3) == 1 and state.stride(2) == K else None)
-    rings = {"pf_d_bytes": (d_ring, L * V, (d_ring.stride(0), d_ring.stride(1)))
-             if d_ring.stride(3) == 1 and d_ring.stride(2) == V else None,
-             "pf_k_bytes": (k_ring, L * K, (k_ring.stride(0), k_ring.stride(1)))
-             if k_ring.stride(3) == 1 and k_ring.stride(2) == K else None,
-             "pf_g_bytes": (g_ring, L, (g_ring.stride(0), g_ring.stride(1))) if g_ring.stride(2) == 1 else None}
-    n_v = triton.cdiv(V, BV)
-    if heads_first:
-        return prefetch_launch_args(programs_ahead, n_v * HV, batch, tile, rings)
-    return prefetch_launch_args(programs_ahead, n_v * batch, HV, tile, rings)
 
 
 def gdn_replay_decode(
@@ -901,8 +848,7 @@ def gdn_replay_decode(
     common = dict(HK=Hk, HV=HV, K=K, V=V, L=L, BK=BK, BV=BV, LP=LP, NUM_STAGES=cfg["num_stages"],
                   USE_L2NORM=use_l2, PRE_SCORES=pre, FLUSH=cfg["flush"],
                   DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
-                  CAST_BITS=cfg["cast"] == "bits" or interpreting(), FF=FF, n_rows=B,
-                  **_prefetch_args(cfg["l2_prefetch"], state, d_ring, k_ring, g_ring, BV, B, bool(FF)),
+                  CAST_BITS=cfg["cast"] == "bits" or interpreting(), FF=FF,
                   num_warps=num_warps, num_stages=cfg["num_stages"], **register_cap(cfg))
     if BKC:
         _gdn_replay_decode_kchunk_kernel[grid](*args, BKC=min(BKC, BK), **common)

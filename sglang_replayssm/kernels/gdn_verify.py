@@ -152,8 +152,8 @@ import triton.language as tl
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES
 from .common import INDEX_DTYPES as _INT_DTYPES
 from .common import (L2NORM_EPS, SOFTPLUS_THRESHOLD, block_param, choice_param, config_file, config_keys,
-                     count_param, dot_precision_param, l2_prefetch, launch_config, maxnreg_param, next_pow2,
-                     prefetch_launch_args, register_cap, register_family, split_dot, tf32_split, warps_param)
+                     count_param, dot_precision_param, launch_config, maxnreg_param, next_pow2,
+                     register_cap, register_family, split_dot, tf32_split, warps_param)
 from .gdn_replay import _cast_rtne, _gdn_gate, _history_weights, _l2norm_vec, _normalise_rows
 from .spec_tree import _tree_ancestor_mask, check_parents_arg
 
@@ -216,12 +216,6 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     "flush_rows": choice_param("fused", _FLUSH_ROWS),
     # with flush_rows: separate, the flush launch's pipelining depth (0: as v_stages)
     "flush_v_stages": count_param(0, 0, " (0: as v_stages)"),
-    # L2 prefetch (0: off): each working program asks L2 (cp.async.bulk.prefetch, sm_90) for the checkpoint block
-    # and rings of the program about this many programs later in launch order (the same row and value block, a
-    # later v-head: the launch walks value blocks, then rows, then v-heads), so that program's loads hit L2 and DRAM
-    # streams while warps compute. Rounded up to whole v-heads (ceil(n / (value blocks x batch))); never in the
-    # interpreter
-    "l2_prefetch": count_param(0),
 })
 
 
@@ -532,7 +526,6 @@ def _gdn_verify_kernel(
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, PER_TOKEN: tl.constexpr, SCORES_PRE: tl.constexpr,
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, VL: tl.constexpr, V_STAGES: tl.constexpr, KS: tl.constexpr,
     WDOT: tl.constexpr, ROWS: tl.constexpr,
-    pf_dist, pf_st_bytes, pf_d_bytes, pf_k_bytes, pf_g_bytes, PF: tl.constexpr,
 ):
     """One program per VL value tiles (BV rows each) of a (row, v-head).  VL == 1: the tile is held as [BV, K];
     VL > 1 (``v_loop``): what does not depend on the value rows (gates, q^/k^, key scores, Gram, the
@@ -561,15 +554,6 @@ def _gdn_verify_kernel(
     if ROWS == 2:
         if not fold:
             return
-    if PF:  # a later program's blocks into L2: same row and value block, v-head i_hv + pf_dist (l2_prefetch)
-        hp = i_hv + pf_dist
-        if hp < HV:
-            l2_prefetch(state + slot * stride_s0 + hp * stride_s1 + i_v * (BV * VL) * stride_s2, pf_st_bytes, True)
-            if i_v == 0:  # the v-head's whole rings (every value block's program reads its part of them)
-                l2_prefetch(d_ring + slot * stride_d0 + hp * stride_d1, pf_d_bytes, True)
-                l2_prefetch(g_ring + slot * stride_g0 + hp * stride_g1, pf_g_bytes, True)
-                if hp % (HV // HK) == 0:  # a k-head's ring once, from its first v-head
-                    l2_prefetch(k_ring + slot * stride_k0 + (hp // (HV // HK)) * stride_k1, pf_k_bytes, True)
 
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
@@ -988,7 +972,6 @@ def gdn_verify(
     else:
         launches = [dict(loop_args, ROWS=0)]
     grid = (triton.cdiv(V, BV * VL), B, HV)
-    pf = _prefetch_args(cfg["l2_prefetch"], state, d_ring, k_ring, g_ring, BV * VL, B)
     for rows_args in launches:
         _gdn_verify_kernel[grid](
             mixed_qkv, a, b, A_log, dt_bias,
@@ -1010,29 +993,11 @@ def gdn_verify(
             PER_TOKEN=cfg["reduce"] == "token", SCORES_PRE=scores_pre,
             IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
             DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pf,
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
             **rows_args, **register_cap(cfg if VL == 1 or cfg["v_loop_maxnreg"] == -1 else
                                         dict(cfg, maxnreg=cfg["v_loop_maxnreg"])),
         )
     return out
-
-
-def _prefetch_args(programs_ahead: int, state, d_ring, k_ring, g_ring, rows: int, batch: int) -> Dict[str, Any]:
-    """The kernel's L2-prefetch arguments (launch option ``l2_prefetch``): the v-head distance and the bytes of each
-    block (the checkpoint block [rows, K] of a program, a v-head's d ring [R, V] and g ring [R], its k-head's k ring
-    [R, K]; common.prefetch_bytes, 0: not prefetched). Off (PF False) when the option is 0, in the interpreter, when
-    the state block is not contiguous (V not a multiple of the program's value rows, a strided state) or when the
-    distance passes the last v-head."""
-    S, HV, V, K = state.shape
-    R = d_ring.shape[2]
-    tile = ((state, rows * K, (state.stride(0), state.stride(1), rows * state.stride(2)))
-            if V % rows == 0 and state.stride(3) == 1 and state.stride(2) == K else None)
-    rings = {"pf_d_bytes": (d_ring, R * V, (d_ring.stride(0), d_ring.stride(1)))
-             if d_ring.stride(3) == 1 and d_ring.stride(2) == V else None,
-             "pf_k_bytes": (k_ring, R * K, (k_ring.stride(0), k_ring.stride(1)))
-             if k_ring.stride(3) == 1 and k_ring.stride(2) == K else None,
-             "pf_g_bytes": (g_ring, R, (g_ring.stride(0), g_ring.stride(1))) if g_ring.stride(2) == 1 else None}
-    return prefetch_launch_args(programs_ahead, triton.cdiv(V, rows) * batch, HV, tile, rings)
 
 
 def gdn_tree_verify(mixed_qkv, a, b, A_log, dt_bias, state, d_ring, k_ring, g_ring, state_indices, wp, origin, flush,

@@ -80,15 +80,12 @@ No SGLang import here.
 
 from __future__ import annotations
 
-from typing import Any, Dict
-
 import torch
 import triton
 import triton.language as tl
 
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
 from .common import SOFTPLUS_THRESHOLD, config_keys, launch_config, next_pow2, softplus, suffix_sum_excl
-from .common import l2_prefetch, later_program, prefetch_launch_args
 from .common import block_param, count_param, dot_precision_param, flag_param, maxnreg_param, register_cap
 from .common import flush_first_row, register_family, warps_param, write_flush_first_rank
 
@@ -131,12 +128,6 @@ LAUNCH_DEFAULTS = {
         # writes (common.flush_first_row; only above inline_bc_max_batch). Off by default; on in the H200 file's
         # Nemotron-H entries (kernel-variants-h200/mixed-order/)
         "flush_first_max_batch": count_param(0),
-        # L2 prefetch (0: off): each program asks L2 (cp.async.bulk.prefetch, sm_90) for the checkpoint tile and
-        # x / Δ rings of the program about this many programs later in launch order (the same row and P block, a
-        # later head: the launch walks P blocks, then rows, then heads; with flush_first the same head, a later
-        # rank: that launch walks heads first), so that program's loads hit L2 and DRAM streams while warps
-        # compute. Rounded up to whole heads (ranks); never in the interpreter
-        "l2_prefetch": count_param(0),
     }),
 }
 
@@ -324,7 +315,6 @@ def _mamba2_replay_kernel(
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NC: tl.constexpr, WIN: tl.constexpr,
     FLUSH_UNROLL: tl.constexpr, INLINE_BC: tl.constexpr, STATE_FIRST: tl.constexpr, FF: tl.constexpr,
-    H, n_rows, pf_dist, pf_st_bytes, pf_xr_bytes, pf_dt_bytes, PF: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     # scalar offsets in int64: free at this scale, and no int32 product can overflow
@@ -364,13 +354,6 @@ def _mamba2_replay_kernel(
         w64 = w.to(tl.int64)
         is_flush = w == L - 1
         delta_cur = _delta_from_raw(dt_raw, dtb, HAS_DT_BIAS, DT_SOFTPLUS)
-
-        if PF:  # a later program's blocks into L2: its tile (same P block) and, from block 0, its head's rings
-            sp, hp, ok = later_program(slot, h, H, n_rows, pf_dist, order_ptr, slot_ptr, 1, null_slot, FF)
-            l2_prefetch(state_ptr + sp * s_st_s + hp * s_st_h + pid_m * BLOCK_M * s_st_p, pf_st_bytes, ok)
-            if pid_m == 0:
-                l2_prefetch(xr_ptr + sp * s_xr_s + hp * s_xr_h, pf_xr_bytes, ok)
-                l2_prefetch(dtr_ptr + sp * s_dtr_s + hp * s_dtr_h, pf_dt_bytes, ok)
 
         # window (history 0..w-1 from the ring, current token at w)
         xr_base = xr_ptr + slot * s_xr_s + h * s_xr_h
@@ -622,7 +605,6 @@ def mamba2_replay_decode(
         s_bc_b = s_bc_g = 0
 
     grid = (triton.cdiv(P, BLOCK_M), H, batch) if FF else (triton.cdiv(P, BLOCK_M), batch, H)
-    pf = _prefetch_args(cfg["l2_prefetch"], state, x_ring, dt_ring, BLOCK_M, batch, heads_first=bool(FF))
     _mamba2_replay_kernel[grid](
         state, x_ring, B_ring, dt_ring,
         x, dt, A, B, C,
@@ -641,27 +623,7 @@ def mamba2_replay_decode(
         DT_SOFTPLUS=bool(dt_softplus),
         DOT_PRECISION=cfg["dot_precision"],
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_NC=BLOCK_NC, WIN=WIN, FLUSH_UNROLL=bool(cfg["flush_unroll"]),
-        INLINE_BC=inline_bc, STATE_FIRST=bool(cfg["state_first"]), FF=FF, H=H, n_rows=batch, **pf,
+        INLINE_BC=inline_bc, STATE_FIRST=bool(cfg["state_first"]), FF=FF,
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg, inline_bc),
     )
     return out
-
-
-def _prefetch_args(programs_ahead: int, state, x_ring, dt_ring, BLOCK_M: int, batch: int,
-                   heads_first: bool = False) -> Dict[str, Any]:
-    """The L2-prefetch arguments (launch option ``l2_prefetch``) of this kernel and of the verify kernel
-    (mamba2_verify: the same rows-first grid and blocks): the distance in heads (rows-first grid) or rows
-    (``heads_first``: the flush-first grid, common.later_program) and the bytes of each block, the checkpoint tile
-    [BLOCK_M, N] and a head's x ring [ring, P] and Δ ring [ring] (common.prefetch_launch_args; the tile is one block
-    only where BLOCK_M divides P and the state is contiguous in its last two dims)."""
-    S, H, P, N = state.shape
-    L = x_ring.shape[2]  # the ring's length (the verify's R)
-    tile = ((state, BLOCK_M * N, (state.stride(0), state.stride(1), BLOCK_M * state.stride(2)))
-            if P % BLOCK_M == 0 and state.stride(3) == 1 and state.stride(2) == N else None)
-    rings = {"pf_xr_bytes": (x_ring, L * P, (x_ring.stride(0), x_ring.stride(1)))
-             if x_ring.stride(3) == 1 and x_ring.stride(2) == P else None,
-             "pf_dt_bytes": (dt_ring, L, (dt_ring.stride(0), dt_ring.stride(1))) if dt_ring.stride(2) == 1 else None}
-    n_m = triton.cdiv(P, BLOCK_M)
-    if heads_first:
-        return prefetch_launch_args(programs_ahead, n_m * H, batch, tile, rings)
-    return prefetch_launch_args(programs_ahead, n_m * batch, H, tile, rings)

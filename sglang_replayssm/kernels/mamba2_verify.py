@@ -74,10 +74,10 @@ import triton
 import triton.language as tl
 
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
-from .common import l2_prefetch, split_dot, suffix_sum_excl, tf32_split
+from .common import split_dot, suffix_sum_excl, tf32_split
 from .common import (block_param, choice_param, config_keys, count_param, dot_precision_param, flag_param,
                      launch_config, maxnreg_param, next_pow2, register_cap, register_family, warps_param)
-from .mamba2_replay import _delta_from_raw, _head_param, _prefetch_args
+from .mamba2_replay import _delta_from_raw, _head_param
 from .spec_tree import _tree_ancestor_mask, check_parents_arg
 
 __all__ = ["mamba2_verify", "mamba2_tree_verify", "MAMBA2_VERIFY_DEFAULT_LAUNCH", "verify_geometry_key"]
@@ -129,11 +129,6 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     # x ring: three passes). 0: tl.dot at dot_precision. On for fp32 states in default.yaml (won on the H200:
     # eval/results/spec-variants-h200/, round 13)
     "flush_split": flag_param(0),
-    # L2 prefetch (0: off): each program asks L2 (cp.async.bulk.prefetch, sm_90) for the checkpoint tile, x ring
-    # and Δ ring of the program about this many programs later in launch order (the same row and P block, a later
-    # head: the launch walks P blocks, then rows, then heads), so that program's loads hit L2 and DRAM streams
-    # while warps compute. Rounded up to whole heads (ceil(n / (P blocks x batch))); never in the interpreter
-    "l2_prefetch": count_param(0),
 })
 
 @triton.jit
@@ -312,7 +307,6 @@ def _mamba2_verify_kernel(
     STREAM_CHUNK: tl.constexpr, FLUSH_STAGES: tl.constexpr,
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, NF_MMA: tl.constexpr,
     FLUSH_SPLIT: tl.constexpr, X_EXACT: tl.constexpr, ROW_CUR: tl.constexpr,
-    H, pf_dist, pf_st_bytes, pf_xr_bytes, pf_dt_bytes, PF: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -357,13 +351,6 @@ def _mamba2_verify_kernel(
         wp = tl.load(wp_ptr + slot, mask=live, other=0).to(tl.int32)
         org = tl.load(org_ptr + slot, mask=live, other=0).to(tl.int32)
         flag = tl.load(fl_ptr + slot, mask=live, other=0)
-    if PF:  # a later program's blocks into L2: same row and P block, head h + pf_dist (launch option l2_prefetch)
-        hp = h + pf_dist
-        pf_ok = live & (hp < H)
-        l2_prefetch(state_ptr + slot * s_st_s + hp * s_st_h + pid_m * BLOCK_M * s_st_p, pf_st_bytes, pf_ok)
-        if pid_m == 0:  # the head's whole x and Δ rings (every P block's program reads its columns of them)
-            l2_prefetch(xr_ptr + slot * s_xr_s + hp * s_xr_h, pf_xr_bytes, pf_ok)
-            l2_prefetch(dtr_ptr + slot * s_dtr_s + hp * s_dtr_h, pf_dt_bytes, pf_ok)
     is_flush = live & (flag != 0)
     no_flush = live & (flag == 0)
     wp = tl.minimum(tl.maximum(wp, 0), R - T)  # memory safety only (the commit rule keeps wp + T <= R)
@@ -638,7 +625,6 @@ def mamba2_verify(
     else:
         bc = out  # never read
     grid = (triton.cdiv(P, BLOCK_M), batch, H)
-    pf = _prefetch_args(cfg["l2_prefetch"], state, x_ring, dt_ring, BLOCK_M, batch)
     _mamba2_verify_kernel[grid](
         state, x_ring, B_ring, dt_ring,
         x, dt, A, B, C,
@@ -660,8 +646,7 @@ def mamba2_verify(
         FLUSH_STAGES=int(cfg["flush_stages"]),
         IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
         FLUSH_SPLIT=bool(cfg["flush_split"]), X_EXACT=x_ring.dtype in (torch.bfloat16, torch.float16),
-        ROW_CUR=bc_pre, H=H, **pf, num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]),
-        **register_cap(cfg),
+        ROW_CUR=bc_pre, num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg),
     )
     return out
 

@@ -44,7 +44,6 @@ import torch
 
 from gdn_testlib import EPS, ORACLE_TOL, PRECISIONS, REF_OUT_TOL, ULP_RTOL, bits, check_close, max_err
 
-from sglang_replayssm.kernels import common
 from sglang_replayssm.kernels import gdn_verify as gv
 from sglang_replayssm.kernels.common import interpreting
 from sglang_replayssm.kernels.gdn_ref import gdn_gates, gdn_step_oracle
@@ -1024,46 +1023,3 @@ def test_inline_scores_max_batch_keeps_small_batches_in_one_launch(device, seed,
         sim.step([1, 2, 0, 5])
     assert len(launches) == 8, "the scores pre-kernel ran for a batch within inline_scores_max_batch"
     assert sim.flushes >= 2
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("flush_rows", ["fused", "separate"])
-@pytest.mark.parametrize("prec", ["s32-a16b", "s16b-a16b"])
-def test_l2_prefetch_speculative_simulation(device, seed, launch, monkeypatch, flush_rows, prec):
-    """``l2_prefetch``: each working program asks L2 for the next v-head's state block and rings (one program per
-    (row, v-head): 1 program ahead is the next v-head; the last prefetches nothing). A prefetch moves no value: the
-    stream checks are the packaged config's, flushes and wrapped rings included; CUDA only (the interpreter
-    launches without it)."""
-    launch(always=True, BV=16, v_loop=2, v_loop_min_batch=1, flush_rows=flush_rows, l2_prefetch=1)
-    seen = []
-    orig = gv._prefetch_args
-    monkeypatch.setattr(gv, "_prefetch_args", lambda *a, **k: seen.append(orig(*a, **k)) or seen[-1])
-    sd, ad = PRECISIONS[prec]
-    sim = Sim(device, seed, state_dtype=sd, act_dtype=ad, Bh=4, T=4, **small_geom(Hk=2, HV=4, K=32, V=32, n_slots=6))
-    for s in (3, 1, 4):
-        sim.activate(s)
-    for _ in range(24):
-        sim.step([3, 1, 4, 0])
-    assert sim.flushes >= 3 and sim.wrapped
-    assert seen and all(a["PF"] and a["pf_dist"] == 1 and a["pf_st_bytes"] == 32 * 32 * sd.itemsize for a in seen)
-
-
-def test_l2_prefetch_plan(monkeypatch):
-    """The host side of ``l2_prefetch``: the distance rounds the programs up to whole v-heads (value blocks x rows);
-    each block is prefetched in one piece when it is contiguous and 16-byte aligned; off in the interpreter, for a
-    state block that is not contiguous (V not a multiple of the program's rows, a strided state) and past the last
-    v-head."""
-    S, HV, Hk, K, V, R = 3, 8, 4, 32, 64, 12
-    state = torch.zeros(S, HV, V, K)
-    d, k, g = torch.zeros(S, HV, R, V), torch.zeros(S, Hk, R, K, dtype=BF16), torch.zeros(S, HV, R)
-    assert not gv._prefetch_args(64, state, d, k, g, 32, 4)["PF"]  # the tests' interpreter
-    monkeypatch.setattr(common, "interpreting", lambda: False)
-    assert gv._prefetch_args(9, state, d, k, g, 32, 4) == dict(  # 2 value blocks x 4 rows = 8 programs a v-head
-        pf_dist=2, pf_st_bytes=32 * K * 4, pf_d_bytes=R * V * 4, pf_k_bytes=R * K * 2, pf_g_bytes=R * 4, PF=True)
-    assert gv._prefetch_args(1, state, d, k, g, 64, 4)["pf_dist"] == 1
-    assert not gv._prefetch_args(0, state, d, k, g, 32, 4)["PF"]
-    assert not gv._prefetch_args(8 * 8, state, d, k, g, 32, 4)["PF"]  # 8 v-heads ahead: past the last
-    assert not gv._prefetch_args(8, state, d, k, g, 48, 4)["PF"]  # 64 % 48: the last block is partial
-    assert not gv._prefetch_args(8, state.transpose(2, 3).contiguous().transpose(2, 3), d, k, g, 32, 4)["PF"]
-    b = gv._prefetch_args(8, state, torch.zeros(S, HV, R, V + 1)[..., :V], k, torch.zeros(S, HV, 10), 32, 4)
-    assert b["PF"] and b["pf_d_bytes"] == 0 and b["pf_g_bytes"] == 0  # a strided d ring; a 40-byte g ring

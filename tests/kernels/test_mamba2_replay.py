@@ -784,25 +784,3 @@ def test_state_dtype_config_key(device, config_file, monkeypatch):
     default_m = common.family_defaults("mamba2_output_only")["BLOCK_M"]
     assert seen == [("mamba2_output_only", (f"{key}_Sbf16", key, "default_Sbf16"), 16)] * 3 + \
         [("mamba2_output_only", (f"{key}_Sfp32", key, "default_Sfp32"), default_m)] * 3
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("prec", [(F32, BF16), (BF16, BF16)], ids=["s32a16b", "s16b_a16b"])
-def test_l2_prefetch_matches_the_oracle(device, config_file, monkeypatch, prec):
-    """l2_prefetch: each program asks L2 for the next head's checkpoint tile and rings (P 32 in two blocks of 16,
-    N 24; 1 program ahead is one head, the last head prefetching nothing). A prefetch moves no value: the oracle
-    holds through flushes on every phase, desynchronised rows and padding; CUDA only (the interpreter launches
-    without it)."""
-    from sglang_replayssm.kernels import mamba2_replay as mr
-
-    config_file("mamba2_output_only:\n  default: {l2_prefetch: 1, BLOCK_M: 16}\n")
-    seen = []
-    orig = mr._prefetch_args
-    monkeypatch.setattr(mr, "_prefetch_args", lambda *a, **k: seen.append(orig(*a, **k)) or seen[-1])
-    h = Harness(device, (6, 32, 24, 3), 4, *prec, n_req=3)
-    h.step([0], pads=())
-    h.step([1, 0])
-    for _ in range(6):
-        h.step([2, 0, 1])
-    assert seen and all(a["PF"] and a["pf_dist"] == 1 and a["pf_st_bytes"] == 16 * 24 * prec[0].itemsize
-                        for a in seen), seen[:1]

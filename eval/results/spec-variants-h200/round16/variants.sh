@@ -1,6 +1,7 @@
 # Round 16 (eval/results/spec-variants-h200/README.md): the launch option l2_prefetch (a bulk L2 prefetch of a later
-# program's checkpoint block and rings) and the flush-step launch shapes of round 15's "Next" section.
-# Source this file, then name the variables on the command line (the README's calls).
+# program's checkpoint block and rings) and the flush-step launch shapes of round 15's "Next" section, timed on an
+# H100 at 55b6620. l2_prefetch lost and is removed: the *_pf* variants below are refused now ("unknown parameter");
+# the others (m_fs3 first) remain the next H200 call's. Source this file, then name the variables on the command line.
 # Mamba2 verify (Nemotron-H-8B, 2 P blocks): 512 programs a head at batch 256, 128 at 64
 m_pf512="{mamba2_verify: {default: {l2_prefetch: 512}}}"
 m_pf1024="{mamba2_verify: {default: {l2_prefetch: 1024}}}"
