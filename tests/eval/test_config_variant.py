@@ -42,12 +42,12 @@ def test_bad_variant_is_refused(tmp_path, capsys, bad):
 
 
 def test_gpu_without_its_own_file_starts_from_nothing(tmp_path, monkeypatch):
-    """On a GPU with no packaged file (an H100: default.yaml and the built-in defaults alone) the variant holds only
+    """On a GPU with no packaged file (a B300: default.yaml and the built-in defaults alone) the variant holds only
     what it names, so it runs that GPU's packaged config with the change on top; a named --base must exist."""
     from sglang_replayssm.kernels import common
 
     monkeypatch.delenv(common.ENV_CONFIG_FILE, raising=False)
-    monkeypatch.setattr(common, "gpu_key", lambda: "h100")
+    monkeypatch.setattr(common, "gpu_key", lambda: "b300")
     assert not common.config_file().exists()
     out = tmp_path / "v.yaml"
     assert config_variant.main(["--out", str(out), "mamba2_verify: {default: {flush_stages: 3}}"]) == 0
