@@ -1,7 +1,7 @@
 # Round 16 (eval/results/spec-variants-h200/README.md): the launch option l2_prefetch (a bulk L2 prefetch of a later
 # program's checkpoint block and rings) and the flush-step launch shapes of round 15's "Next" section, timed on an
 # H100 at 55b6620. l2_prefetch lost and is removed: the *_pf* variants below are refused now ("unknown parameter");
-# the others (m_fs3 first) remain the next H200 call's. Source this file, then name the variables on the command line.
+# the others (m_fs3 .. m_fs6 first) remain the next H200 call's. Source this file, then name the variables on the command line.
 # Mamba2 verify (Nemotron-H-8B, 2 P blocks): 512 programs a head at batch 256, 128 at 64
 m_pf512="{mamba2_verify: {default: {l2_prefetch: 512}}}"
 m_pf1024="{mamba2_verify: {default: {l2_prefetch: 1024}}}"
@@ -9,6 +9,9 @@ m_pf2048="{mamba2_verify: {default: {l2_prefetch: 2048}}}"
 m_nc16="{mamba2_verify: {default: {BLOCK_NC: 16}}}"
 m_fs1="{mamba2_verify: {default: {flush_stages: 1}}}"
 m_fs3="{mamba2_verify: {default: {flush_stages: 3}}}"
+m_fs4="{mamba2_verify: {default: {flush_stages: 4}}}"
+m_fs5="{mamba2_verify: {default: {flush_stages: 5}}}"
+m_fs6="{mamba2_verify: {default: {flush_stages: 6}}}"
 m_bm16="{mamba2_verify: {default: {BLOCK_M: 16}}}"
 m_bm16pf="{mamba2_verify: {default: {BLOCK_M: 16, l2_prefetch: 1024}}}"
 m_bm16nc16="{mamba2_verify: {default: {BLOCK_M: 16, BLOCK_NC: 16}}}"
