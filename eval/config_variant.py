@@ -41,7 +41,6 @@ def main(argv: Optional[list] = None) -> int:
                                                  "runs default.yaml and the built-in defaults alone, so the variant "
                                                  "starts from nothing)")
     args = ap.parse_args(argv)
-    base_path = None
     if args.base is None:
         from sglang_replayssm.kernels import common
 
@@ -55,7 +54,8 @@ def main(argv: Optional[list] = None) -> int:
         changes = yaml.safe_load(args.changes) or {}
         if not isinstance(changes, dict):
             raise ValueError(f"variant: expected a mapping, got {changes!r}")
-        doc = merged(yaml.safe_load(base_path.read_text()) or {} if base_path else {}, changes)
+        base = (yaml.safe_load(base_path.read_text()) or {}) if base_path else {}
+        doc = merged(base, changes)
     except (yaml.YAMLError, ValueError) as e:
         ap.error(str(e))
     out = Path(args.out)

@@ -26,7 +26,9 @@ if [ -z "$NCU" ] || [ ! -x "$NCU" ]; then
 fi
 "$NCU" --version | tail -1 | tee "$W/ncu-version.txt"
 sections=()
-for s in $("$PY" -c "from eval.ncu_profile import SECTIONS; print(' '.join(SECTIONS))"); do sections+=(--section "$s"); done
+for s in $("$PY" -c "from eval.ncu_profile import SECTIONS; print(' '.join(SECTIONS))"); do
+  sections+=(--section "$s")
+done
 # the named counters the sections may lack, those this ncu knows (a name it does not know would stop the run)
 known="$("$NCU" --query-metrics --csv 2>/dev/null | cut -d, -f1 | tr -d '"')"
 metrics=()

@@ -2,8 +2,8 @@
 
 The benchmarks (bench_kernels, bench_spec) time each kernel and divide model bytes by the time; they cannot say
 why a kernel sits at 74% of copy bandwidth where another sits at 96%.  This module profiles one launch per
-*region* (a kernel at one cursor phase, SGLang's kernel beside it, and an elementwise device copy as the 100% mark) under
-``ncu`` and reduces the counters to a table: the DRAM bytes each launch really moved (against the model's), the
+*region* (a kernel at one cursor phase, SGLang's kernel beside it, and an elementwise device copy as the 100% mark)
+under ``ncu`` and reduces the counters to a table: the DRAM bytes each launch really moved (against the model's), the
 DRAM throughput, the warps resident and eligible, the issue rate and the warp-stall reasons.
 
 Two subcommands:
@@ -131,7 +131,8 @@ def _verify_launches(r: Dict[str, Any], device: str, tiny: bool, seed: int) -> T
         nb = bs.stock_bytes_for(r["family"], geom, r["batch"], T, sb)
         ssu = nb["total"] - bs.scatter_bytes(r["batch"], w.state_row_bytes)["total"]
         out.append(("stock", dict(base, model_bytes=ssu, note="SGLang's verify kernel with its T snapshot writes "
-                                  "(the accepted-snapshot scatter is not in this launch)"), NOTHING, w.stock_fn(kern, 0)))
+                                  "(the accepted-snapshot scatter is not in this launch)"),
+                    NOTHING, w.stock_fn(kern, 0)))
     return w, out
 
 
