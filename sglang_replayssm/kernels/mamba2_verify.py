@@ -122,8 +122,8 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     "stream_chunk": block_param(16, 16),
     # software-pipeline stages of the N-chunk loop, a runtime loop (1: none; more: the next chunks' checkpoint, ring
     # and window loads are issued before this chunk's checkpoint store; chunks never overlap, so nothing is read
-    # stale). 2 won over the loop unrolled, which is removed (eval/results/spec-variants-h200/, round 8); an H100
-    # takes 4 for fp32 states (configs/h100.yaml, round 16)
+    # stale). 2 won over the loop unrolled, which is removed (eval/results/spec-variants-h200/, round 8); fp32 states
+    # take 3 on the H200 (default.yaml, round 17) and 4 on an H100 (configs/h100.yaml, round 16)
     "flush_stages": count_param(2, 1),
     # 1: a flush row's fold x_hist @ (s ⊙ B_hist) as two tf32 passes (common.split_dot): the ring's x is 16-bit,
     # exact in tf32, so only s ⊙ B is split hi + lo; tf32x3's accuracy with one tensor-core pass fewer (an fp32

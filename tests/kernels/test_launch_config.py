@@ -51,7 +51,7 @@ GDN_VERIFY_FP32 = dict(GDN_VERIFY, window_dot="fma", flush_rows="separate", flus
 # its default_Sbf16 / default_Sfp16: a 16-bit state's Mamba2 verify non-flush dots on the tensor cores
 MAMBA2_VERIFY_16 = dict(MAMBA2_VERIFY, nonflush="mma")
 # its default_Sfp32: an fp32 state's flush fold in two tf32 passes (spec-variants-h200, round 13)
-MAMBA2_VERIFY_FP32 = dict(MAMBA2_VERIFY, flush_split=1)
+MAMBA2_VERIFY_FP32 = dict(MAMBA2_VERIFY, flush_split=1, flush_stages=3)
 
 
 def _default_yaml_entry(family, tag):
@@ -131,7 +131,7 @@ def test_h200_file_holds_only_geometry_entries():
     assert yaml.safe_load(DEFAULT.read_text()) == {
         "gdn_verify": {"default_Sfp32": {"window_dot": "fma", "flush_rows": "separate", "flush_v_stages": 2}},
         "mamba2_verify": {"default_Sbf16": {"nonflush": "mma"}, "default_Sfp16": {"nonflush": "mma"},
-                          "default_Sfp32": {"flush_split": 1}}}
+                          "default_Sfp32": {"flush_split": 1, "flush_stages": 3}}}
 
 
 def test_h100_file_adds_its_measured_flush_stages_only(monkeypatch):
