@@ -165,7 +165,6 @@ _REDUCE_MODES = ("bcast", "token")
 _WINDOW_DOTS = ("fma", "split")
 _SCORES_MODES = ("inline", "pre")
 _FLUSH_ROWS = ("fused", "separate")
-_SCORES_HISTORY = ("stream", "tile")
 # Built-in launch parameters: the fastest measured on the H200 (eval/results/spec-variants-h200/, rounds 1-2: one warp,
 # T two-dimensional reductions, key scores in a pre-kernel except at batch 1, a 168-register cap for 12 warps per SM;
 # round 9: from 64 rows up, the looping kernel, 8 value tiles a program, uncapped).
@@ -187,9 +186,6 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     # k-head: HV/Hk v-heads x V/BV tiles) or "pre" (once per (row, k-head) by a pre-kernel, fp32 scratch)
     "scores": choice_param("pre", _SCORES_MODES),
     "scores_num_warps": warps_param(1),
-    # with scores: pre, how the pre-kernel reads the history's keys: "stream" (one key a loop iteration, each load
-    # behind the last one's reductions) or "tile" (the [R - T, K] keys in one masked load, all in flight together)
-    "scores_history": choice_param("tile", _SCORES_HISTORY),
     # with scores: pre, batches of at most this many rows still compute the scores inline (one launch)
     "inline_scores_max_batch": count_param(1),
     # register cap of the one-tile launches (0: none): fewer registers, more resident warps (ignored by the
@@ -281,27 +277,6 @@ def _window_gram(o_t, q_hat, k_hat, TP: tl.constexpr):
 
 
 @triton.jit
-def _history_tile_scores(k_head, stride_k2, org, w, R, q_hat, k_hat, o_j, o_t, o_k, mask_k,
-                         LP: tl.constexpr, TP: tl.constexpr, USE_L2NORM: tl.constexpr, EPS: tl.constexpr):
-    """The history scores hq, hk [LP, TP] (rows j >= w zero) and the window Gram kk, kq [TP, TP] from one masked
-    [LP, BK] load of the history's raw keys (every load in flight at once), column by column of the window."""
-    ph = (org + o_j) % R
-    k_hist = _normalise_rows(tl.load(k_head + ph[:, None] * stride_k2 + o_k[None, :],
-                                     mask=(o_j < w)[:, None] & mask_k[None, :], other=0), USE_L2NORM, EPS)
-    hq = tl.zeros([LP, TP], dtype=tl.float32)
-    hk = tl.zeros([LP, TP], dtype=tl.float32)
-    kk = tl.zeros([TP, TP], dtype=tl.float32)
-    kq = tl.zeros([TP, TP], dtype=tl.float32)
-    for i in tl.static_range(TP):
-        sel = o_t == i
-        q_i = tl.sum(tl.where(sel[:, None], q_hat, 0.0), axis=0)
-        k_i = tl.sum(tl.where(sel[:, None], k_hat, 0.0), axis=0)
-        hk, hq = _gram_column(hk, hq, k_hist, q_i, k_i, sel[None, :])
-        kk, kq = _gram_column(kk, kq, k_hat, q_i, k_i, sel[None, :])
-    return hq, hk, kk, kq
-
-
-@triton.jit
 def _gdn_verify_scores_kernel(
     qkv, k_ring, state_indices, wp, origin, flush, sc,
     scale, null_slot,
@@ -311,12 +286,10 @@ def _gdn_verify_scores_kernel(
     stride_sc0, stride_sc1,
     HK: tl.constexpr, K: tl.constexpr, R: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, LP: tl.constexpr, TP: tl.constexpr, USE_L2NORM: tl.constexpr, EPS: tl.constexpr,
-    HIST_TILE: tl.constexpr,
 ):
     """scores: pre.  Per (row, k-head), fp32 rows of ``sc[row, hk]``: [0, LP) hq[j, i] = k^_j.q^_i and
     [LP, 2LP) hk[j, i] = k^_j.k^_i of the history (zero on flush rows, whose history is folded),
-    then [2LP, 2LP+TP) kk[j, i] = k^_j.k^_i and [2LP+TP, 2LP+2TP) kq[j, i] = k^_j.q^_i of the window.
-    HIST_TILE (``scores_history: tile``): the history's keys as one [LP, BK] tile, else streamed one at a time."""
+    then [2LP, 2LP+TP) kk[j, i] = k^_j.k^_i and [2LP+TP, 2LP+2TP) kq[j, i] = k^_j.q^_i of the window."""
     i_n = tl.program_id(0).to(tl.int64)
     i_hk = tl.program_id(1)
     slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
@@ -337,13 +310,9 @@ def _gdn_verify_scores_kernel(
     k_hat = _normalise_rows(tl.load(x_row + o_t[:, None] * stride_x1 + HK * K + i_hk * K + o_k[None, :],
                                     mask=mask_tk, other=0), USE_L2NORM, EPS)
     k_head = k_ring + slot * stride_k0 + i_hk * stride_k1
-    if HIST_TILE:
-        hq, hk, kk, kq = _history_tile_scores(k_head, stride_k2, org, w_hist, R, q_hat, k_hat, o_j, o_t, o_k, mask_k,
-                                              LP, TP, USE_L2NORM, EPS)
-    else:
-        hq, hk = _history_key_scores(k_head, stride_k2, org, w_hist, R, q_hat, k_hat, o_j, o_k, mask_k,
-                                     LP, TP, USE_L2NORM, EPS)
-        kk, kq = _window_gram(o_t, q_hat, k_hat, TP)
+    hq, hk = _history_key_scores(k_head, stride_k2, org, w_hist, R, q_hat, k_hat, o_j, o_k, mask_k,
+                                 LP, TP, USE_L2NORM, EPS)
+    kk, kq = _window_gram(o_t, q_hat, k_hat, TP)
     base = sc + i_n * stride_sc0 + i_hk * stride_sc1
     tl.store(base + o_j[:, None] * TP + o_t[None, :], hq)
     tl.store(base + (LP + o_j)[:, None] * TP + o_t[None, :], hk)
@@ -990,7 +959,7 @@ def gdn_verify(
             mixed_qkv.stride(0), mixed_qkv.stride(1), k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
             sc.stride(0), sc.stride(1),
             HK=Hk, K=K, R=R, T=T, BK=BK, LP=LP, TP=TP, USE_L2NORM=bool(use_qk_l2norm), EPS=L2NORM_EPS,
-            HIST_TILE=cfg["scores_history"] == "tile", num_warps=cfg["scores_num_warps"], num_stages=1,
+            num_warps=cfg["scores_num_warps"], num_stages=1,
         )
     else:
         sc = out  # never read

@@ -802,16 +802,12 @@ def test_launch_config_validation(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------------
 # launch config reduce: bcast / token (one [BV, T, K] broadcast or T two-dimensional reductions) x scores:
-# inline / pre, the pre-kernel's history keys streamed or as one tile (the packaged config, token + pre + tile, is
-# what the other tests run)
+# inline / pre (the packaged config, token + pre, is what the other tests run)
 # ----------------------------------------------------------------------------------
 VARIANTS = {"bcast-inline": dict(reduce="bcast", scores="inline", num_warps=4, v_loop=1),
             "token-inline": dict(reduce="token", scores="inline"),
             "bcast-pre": dict(reduce="bcast", scores="pre", v_loop=1),
             "token-pre": dict(reduce="token", scores="pre", scores_num_warps=2),
-            "token-pre-stream": dict(reduce="token", scores="pre", scores_history="stream"),
-            "vloop-pre-stream": dict(reduce="token", scores="pre", scores_history="stream", v_loop=2,
-                                     v_loop_min_batch=1),
             "token-pre-dotflush": dict(reduce="token", scores="pre", flush="dot", v_loop=1),
             "vloop-pre": dict(reduce="token", scores="pre", v_loop=2, v_loop_min_batch=1),
             "vloop-inline-stages": dict(reduce="token", scores="inline", v_loop=4, v_stages=2, k_parts=4,
