@@ -50,7 +50,8 @@ MAMBA2_GEOMS = ["H128_P64_N128_G8", "H256_P64_N128_G8", "H4_P16_N16_G2"]
 GDN_VERIFY_FP32 = dict(GDN_VERIFY, window_dot="fma", flush_rows="separate", flush_v_stages=2)
 # its default_Sbf16 / default_Sfp16: a 16-bit state's Mamba2 verify non-flush dots on the tensor cores
 MAMBA2_VERIFY_16 = dict(MAMBA2_VERIFY, nonflush="mma")
-# its default_Sfp32: an fp32 state's flush fold in two tf32 passes (spec-variants-h200, round 13)
+# its default_Sfp32: an fp32 state's flush fold in two tf32 passes (spec-variants-h200, round 13) and three flush-loop
+# stages (round 17)
 MAMBA2_VERIFY_FP32 = dict(MAMBA2_VERIFY, flush_split=1, flush_stages=3)
 
 
