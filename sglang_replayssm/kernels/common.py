@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 SOFTPLUS_THRESHOLD = 20.0
 L2NORM_EPS = 1e-6
@@ -61,6 +62,43 @@ def register_cap(cfg: Dict[str, Any], small: bool = False) -> Dict[str, Any]:
     if small and cfg.get("inline_maxnreg", -1) != -1:
         cap = cfg["inline_maxnreg"]
     return {"maxnreg": cap} if cap and not interpreting() else {}
+
+
+def pdl_on(cfg: Dict[str, Any], device: torch.device) -> bool:
+    """Whether a config's ``pdl`` takes effect: programmatic dependent launch (the main kernel scheduled while the
+    pre-kernel before it still runs, waiting in-kernel with ``griddepcontrol.wait`` where it first reads what that
+    kernel wrote) needs a CUDA device of compute capability 9.0 or newer; the CPU interpreter runs kernels one by
+    one and takes the option as off."""
+    return bool(cfg.get("pdl", 0)) and not interpreting() and _capability_major(device) >= 9
+
+
+@functools.lru_cache(maxsize=None)
+def _capability_major(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.get_device_capability(device)[0]
+
+
+def pdl_launch(on: bool) -> Dict[str, Any]:
+    """Launch options of a kernel launched as a programmatic dependent of the kernel before it."""
+    return {"launch_pdl": True} if on else {}
+
+
+@triton.jit
+def pdl_wait(ON: tl.constexpr):
+    """``ON``: wait until the kernel this one was launched as a dependent of has finished and its writes are
+    visible (``griddepcontrol.wait``). Every program of a dependent launch runs it before it reads what that kernel
+    wrote, stores anything, or returns, so the launch finishes only after the kernel before it has."""
+    if ON:
+        gdc_wait()
+
+
+@triton.jit
+def pdl_trigger(ON: tl.constexpr):
+    """``ON``: let a dependent launch of the next kernel start scheduling its programs
+    (``griddepcontrol.launch_dependents``); what this kernel writes is still only visible to it after its wait."""
+    if ON:
+        gdc_launch_dependents()
 
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"

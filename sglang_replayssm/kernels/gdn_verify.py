@@ -152,8 +152,9 @@ import triton.language as tl
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES
 from .common import INDEX_DTYPES as _INT_DTYPES
 from .common import (L2NORM_EPS, SOFTPLUS_THRESHOLD, block_param, choice_param, config_file, config_keys,
-                     count_param, dot_precision_param, launch_config, maxnreg_param, next_pow2,
-                     register_cap, register_family, split_dot, tf32_split, warps_param)
+                     count_param, dot_precision_param, flag_param, launch_config, maxnreg_param, next_pow2,
+                     pdl_launch, pdl_on, pdl_trigger, pdl_wait, register_cap, register_family, split_dot,
+                     tf32_split, warps_param)
 from .gdn_replay import _cast_rtne, _gdn_gate, _history_weights, _l2norm_vec, _normalise_rows
 from .spec_tree import _tree_ancestor_mask, check_parents_arg
 
@@ -216,6 +217,11 @@ GDN_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_verify", {
     "flush_rows": choice_param("fused", _FLUSH_ROWS),
     # with flush_rows: separate, the flush launch's pipelining depth (0: as v_stages)
     "flush_v_stages": count_param(0, 0, " (0: as v_stages)"),
+    # 1: each main launch that follows a kernel of this verify (the scores pre-kernel, or the verify rows' launch
+    # before the flush rows') is launched as that kernel's programmatic dependent (sm90+): its programs are
+    # scheduled while the kernel before runs, issue the window's loads, and wait for it (griddepcontrol.wait) before
+    # they read its scores or store anything; a program that returns early waits first too
+    "pdl": flag_param(0),
 })
 
 
@@ -286,10 +292,13 @@ def _gdn_verify_scores_kernel(
     stride_sc0, stride_sc1,
     HK: tl.constexpr, K: tl.constexpr, R: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, LP: tl.constexpr, TP: tl.constexpr, USE_L2NORM: tl.constexpr, EPS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """scores: pre.  Per (row, k-head), fp32 rows of ``sc[row, hk]``: [0, LP) hq[j, i] = k^_j.q^_i and
     [LP, 2LP) hk[j, i] = k^_j.k^_i of the history (zero on flush rows, whose history is folded),
-    then [2LP, 2LP+TP) kk[j, i] = k^_j.k^_i and [2LP+TP, 2LP+2TP) kq[j, i] = k^_j.q^_i of the window."""
+    then [2LP, 2LP+TP) kk[j, i] = k^_j.k^_i and [2LP+TP, 2LP+2TP) kq[j, i] = k^_j.q^_i of the window.
+    ``PDL``: the main kernel, a programmatic dependent of this one, may start scheduling at once."""
+    pdl_trigger(PDL)
     i_n = tl.program_id(0).to(tl.int64)
     i_hk = tl.program_id(1)
     slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
@@ -525,14 +534,17 @@ def _gdn_verify_kernel(
     USE_L2NORM: tl.constexpr, ROUND_BETA: tl.constexpr, FLUSH_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, PER_TOKEN: tl.constexpr, SCORES_PRE: tl.constexpr,
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, VL: tl.constexpr, V_STAGES: tl.constexpr, KS: tl.constexpr,
-    WDOT: tl.constexpr, ROWS: tl.constexpr,
+    WDOT: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr, PDL_NEXT: tl.constexpr,
 ):
     """One program per VL value tiles (BV rows each) of a (row, v-head).  VL == 1: the tile is held as [BV, K];
     VL > 1 (``v_loop``): what does not depend on the value rows (gates, q^/k^, key scores, Gram, the
     substitution's per-token scalars, a flush's key norms) is computed once per program and the tiles, each
     held as [BV, KS, K / KS], run in a loop (:func:`_gdn_vloop_tile`).  ROWS: 0 every row, 1 the rows that fold
     no history (verify rows, flushes of an empty history), 2 the rows that do (``flush_rows: separate``); the other
-    rows' programs return at once."""
+    rows' programs return at once.  ``PDL``: launched as the programmatic dependent of the kernel before it (every
+    program waits for that kernel before it reads its scores, stores anything or returns); ``PDL_NEXT``: the next
+    launch is this one's dependent and may start scheduling at once."""
+    pdl_trigger(PDL_NEXT)
     i_v = tl.program_id(0)
     i_n = tl.program_id(1).to(tl.int64)
     i_hv = tl.program_id(2)
@@ -540,6 +552,7 @@ def _gdn_verify_kernel(
 
     slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
     if (slot < 0) | (slot == null_slot):
+        pdl_wait(PDL)
         return  # padded / null row: nothing is written
     # the slot's cursor (w history tokens from ring position org; flush: fold the history first)
     w = tl.load(wp + slot * stride_wp).to(tl.int32)
@@ -550,9 +563,11 @@ def _gdn_verify_kernel(
     fold = is_flush & (w > 0)  # a flush of an empty history is a verify from the checkpoint
     if ROWS == 1:
         if fold:
+            pdl_wait(PDL)
             return  # a folding row: the other launch's
     if ROWS == 2:
         if not fold:
+            pdl_wait(PDL)
             return
 
     o_k = tl.arange(0, BK)
@@ -573,6 +588,7 @@ def _gdn_verify_kernel(
     v_row = qkv + i_n * stride_x0 + 2 * HK * K + i_hv * V
     out_row = out + i_n * stride_o0 + i_hv * stride_o2
     if VL == 1:
+        pdl_wait(PDL)
         o_v = i_v * BV + tl.arange(0, BV)
         mask_v = o_v < V
 
@@ -716,6 +732,9 @@ def _gdn_verify_kernel(
                          other=0)
         k3_raw = tl.load(x_row + o_t[:, None, None] * stride_x1 + HK * K + i_hk * K + o_k3[None, :, :],
                          mask=mask_tk3, other=0)
+        # PDL: the loads above read what the kernel before this launch does not write (the window's inputs; the
+        # gates of this row's own history); its scores, and every store, come after the wait
+        pdl_wait(PDL)
         if SCORES_PRE:
             hq_pre, hk_pre, kk_pre, kq_pre = _load_scores(sc + i_n * stride_sc0 + i_hk * stride_sc1, o_j, o_t,
                                                           LP, TP)
@@ -950,6 +969,7 @@ def gdn_verify(
     LP = max(16, next_pow2(R - T))
     TP = max(2, next_pow2(T))
     scores_pre = cfg["scores"] == "pre" and B > cfg["inline_scores_max_batch"]  # host-side, per graph batch
+    pdl = pdl_on(cfg, dev)
     null = -1 if null_slot is None else int(null_slot)
     if scores_pre:  # per-call scratch (inside a CUDA graph it comes from the graph's pool)
         sc = torch.empty((B, Hk, 2 * LP + 2 * TP, TP), dtype=torch.float32, device=dev)
@@ -959,7 +979,7 @@ def gdn_verify(
             mixed_qkv.stride(0), mixed_qkv.stride(1), k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
             sc.stride(0), sc.stride(1),
             HK=Hk, K=K, R=R, T=T, BK=BK, LP=LP, TP=TP, USE_L2NORM=bool(use_qk_l2norm), EPS=L2NORM_EPS,
-            num_warps=cfg["scores_num_warps"], num_stages=1,
+            PDL=pdl, num_warps=cfg["scores_num_warps"], num_stages=1,
         )
     else:
         sc = out  # never read
@@ -972,7 +992,8 @@ def gdn_verify(
     else:
         launches = [dict(loop_args, ROWS=0)]
     grid = (triton.cdiv(V, BV * VL), B, HV)
-    for rows_args in launches:
+    for i, rows_args in enumerate(launches):
+        dependent = pdl and (scores_pre or i > 0)  # a kernel of this verify runs before it
         _gdn_verify_kernel[grid](
             mixed_qkv, a, b, A_log, dt_bias,
             state, d_ring, k_ring, g_ring,
@@ -993,9 +1014,10 @@ def gdn_verify(
             PER_TOKEN=cfg["reduce"] == "token", SCORES_PRE=scores_pre,
             IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
             DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
+            PDL=dependent, PDL_NEXT=pdl and i + 1 < len(launches),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
             **rows_args, **register_cap(cfg if VL == 1 or cfg["v_loop_maxnreg"] == -1 else
-                                        dict(cfg, maxnreg=cfg["v_loop_maxnreg"])),
+                                        dict(cfg, maxnreg=cfg["v_loop_maxnreg"])), **pdl_launch(dependent),
         )
     return out
 

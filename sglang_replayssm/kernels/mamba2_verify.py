@@ -76,7 +76,8 @@ import triton.language as tl
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
 from .common import split_dot, suffix_sum_excl, tf32_split
 from .common import (block_param, choice_param, config_keys, count_param, dot_precision_param, flag_param,
-                     launch_config, maxnreg_param, next_pow2, register_cap, register_family, warps_param)
+                     launch_config, maxnreg_param, next_pow2, pdl_launch, pdl_on, pdl_trigger, pdl_wait, register_cap,
+                     register_family, warps_param)
 from .mamba2_replay import _delta_from_raw, _head_param
 from .spec_tree import _tree_ancestor_mask, check_parents_arg
 
@@ -130,6 +131,10 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     # x ring: three passes). 0: tl.dot at dot_precision. On for fp32 states in default.yaml (won on the H200:
     # eval/results/spec-variants-h200/, round 13)
     "flush_split": flag_param(0),
+    # 1: with the B·C pre-kernel, the main kernel is launched as its programmatic dependent (sm90+): its programs
+    # are scheduled while the pre-kernel runs, read the slot and cursors themselves, stream S_ck and fold, and wait
+    # for the pre-kernel (griddepcontrol.wait) only where they first need its B·C dots, before the outputs
+    "pdl": flag_param(0),
 })
 
 @triton.jit
@@ -164,12 +169,15 @@ def _mamba2_verify_bc_kernel(
     s_C_b, s_C_t, s_C_g, s_C_n,
     s_bc_b, s_bc_g,
     BLOCK_NC: tl.constexpr, N_CHUNKS: tl.constexpr, WH: tl.constexpr, TP: tl.constexpr, HIST_ALL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """bc[row, g, k, s] = B_k · C_s (history k < wp; zero on flush rows unless ``HIST_ALL``)
     and bc[row, g, WH + m, s] = B_m · C_s (window m), fp32.  The programs of group 0 also write the row's slot and
     clamped cursors to rc[row] = (slot, wp, origin, flush) int32, every row (a padded or null row's cursors as 0),
     for the main kernel to read in one round trip.  ``HIST_ALL`` (the stream read, whose flush rows replay their
-    history): the history's B_k · C_s on flush rows too."""
+    history): the history's B_k · C_s on flush rows too.  ``PDL``: the main kernel, a programmatic dependent of
+    this one, may start scheduling at once."""
+    pdl_trigger(PDL)
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1).to(tl.int64)
     slot = tl.load(slot_ptr + row).to(tl.int64)
@@ -307,7 +315,8 @@ def _mamba2_verify_kernel(
     PER_TOKEN: tl.constexpr, BC_PRE: tl.constexpr, STREAM: tl.constexpr, BLOCK_N: tl.constexpr,
     STREAM_CHUNK: tl.constexpr, FLUSH_STAGES: tl.constexpr,
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, NF_MMA: tl.constexpr,
-    FLUSH_SPLIT: tl.constexpr, X_EXACT: tl.constexpr, ROW_CUR: tl.constexpr,
+    FLUSH_SPLIT: tl.constexpr, X_EXACT: tl.constexpr, ROW_CUR: tl.constexpr, LATE_BC: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -332,8 +341,8 @@ def _mamba2_verify_kernel(
     if HAS_Z:
         z_raw = tl.load(z_ptr + row * s_z_b + h * s_z_h + offs_m[:, None] * s_z_p + offs_t[None, :] * s_z_t,
                         mask=mask_m[:, None] & mask_t[None, :], other=0.0)
-    if BC_PRE:  # (a padded row's entry was never written: read, unused, its outputs masked off)
-        bc_base = bc_ptr + row * s_bc_b + g * s_bc_g
+    bc_base = bc_ptr + row * s_bc_b + g * s_bc_g
+    if BC_PRE and not LATE_BC:  # (a padded row's entry was never written: read, unused, its outputs masked off)
         bc_h = tl.load(bc_base + offs_k[:, None] * TP + offs_t[None, :])
         bc_w = tl.load(bc_base + (WH + offs_t)[:, None] * TP + offs_t[None, :])
     if IS_TREE:
@@ -376,7 +385,7 @@ def _mamba2_verify_kernel(
 
     # ---- S_ck·C_s (every row with the stream read), B_k·C_s, B_m·C_s; the N-chunk fold on flush rows ----
     SC = tl.zeros([BLOCK_M, TP], dtype=tl.float32)
-    if not BC_PRE:
+    if (not BC_PRE) or LATE_BC:  # (LATE_BC: placeholders until the pre-kernel's dots are read, below)
         bc_h = tl.zeros([WH, TP], dtype=tl.float32)
         bc_w = tl.zeros([TP, TP], dtype=tl.float32)  # [m, s]
     write_B = (pid_m == 0) & (h % heads_per_group == 0)
@@ -445,6 +454,13 @@ def _mamba2_verify_kernel(
                 X_EXACT, not STREAM)
 
     # ---- outputs ----
+    # LATE_BC: the pre-kernel's B·C dots, read only now (PDL: every program waits for the pre-kernel here, before
+    # its first read of what that kernel wrote; the stores above touch nothing the pre-kernel reads: the checkpoint,
+    # and the window's ring entries, which lie past the history it reads)
+    pdl_wait(PDL)
+    if BC_PRE and LATE_BC:
+        bc_h = tl.load(bc_base + offs_k[:, None] * TP + offs_t[None, :])
+        bc_w = tl.load(bc_base + (WH + offs_t)[:, None] * TP + offs_t[None, :])
     # μ_s − μ_m [m, s], summed directly over the Δ between (nothing subtracted: no cancellation)
     if IS_TREE:
         causal = anc & mask_t[:, None]  # [m, s]: m on the path root..s
@@ -613,6 +629,10 @@ def mamba2_verify(
     bc_pre = cfg["bc"] == "pre" and batch > cfg["inline_bc_max_batch"]  # host-side: one CUDA graph per batch size
     stream = cfg["nonflush"] in ("stream", "mma")
     rc = state_indices  # never read without the pre-kernel
+    # pdl: only behind the pre-kernel; the main kernel then reads the slot and cursors itself (the pre-kernel's per-row
+    # copy is what it would wait for) and the B·C dots late. On the CPU interpreter only the late read is taken
+    late_bc = bc_pre and bool(cfg["pdl"])
+    pdl = late_bc and pdl_on(cfg, dev)
     if bc_pre:  # per-call scratch (inside a CUDA graph it comes from the graph's pool)
         bc = torch.empty((batch, G, WH + TP, TP), dtype=torch.float32, device=dev)
         rc = torch.empty((batch, 4), dtype=torch.int32, device=dev)  # each row's slot and cursors
@@ -620,7 +640,7 @@ def mamba2_verify(
             B_ring, B, C, state_indices, wp, origin, flush, bc, rc,
             -1 if null_slot is None else int(null_slot), N, R, T,
             *B_ring.stride(), *B.stride(), *C.stride(), bc.stride(0), bc.stride(1),
-            BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP, HIST_ALL=stream,
+            BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP, HIST_ALL=stream, PDL=pdl,
             num_warps=int(cfg["bc_num_warps"]), num_stages=1,
         )
     else:
@@ -647,7 +667,8 @@ def mamba2_verify(
         FLUSH_STAGES=int(cfg["flush_stages"]),
         IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
         FLUSH_SPLIT=bool(cfg["flush_split"]), X_EXACT=x_ring.dtype in (torch.bfloat16, torch.float16),
-        ROW_CUR=bc_pre, num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg),
+        ROW_CUR=bc_pre and not late_bc, LATE_BC=late_bc, PDL=pdl,
+        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg), **pdl_launch(pdl),
     )
     return out
 

@@ -939,12 +939,20 @@ def test_flush_rows_separate_launches_verify_then_flush_rows(device, seed, launc
     dict(flush_rows="fused", window_dot="split"),
     dict(flush_rows="separate", window_dot="fma", scores="inline"),
     dict(flush_rows="separate", window_dot="fma", v_loop=1),  # one tile a program
-], ids=["sep-fma", "fused-split", "inline-scores", "vl1"])
+    # pdl: the interpreter runs these as the rows above (the GPU run's)
+    pytest.param(dict(flush_rows="separate", window_dot="fma", pdl=1), marks=pytest.mark.slow),
+    pytest.param(dict(flush_rows="fused", window_dot="split", pdl=1), marks=pytest.mark.slow),
+    pytest.param(dict(flush_rows="separate", window_dot="fma", scores="inline", pdl=1), marks=pytest.mark.slow),
+    pytest.param(dict(flush_rows="separate", window_dot="fma", v_loop=1, pdl=1), marks=pytest.mark.slow),
+], ids=["sep-fma", "fused-split", "inline-scores", "vl1", "sep-fma-pdl", "fused-split-pdl", "inline-scores-pdl",
+        "vl1-pdl"])
 def test_load_order_stays_on_the_reference(device, seed, launch, monkeypatch, cfg):
     """The looping kernel's prologue loads before its math and ring stores, a flush's key norms in one read (with
     and without the scores pre-kernel, split and fused flush launches, one tile a program): folding, padded and null
     rows among verify rows (some history ring positions wrapped), and a stream across flushes, stay on the
-    reference and oracle."""
+    reference and oracle. ``pdl`` (on a GPU: each main launch after the scores pre-kernel or the verify rows' launch
+    is that kernel's programmatic dependent, waiting before its scores and stores; the interpreter runs it as off)
+    the same."""
     params = dict(BV=16, v_loop=2, v_loop_min_batch=1, v_stages=2, flush_v_stages=2)
     params.update(cfg)
     launch(always=True, **params)

@@ -1,0 +1,80 @@
+"""``pdl`` (programmatic dependent launch) in the verify wrappers: which launches become dependents of the kernel
+before them, what each compiled program is told (wait before its first read of that kernel's writes; let the next
+launch schedule), and that it stays off where it cannot run. The launches are recorded, not run (the CPU
+interpreter has no grid dependency control); the outputs with ``pdl`` on are checked against the oracles by the
+launch-variant tests of test_mamba2_verify.py / test_gdn_verify.py, on the GPU with the dependent launches real.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eval.verify_sass import capture
+from sglang_replayssm.kernels import gdn_verify as gv
+from sglang_replayssm.kernels import mamba2_verify as mv
+
+MAMBA2 = {"H": 4, "P": 16, "N": 16, "G": 2}
+GDN = {"HV": 4, "Hk": 2, "K": 32, "V": 32}
+F32, BF16 = torch.float32, torch.bfloat16
+
+
+def _mamba2(cfg):
+    return capture("mamba2", cfg, MAMBA2, T=3, hist=5, state_dtype=F32, act_dtype=BF16, batch=4)
+
+
+def _gdn(cfg):
+    base = dict(v_loop=2, v_loop_min_batch=1, BV=16)
+    return capture("gdn", dict(base, **cfg), GDN, T=3, hist=5, state_dtype=F32, act_dtype=BF16, batch=4)
+
+
+def _flags(call, *names):
+    return tuple(call["kwargs"][n] for n in names) + (call["kwargs"].get("launch_pdl", False),)
+
+
+def test_mamba2_main_kernel_is_the_bc_pre_kernels_dependent():
+    calls = _mamba2({"bc": "pre", "pdl": 1})
+    assert _flags(calls["_mamba2_verify_bc_kernel"], "PDL") == (True, False)  # triggers; launched as usual
+    # the main kernel: reads the slot and cursors itself, B·C late, waits, launched as a dependent
+    assert _flags(calls["_mamba2_verify_kernel"], "ROW_CUR", "LATE_BC", "PDL") == (False, True, True, True)
+
+
+@pytest.mark.parametrize("cfg,want", [
+    ({"bc": "pre", "pdl": 0}, (True, False, False, False)),  # the packaged path: the pre-kernel's per-row cursors
+    ({"bc": "inline", "pdl": 1}, (False, False, False, False)),  # no pre-kernel: nothing to depend on
+])
+def test_mamba2_pdl_off_or_without_a_pre_kernel(cfg, want):
+    calls = _mamba2(cfg)
+    assert _flags(calls["_mamba2_verify_kernel"], "ROW_CUR", "LATE_BC", "PDL") == want
+    if cfg["bc"] == "pre":
+        assert _flags(calls["_mamba2_verify_bc_kernel"], "PDL") == (False, False)
+    else:
+        assert "_mamba2_verify_bc_kernel" not in calls
+
+
+@pytest.mark.parametrize("cfg,want", [
+    # scores pre-kernel, verify rows' launch, flush rows' launch: each main launch the dependent of the one before
+    ({"scores": "pre", "flush_rows": "separate", "pdl": 1}, [(True,), (True, True, True), (True, False, True)]),
+    ({"scores": "pre", "flush_rows": "fused", "pdl": 1}, [(True,), (True, False, True)]),
+    # scores inline: the first main launch follows no kernel of this verify, the flush rows' launch follows it
+    ({"scores": "inline", "flush_rows": "separate", "pdl": 1}, [None, (False, True, False), (True, False, True)]),
+    ({"scores": "pre", "flush_rows": "separate", "pdl": 0}, [(False,), (False, False, False), (False, False, False)]),
+])
+def test_gdn_main_launches_depend_on_the_kernel_before(cfg, want):
+    calls = _gdn(cfg)
+    scores = calls.get("_gdn_verify_scores_kernel")
+    if want[0] is None:
+        assert scores is None
+    else:
+        assert _flags(scores, "PDL")[:1] == want[0] and not scores["kwargs"].get("launch_pdl", False)
+    mains = [calls[k] for k in ("_gdn_verify_kernel", "_gdn_verify_kernel#2") if k in calls]
+    assert [_flags(c, "PDL", "PDL_NEXT") for c in mains] == want[1:]
+
+
+def test_pdl_is_off_for_cpu_tensors_and_in_the_interpreter():
+    from sglang_replayssm.kernels.common import pdl_on
+
+    assert not pdl_on({"pdl": 1}, torch.device("cpu"))
+    assert not pdl_on({"pdl": 0}, torch.device("cpu"))
+    # the wrappers' own decision (capture() builds as on an sm90 GPU; the real pdl_on sees CPU tensors)
+    assert mv.pdl_on is pdl_on and gv.pdl_on is pdl_on
