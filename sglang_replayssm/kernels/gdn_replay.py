@@ -114,7 +114,7 @@ import triton
 import triton.language as tl
 
 from .common import L2NORM_EPS, SOFTPLUS_THRESHOLD, interpreting, launch_config, next_pow2, softplus, suffix_sum_excl
-from .common import flush_first_row, write_flush_first_rank
+from .common import flag_param, flush_first_row, pdl_launch, pdl_on, pdl_trigger, pdl_wait, write_flush_first_rank
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, register_cap, register_family
 from .common import block_param, choice_param, count_param, dot_precision_param, maxnreg_param, warps_param
 
@@ -160,6 +160,9 @@ GDN_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_decode", {
     # row from the score pre-kernel's flush-first order (common.flush_first_row; only with scores "pre" above
     # inline_scores_max_batch). Off by default; on in the H200 file's Qwen entries (kernel-variants-h200/mixed-order/)
     "flush_first_max_batch": count_param(0),
+    # 1: with the pre-kernel, the decode kernel is launched as its programmatic dependent (sm90+): its programs are
+    # scheduled while the pre-kernel runs and wait for it (griddepcontrol.wait) before anything else
+    "pdl": flag_param(0),
 })
 # the string launch parameters that are speed choices (same results), for eval/tune_kernels.py
 GDN_LAUNCH_CHOICES: Dict[str, Tuple[str, ...]] = {"flush": _FLUSH_MODES, "scores": _SCORE_MODES,
@@ -297,11 +300,13 @@ def _gdn_history_scores_kernel(
     scale, null_slot,
     stride_idx, stride_wp, stride_qkv, stride_k0, stride_k1, stride_k2, order, n_rows,
     HK: tl.constexpr, K: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, LP: tl.constexpr,
-    USE_L2NORM: tl.constexpr, EPS: tl.constexpr, FF: tl.constexpr,
+    USE_L2NORM: tl.constexpr, EPS: tl.constexpr, FF: tl.constexpr, PDL: tl.constexpr,
 ):
     """Per (row, k-head), once instead of once per (v-head, V tile): the scores of the
     cached keys against the current token, scores[row, hk] = (k^_j . q^, k^_j . k^,
-    1/|k_j|) for j < write_pos, so the decode kernel never holds the [LP, K] key tile."""
+    1/|k_j|) for j < write_pos, so the decode kernel never holds the [LP, K] key tile.
+    ``PDL``: the decode kernel, a programmatic dependent of this one, may start scheduling at once."""
+    pdl_trigger(PDL)
     i_n = tl.program_id(0).to(tl.int64)
     i_hk = tl.program_id(1)
     slot = tl.load(state_indices + i_n * stride_idx).to(tl.int64)
@@ -467,8 +472,10 @@ def _gdn_replay_decode_kernel(
     BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, NUM_STAGES: tl.constexpr,
     USE_L2NORM: tl.constexpr, PRE_SCORES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, CAST_BITS: tl.constexpr, FF: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # program: one V tile of BV rows of one (row, v-head)
+    pdl_wait(PDL)  # PDL: launched as the score pre-kernel's dependent
     i_vp = tl.program_id(0)
     i_n, i_hv = _row_and_head(order, FF)
     i_hk = i_hv // (HV // HK)
@@ -560,6 +567,7 @@ def _gdn_replay_decode_kchunk_kernel(
     BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, LP: tl.constexpr, NUM_STAGES: tl.constexpr,
     USE_L2NORM: tl.constexpr, PRE_SCORES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, CAST_BITS: tl.constexpr, FF: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """The decode step of ``_gdn_replay_decode_kernel`` (same math, same writes) with the checkpoint
     tile streamed in K chunks of BKC columns (launch option ``BKC`` > 0): the output pass accumulates
@@ -567,6 +575,7 @@ def _gdn_replay_decode_kchunk_kernel(
     tile a second time (from L2: the same program read it a moment before) to store the new
     checkpoint chunk by chunk. Keys enter through their norms: q^ = q |q|^-1 scale, k^ = k |k|^-1,
     and the cached keys' 1/|k_j| (``rn``), so a chunk never needs a whole-row norm."""
+    pdl_wait(PDL)  # PDL: launched as the score pre-kernel's dependent
     i_v = tl.program_id(0)
     i_n, i_hv = _row_and_head(order, FF)
     i_hk = i_hv // (HV // HK)
@@ -816,6 +825,7 @@ def gdn_replay_decode(
     null = -1 if null_slot is None else int(null_slot)
     use_l2 = bool(use_qk_l2norm)
     pre = cfg["scores"] == "pre" and L > 1 and not small
+    pdl = pre and pdl_on(cfg, dev)
     # flush rows first (their order written by the score pre-kernel, so only with it); 0: the rows in grid order
     FF = max(16, next_pow2(B)) if pre and B <= cfg["flush_first_max_batch"] else 0
     grid = (triton.cdiv(V, BV), HV, B) if FF else (triton.cdiv(V, BV), B, HV)
@@ -828,7 +838,7 @@ def gdn_replay_decode(
             float(scale), null,
             state_indices.stride(0), write_pos.stride(0), mixed_qkv.stride(0),
             k_ring.stride(0), k_ring.stride(1), k_ring.stride(2), order, B if FF else None,
-            HK=Hk, K=K, L=L, BK=BK, LP=LP, USE_L2NORM=use_l2, EPS=L2NORM_EPS, FF=FF,
+            HK=Hk, K=K, L=L, BK=BK, LP=LP, USE_L2NORM=use_l2, EPS=L2NORM_EPS, FF=FF, PDL=pdl,
             num_warps=cfg["scores_num_warps"], num_stages=1,
         )
     else:
@@ -848,8 +858,8 @@ def gdn_replay_decode(
     common = dict(HK=Hk, HV=HV, K=K, V=V, L=L, BK=BK, BV=BV, LP=LP, NUM_STAGES=cfg["num_stages"],
                   USE_L2NORM=use_l2, PRE_SCORES=pre, FLUSH=cfg["flush"],
                   DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
-                  CAST_BITS=cfg["cast"] == "bits" or interpreting(), FF=FF,
-                  num_warps=num_warps, num_stages=cfg["num_stages"], **register_cap(cfg))
+                  CAST_BITS=cfg["cast"] == "bits" or interpreting(), FF=FF, PDL=pdl,
+                  num_warps=num_warps, num_stages=cfg["num_stages"], **register_cap(cfg), **pdl_launch(pdl))
     if BKC:
         _gdn_replay_decode_kchunk_kernel[grid](*args, BKC=min(BKC, BK), **common)
     else:

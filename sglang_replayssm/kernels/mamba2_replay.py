@@ -88,6 +88,7 @@ from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
 from .common import SOFTPLUS_THRESHOLD, config_keys, launch_config, next_pow2, softplus, suffix_sum_excl
 from .common import block_param, count_param, dot_precision_param, flag_param, maxnreg_param, register_cap
 from .common import flush_first_row, register_family, warps_param, write_flush_first_rank
+from .common import pdl_launch, pdl_on, pdl_trigger, pdl_wait
 
 __all__ = [
     "mamba2_replay_decode",
@@ -128,6 +129,9 @@ LAUNCH_DEFAULTS = {
         # writes (common.flush_first_row; only above inline_bc_max_batch). Off by default; on in the H200 file's
         # Nemotron-H entries (kernel-variants-h200/mixed-order/)
         "flush_first_max_batch": count_param(0),
+        # 1: with the B·C pre-kernel, the decode kernel is launched as its programmatic dependent (sm90+): its
+        # programs are scheduled while the pre-kernel runs and wait for it (griddepcontrol.wait) before anything else
+        "pdl": flag_param(0),
     }),
 }
 
@@ -269,10 +273,12 @@ def _mamba2_bc_kernel(
     s_B_b, s_B_g, s_B_n,
     s_C_b, s_C_g, s_C_n,
     s_bc_b, s_bc_g, order_ptr, n_rows,
-    BLOCK_N: tl.constexpr, WIN: tl.constexpr, FF: tl.constexpr,
+    BLOCK_N: tl.constexpr, WIN: tl.constexpr, FF: tl.constexpr, PDL: tl.constexpr,
 ):
     """bc[row, g, j] = B_j · C_cur (fp32) for j <= w on non-flush rows; with FF > 0 also the decode kernel's
-    flush-first order (common.write_flush_first_rank, from the (row, 0) programs)."""
+    flush-first order (common.write_flush_first_rank, from the (row, 0) programs). ``PDL``: the decode kernel, a
+    programmatic dependent of this one, may start scheduling at once."""
+    pdl_trigger(PDL)
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1).to(tl.int64)
     slot, w, live = _load_row_cursor(slot_ptr, wpos_ptr, row, null_slot, L)
@@ -315,7 +321,9 @@ def _mamba2_replay_kernel(
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NC: tl.constexpr, WIN: tl.constexpr,
     FLUSH_UNROLL: tl.constexpr, INLINE_BC: tl.constexpr, STATE_FIRST: tl.constexpr, FF: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)  # PDL: launched as the B·C pre-kernel's dependent
     pid_m = tl.program_id(0)
     # scalar offsets in int64: free at this scale, and no int32 product can overflow
     if FF == 0:
@@ -585,6 +593,7 @@ def mamba2_replay_decode(
     heads_per_group = H // G
 
     inline_bc = batch <= cfg["inline_bc_max_batch"]
+    pdl = not inline_bc and pdl_on(cfg, state.device)
     # flush rows first (their order written by the B·C pre-kernel, so only with it); 0: the rows in grid order
     FF = max(16, next_pow2(batch)) if not inline_bc and batch <= cfg["flush_first_max_batch"] else 0
     # per call (graph-safe); None without FF: no kernel parameter, the same build as without the option
@@ -596,7 +605,7 @@ def mamba2_replay_decode(
             null_slot, N, L,
             *B_ring.stride(), *B.stride(), *C.stride(),
             bc.stride(0), bc.stride(1), order, batch if FF else None,
-            BLOCK_N=BLOCK_N, WIN=WIN, FF=FF,
+            BLOCK_N=BLOCK_N, WIN=WIN, FF=FF, PDL=pdl,
             num_warps=int(cfg["bc_num_warps"]),
         )
         s_bc_b, s_bc_g = bc.stride(0), bc.stride(1)
@@ -623,7 +632,8 @@ def mamba2_replay_decode(
         DT_SOFTPLUS=bool(dt_softplus),
         DOT_PRECISION=cfg["dot_precision"],
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_NC=BLOCK_NC, WIN=WIN, FLUSH_UNROLL=bool(cfg["flush_unroll"]),
-        INLINE_BC=inline_bc, STATE_FIRST=bool(cfg["state_first"]), FF=FF,
+        INLINE_BC=inline_bc, STATE_FIRST=bool(cfg["state_first"]), FF=FF, PDL=pdl,
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg, inline_bc),
+        **pdl_launch(pdl),
     )
     return out

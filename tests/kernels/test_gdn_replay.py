@@ -1037,7 +1037,8 @@ def test_flush_first_order_writes_what_grid_order_writes(device, seed, tmp_path,
     negative one (and, "-20", 13 more padded rows: an order wider than 16), the order is the flush rows then the
     others, each in row order; the outputs and every pool are bit-identical to the grid-order launch, for the
     whole-tile and the K-chunked kernel; a batch above the limit, or scores computed inline (no pre-kernel to write
-    the order), keeps the grid order."""
+    the order), keeps the grid order. ``pdl`` (on an sm90 GPU the decode kernel launched as the pre-kernel's
+    programmatic dependent) writes the same bits, in both orders."""
     import sglang_replayssm.kernels.gdn_replay as mod
 
     L = 4
@@ -1071,7 +1072,8 @@ def test_flush_first_order_writes_what_grid_order_writes(device, seed, tmp_path,
     for name, extra in (("grid", ""), ("flush-first", f", flush_first_max_batch: {B}"),
                         ("above-limit", f", flush_first_max_batch: {B - 1}"),
                         ("inline", ", scores: inline"),
-                        ("inline-flush-first", f", scores: inline, flush_first_max_batch: {B}")):
+                        ("inline-flush-first", f", scores: inline, flush_first_max_batch: {B}"),
+                        ("grid-pdl", ", pdl: 1"), ("flush-first-pdl", f", flush_first_max_batch: {B}, pdl: 1")):
         f = tmp_path / f"{name}.yaml"
         f.write_text(f"gdn_decode:\n  default: {{BV: 32, BKC: {bkc}{extra}}}\n")
         monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
@@ -1079,14 +1081,15 @@ def test_flush_first_order_writes_what_grid_order_writes(device, seed, tmp_path,
         got[name] = (sim.launch(gdn_replay_decode, x, a, b, idx, wp, bases, sim.new_out(B, F32)), bases)
     tiles = triton.cdiv(sim.V, 32)
     in_order, flush_first = (tiles, B, sim.HV), (tiles, sim.HV, B)
-    assert grids == [in_order, flush_first, in_order, in_order, in_order], grids
-    assert orders == [[2, 4, 5, 0, 1, 3, 6] + list(range(7, B))], orders
+    assert grids == [in_order, flush_first, in_order, in_order, in_order, in_order, flush_first], grids
+    assert orders == [[2, 4, 5, 0, 1, 3, 6] + list(range(7, B))] * 2, orders
     out_ref, pools_ref = got["grid"]
     flushed = sim.pools(pools_ref)["state"][5]
     assert not torch.equal(bits(flushed), bits(sim.pools(before)["state"][5])), "no flush row wrote its state"
     live = [0, 2, 3, 5, 6]
     assert torch.isfinite(out_ref[live]).all() and torch.isnan(out_ref[[r for r in range(B) if r not in live]]).all()
-    for name, ref in (("flush-first", "grid"), ("above-limit", "grid"), ("inline-flush-first", "inline")):
+    for name, ref in (("flush-first", "grid"), ("above-limit", "grid"), ("inline-flush-first", "inline"),
+                      ("grid-pdl", "grid"), ("flush-first-pdl", "grid")):
         (out, pools), (out_ref, pools_ref) = got[name], got[ref]
         assert torch.equal(bits(out), bits(out_ref)), f"{name}: outputs differ"
         for n in pools:

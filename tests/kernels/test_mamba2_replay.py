@@ -585,6 +585,20 @@ def test_state_first_matches_the_oracle(device, config_file, monkeypatch, first,
     assert flags and all(f == (bool(first), bool(inline)) for f in flags), flags
 
 
+@pytest.mark.slow  # the interpreter runs pdl as off: the same launches as the rows above (the GPU run's)
+@pytest.mark.parametrize("ff", [0, 4], ids=["grid-order", "flush-first"])
+def test_pdl_matches_the_oracle(device, config_file, monkeypatch, ff):
+    """pdl: the decode kernel launched as the B·C pre-kernel's programmatic dependent (on an sm90 GPU), in grid
+    order and flush-first: the oracle holds through flushes on every phase, desynchronised rows and padding."""
+    from sglang_replayssm.kernels.common import pdl_on
+
+    config_file(f"mamba2_output_only:\n  default: {{pdl: 1, inline_bc_max_batch: 1, flush_first_max_batch: {ff}}}\n")
+    h, flags = _desynchronised_flushes(device, monkeypatch, (F32, BF16), ("PDL", "INLINE_BC"))
+    h.step([1], pads=("null", "neg"), pad_wpos=3, out_fill=42.0)
+    on = pdl_on({"pdl": 1}, torch.device(device))
+    assert flags[0] == (False, True) and all(f == (on, False) for f in flags[1:]), flags
+
+
 def test_flush_first_order_matches_the_oracle(device, config_file, monkeypatch):
     """flush_first_max_batch: within the limit and above inline_bc_max_batch the grid is (M tiles, heads, rows) and
     each program reads its row from the flush-first order the B·C pre-kernel wrote; the oracle holds through

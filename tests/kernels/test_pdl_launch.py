@@ -1,6 +1,6 @@
-"""``pdl`` (programmatic dependent launch) in the verify wrappers: which launches become dependents of the kernel
-before them, what each compiled program is told (wait before its first read of that kernel's writes; let the next
-launch schedule), and that it stays off where it cannot run. The launches are recorded, not run (the CPU
+"""``pdl`` (programmatic dependent launch) in the verify and decode wrappers: which launches become dependents of
+the kernel before them, what each compiled program is told (wait before its first read of that kernel's writes; let
+the next launch schedule), and that it stays off where it cannot run. The launches are recorded, not run (the CPU
 interpreter has no grid dependency control); the outputs with ``pdl`` on are checked against the oracles by the
 launch-variant tests of test_mamba2_verify.py / test_gdn_verify.py, on the GPU with the dependent launches real.
 """
@@ -78,3 +78,64 @@ def test_pdl_is_off_for_cpu_tensors_and_in_the_interpreter():
     assert not pdl_on({"pdl": 0}, torch.device("cpu"))
     # the wrappers' own decision (capture() builds as on an sm90 GPU; the real pdl_on sees CPU tensors)
     assert mv.pdl_on is pdl_on and gv.pdl_on is pdl_on
+
+
+# ---- the decode kernels: the main kernel waits first thing, behind the pre-kernel only ----
+def _pdl_as_on_sm90(monkeypatch, mod):
+    monkeypatch.setattr(mod, "pdl_on", lambda cfg, dev: bool(cfg.get("pdl", 0)))
+
+
+@pytest.mark.parametrize("cfg,want", [
+    ({"scores": "pre", "pdl": 1}, (True, True)),
+    ({"scores": "pre", "pdl": 1, "BKC": 16}, (True, True)),  # the K-chunked kernel
+    ({"scores": "pre", "pdl": 1, "flush_first_max_batch": 64}, (True, True)),
+    ({"scores": "pre", "pdl": 0}, (False, False)),
+    ({"scores": "inline", "pdl": 1}, None),  # no pre-kernel: launched as usual
+])
+def test_gdn_decode_kernel_is_the_score_pre_kernels_dependent(monkeypatch, cfg, want):
+    from eval.gdn_sass import capture as gdn_capture
+    from sglang_replayssm.kernels import gdn_replay as gr
+
+    _pdl_as_on_sm90(monkeypatch, gr)
+    calls = gdn_capture(cfg, GDN, 8, F32, BF16)
+    main = calls.get("_gdn_replay_decode_kchunk_kernel") or calls["_gdn_replay_decode_kernel"]
+    if want is None:
+        assert "_gdn_history_scores_kernel" not in calls
+        assert _flags(main, "PDL") == (False, False)
+    else:
+        assert _flags(calls["_gdn_history_scores_kernel"], "PDL") == (want[0], False)
+        assert _flags(main, "PDL") == want
+
+
+@pytest.mark.parametrize("cfg,batch,want", [
+    ({"pdl": 1}, 4, (True, True)),
+    ({"pdl": 1, "flush_first_max_batch": 64}, 4, (True, True)),
+    ({"pdl": 0}, 4, (False, False)),
+    ({"pdl": 1}, 1, None),  # within inline_bc_max_batch: no pre-kernel, launched as usual
+])
+def test_mamba2_decode_kernel_is_the_bc_pre_kernels_dependent(monkeypatch, tmp_path, cfg, batch, want):
+    import yaml
+
+    from eval.gdn_sass import _Recorder
+    from sglang_replayssm.kernels import common
+    from sglang_replayssm.kernels import mamba2_replay as mr
+
+    f = tmp_path / "cfg.yaml"
+    f.write_text(yaml.safe_dump({"mamba2_output_only": {"default": cfg}}))
+    monkeypatch.setenv(common.ENV_CONFIG_FILE, str(f))
+    _pdl_as_on_sm90(monkeypatch, mr)
+    calls = {}
+    for n in ("_mamba2_bc_kernel", "_mamba2_replay_kernel"):
+        monkeypatch.setattr(mr, n, _Recorder(getattr(mr, n), calls))
+    H, P, N, G, L, S = MAMBA2["H"], MAMBA2["P"], MAMBA2["N"], MAMBA2["G"], 8, batch + 2
+    r = torch.randn
+    mr.mamba2_replay_decode(torch.zeros(S, H, P, N), torch.zeros(S, H, L, P, dtype=BF16),
+                            torch.zeros(S, G, L, N, dtype=BF16), torch.zeros(S, H, L), r(batch, H, P).to(BF16),
+                            r(batch, H).to(BF16), -torch.rand(H), r(batch, G, N).to(BF16), r(batch, G, N).to(BF16),
+                            torch.arange(1, batch + 1, dtype=torch.int32), torch.full((batch,), 3, dtype=torch.int32))
+    if want is None:
+        assert "_mamba2_bc_kernel" not in calls
+        assert _flags(calls["_mamba2_replay_kernel"], "PDL") == (False, False)
+    else:
+        assert _flags(calls["_mamba2_bc_kernel"], "PDL") == (want[0], False)
+        assert _flags(calls["_mamba2_replay_kernel"], "PDL") == want
