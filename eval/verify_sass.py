@@ -117,7 +117,7 @@ def capture(family: str, config: Dict[str, Any], geom: Dict[str, int], T: int, h
     for n in names:
         setattr(mod, n, _Recorder(saved[n], calls))
     saved_pdl = mod.pdl_on  # the inputs here are CPU tensors: a config's pdl builds as on an sm90 GPU
-    mod.pdl_on = lambda cfg, dev: bool(cfg.get("pdl", 0))
+    mod.pdl_on = lambda want, dev: bool(want)
     try:
         (_call_mamba2 if family == "mamba2" else _call_gdn)(geom, T, hist, state_dtype, act_dtype, batch)
     finally:

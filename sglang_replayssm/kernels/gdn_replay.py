@@ -825,7 +825,7 @@ def gdn_replay_decode(
     null = -1 if null_slot is None else int(null_slot)
     use_l2 = bool(use_qk_l2norm)
     pre = cfg["scores"] == "pre" and L > 1 and not small
-    pdl = pre and pdl_on(cfg, dev)
+    pdl = pre and pdl_on(cfg["pdl"], dev)
     # flush rows first (their order written by the score pre-kernel, so only with it); 0: the rows in grid order
     FF = max(16, next_pow2(B)) if pre and B <= cfg["flush_first_max_batch"] else 0
     grid = (triton.cdiv(V, BV), HV, B) if FF else (triton.cdiv(V, BV), B, HV)

@@ -969,7 +969,7 @@ def gdn_verify(
     LP = max(16, next_pow2(R - T))
     TP = max(2, next_pow2(T))
     scores_pre = cfg["scores"] == "pre" and B > cfg["inline_scores_max_batch"]  # host-side, per graph batch
-    pdl = pdl_on(cfg, dev)
+    pdl = pdl_on(cfg["pdl"], dev)
     null = -1 if null_slot is None else int(null_slot)
     if scores_pre:  # per-call scratch (inside a CUDA graph it comes from the graph's pool)
         sc = torch.empty((B, Hk, 2 * LP + 2 * TP, TP), dtype=torch.float32, device=dev)

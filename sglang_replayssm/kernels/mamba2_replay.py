@@ -593,7 +593,7 @@ def mamba2_replay_decode(
     heads_per_group = H // G
 
     inline_bc = batch <= cfg["inline_bc_max_batch"]
-    pdl = not inline_bc and pdl_on(cfg, state.device)
+    pdl = not inline_bc and pdl_on(cfg["pdl"], state.device)
     # flush rows first (their order written by the B·C pre-kernel, so only with it); 0: the rows in grid order
     FF = max(16, next_pow2(batch)) if not inline_bc and batch <= cfg["flush_first_max_batch"] else 0
     # per call (graph-safe); None without FF: no kernel parameter, the same build as without the option

@@ -93,6 +93,7 @@ REDUCE_MODES = ("bcast", "token")
 #             [batch, G, WH + TP, TP] that the main kernel reads.
 BC_MODES = ("inline", "pre")
 NONFLUSH_MODES = ("chunked", "stream", "mma")
+PDL_MODES = ("none", "first", "late")  # index: the main kernel's PDL constexpr
 
 # Built-in launch parameters: the fastest measured on the H200 (eval/results/spec-variants-h200/, rounds 1-2 and 7).
 MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", {
@@ -131,10 +132,11 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     # x ring: three passes). 0: tl.dot at dot_precision. On for fp32 states in default.yaml (won on the H200:
     # eval/results/spec-variants-h200/, round 13)
     "flush_split": flag_param(0),
-    # 1: with the B·C pre-kernel, the main kernel is launched as its programmatic dependent (sm90+): its programs
-    # are scheduled while the pre-kernel runs, read the slot and cursors themselves, stream S_ck and fold, and wait
-    # for the pre-kernel (griddepcontrol.wait) only where they first need its B·C dots, before the outputs
-    "pdl": flag_param(0),
+    # with the B·C pre-kernel, the main kernel launched as its programmatic dependent (sm90+), its programs scheduled
+    # while the pre-kernel runs: "first" (they wait for it, griddepcontrol.wait, before anything else) or "late"
+    # (they read the slot and cursors themselves, stream S_ck and fold, and wait only where they first need its
+    # B·C dots, before the outputs); "none": launched as usual
+    "pdl": choice_param("none", PDL_MODES),
 })
 
 @triton.jit
@@ -318,6 +320,9 @@ def _mamba2_verify_kernel(
     FLUSH_SPLIT: tl.constexpr, X_EXACT: tl.constexpr, ROW_CUR: tl.constexpr, LATE_BC: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    """``PDL``: launched as the B·C pre-kernel's programmatic dependent, every program waiting for it first thing (1)
+    or before the outputs (2: with ``LATE_BC``); 0: launched as usual."""
+    pdl_wait(PDL == 1)
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     h = tl.program_id(2).to(tl.int64)
@@ -457,7 +462,7 @@ def _mamba2_verify_kernel(
     # LATE_BC: the pre-kernel's B·C dots, read only now (PDL: every program waits for the pre-kernel here, before
     # its first read of what that kernel wrote; the stores above touch nothing the pre-kernel reads: the checkpoint,
     # and the window's ring entries, which lie past the history it reads)
-    pdl_wait(PDL)
+    pdl_wait(PDL == 2)
     if BC_PRE and LATE_BC:
         bc_h = tl.load(bc_base + offs_k[:, None] * TP + offs_t[None, :])
         bc_w = tl.load(bc_base + (WH + offs_t)[:, None] * TP + offs_t[None, :])
@@ -629,10 +634,10 @@ def mamba2_verify(
     bc_pre = cfg["bc"] == "pre" and batch > cfg["inline_bc_max_batch"]  # host-side: one CUDA graph per batch size
     stream = cfg["nonflush"] in ("stream", "mma")
     rc = state_indices  # never read without the pre-kernel
-    # pdl: only behind the pre-kernel; the main kernel then reads the slot and cursors itself (the pre-kernel's per-row
-    # copy is what it would wait for) and the B·C dots late. On the CPU interpreter only the late read is taken
-    late_bc = bc_pre and bool(cfg["pdl"])
-    pdl = late_bc and pdl_on(cfg, dev)
+    # pdl: only behind the pre-kernel. "late": the main kernel reads the slot and cursors itself (the pre-kernel's
+    # per-row copy is what it would wait for) and the B·C dots last; the CPU interpreter takes that order, not the launch
+    late_bc = bc_pre and cfg["pdl"] == "late"
+    pdl = (PDL_MODES.index(cfg["pdl"]) if bc_pre and pdl_on(cfg["pdl"] != "none", dev) else 0)
     if bc_pre:  # per-call scratch (inside a CUDA graph it comes from the graph's pool)
         bc = torch.empty((batch, G, WH + TP, TP), dtype=torch.float32, device=dev)
         rc = torch.empty((batch, 4), dtype=torch.int32, device=dev)  # each row's slot and cursors
@@ -640,7 +645,7 @@ def mamba2_verify(
             B_ring, B, C, state_indices, wp, origin, flush, bc, rc,
             -1 if null_slot is None else int(null_slot), N, R, T,
             *B_ring.stride(), *B.stride(), *C.stride(), bc.stride(0), bc.stride(1),
-            BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP, HIST_ALL=stream, PDL=pdl,
+            BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP, HIST_ALL=stream, PDL=pdl > 0,
             num_warps=int(cfg["bc_num_warps"]), num_stages=1,
         )
     else:
@@ -668,7 +673,7 @@ def mamba2_verify(
         IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
         FLUSH_SPLIT=bool(cfg["flush_split"]), X_EXACT=x_ring.dtype in (torch.bfloat16, torch.float16),
         ROW_CUR=bc_pre and not late_bc, LATE_BC=late_bc, PDL=pdl,
-        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg), **pdl_launch(pdl),
+        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg), **pdl_launch(pdl > 0),
     )
     return out
 

@@ -32,24 +32,22 @@ def _flags(call, *names):
     return tuple(call["kwargs"][n] for n in names) + (call["kwargs"].get("launch_pdl", False),)
 
 
-def test_mamba2_main_kernel_is_the_bc_pre_kernels_dependent():
-    calls = _mamba2({"bc": "pre", "pdl": 1})
-    assert _flags(calls["_mamba2_verify_bc_kernel"], "PDL") == (True, False)  # triggers; launched as usual
-    # the main kernel: reads the slot and cursors itself, B·C late, waits, launched as a dependent
-    assert _flags(calls["_mamba2_verify_kernel"], "ROW_CUR", "LATE_BC", "PDL") == (False, True, True, True)
-
-
-@pytest.mark.parametrize("cfg,want", [
-    ({"bc": "pre", "pdl": 0}, (True, False, False, False)),  # the packaged path: the pre-kernel's per-row cursors
-    ({"bc": "inline", "pdl": 1}, (False, False, False, False)),  # no pre-kernel: nothing to depend on
+@pytest.mark.parametrize("mode,want", [
+    ("first", (True, False, 1, True)),  # the pre-kernel's per-row cursors; waits first thing
+    ("late", (False, True, 2, True)),  # reads the slot and cursors itself and B·C late; waits before the outputs
+    ("none", (True, False, 0, False)),  # the packaged path
 ])
-def test_mamba2_pdl_off_or_without_a_pre_kernel(cfg, want):
-    calls = _mamba2(cfg)
+def test_mamba2_main_kernel_is_the_bc_pre_kernels_dependent(mode, want):
+    calls = _mamba2({"bc": "pre", "pdl": mode})
+    assert _flags(calls["_mamba2_verify_bc_kernel"], "PDL") == (mode != "none", False)  # triggers; launched as usual
     assert _flags(calls["_mamba2_verify_kernel"], "ROW_CUR", "LATE_BC", "PDL") == want
-    if cfg["bc"] == "pre":
-        assert _flags(calls["_mamba2_verify_bc_kernel"], "PDL") == (False, False)
-    else:
-        assert "_mamba2_verify_bc_kernel" not in calls
+
+
+@pytest.mark.parametrize("mode", ["first", "late"])
+def test_mamba2_pdl_without_a_pre_kernel_is_a_plain_launch(mode):
+    calls = _mamba2({"bc": "inline", "pdl": mode})
+    assert "_mamba2_verify_bc_kernel" not in calls
+    assert _flags(calls["_mamba2_verify_kernel"], "ROW_CUR", "LATE_BC", "PDL") == (False, False, 0, False)
 
 
 @pytest.mark.parametrize("cfg,want", [
@@ -74,15 +72,15 @@ def test_gdn_main_launches_depend_on_the_kernel_before(cfg, want):
 def test_pdl_is_off_for_cpu_tensors_and_in_the_interpreter():
     from sglang_replayssm.kernels.common import pdl_on
 
-    assert not pdl_on({"pdl": 1}, torch.device("cpu"))
-    assert not pdl_on({"pdl": 0}, torch.device("cpu"))
+    assert not pdl_on(True, torch.device("cpu"))
+    assert not pdl_on(False, torch.device("cpu"))
     # the wrappers' own decision (capture() builds as on an sm90 GPU; the real pdl_on sees CPU tensors)
     assert mv.pdl_on is pdl_on and gv.pdl_on is pdl_on
 
 
 # ---- the decode kernels: the main kernel waits first thing, behind the pre-kernel only ----
 def _pdl_as_on_sm90(monkeypatch, mod):
-    monkeypatch.setattr(mod, "pdl_on", lambda cfg, dev: bool(cfg.get("pdl", 0)))
+    monkeypatch.setattr(mod, "pdl_on", lambda want, dev: bool(want))
 
 
 @pytest.mark.parametrize("cfg,want", [
