@@ -93,7 +93,6 @@ REDUCE_MODES = ("bcast", "token")
 #             [batch, G, WH + TP, TP] that the main kernel reads.
 BC_MODES = ("inline", "pre")
 NONFLUSH_MODES = ("chunked", "stream", "mma")
-PDL_MODES = ("none", "first", "late")  # index: the main kernel's PDL constexpr
 
 # Built-in launch parameters: the fastest measured on the H200 (eval/results/spec-variants-h200/, rounds 1-2 and 7).
 MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", {
@@ -132,11 +131,11 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     # x ring: three passes). 0: tl.dot at dot_precision. On for fp32 states in default.yaml (won on the H200:
     # eval/results/spec-variants-h200/, round 13)
     "flush_split": flag_param(0),
-    # with the B·C pre-kernel, the main kernel launched as its programmatic dependent (sm90+), its programs scheduled
-    # while the pre-kernel runs: "first" (they wait for it, griddepcontrol.wait, before anything else) or "late"
-    # (they read the slot and cursors themselves, stream S_ck and fold, and wait only where they first need its
-    # B·C dots, before the outputs); "none": launched as usual
-    "pdl": choice_param("none", PDL_MODES),
+    # 1: with the B·C pre-kernel, the main kernel is launched as its programmatic dependent (sm90+): its programs are
+    # scheduled while the pre-kernel runs and wait for it (griddepcontrol.wait) before they read what it wrote.
+    # Waiting only before the outputs, the slot and cursors read without the pre-kernel's per-row copy, lost on an
+    # H100 and is removed (eval/results/spec-variants-h200/, round 18)
+    "pdl": flag_param(0),
 })
 
 @triton.jit
@@ -317,12 +316,8 @@ def _mamba2_verify_kernel(
     PER_TOKEN: tl.constexpr, BC_PRE: tl.constexpr, STREAM: tl.constexpr, BLOCK_N: tl.constexpr,
     STREAM_CHUNK: tl.constexpr, FLUSH_STAGES: tl.constexpr,
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, NF_MMA: tl.constexpr,
-    FLUSH_SPLIT: tl.constexpr, X_EXACT: tl.constexpr, ROW_CUR: tl.constexpr, LATE_BC: tl.constexpr,
-    PDL: tl.constexpr,
+    FLUSH_SPLIT: tl.constexpr, X_EXACT: tl.constexpr, ROW_CUR: tl.constexpr, PDL: tl.constexpr,
 ):
-    """``PDL``: launched as the B·C pre-kernel's programmatic dependent, every program waiting for it first thing (1)
-    or before the outputs (2: with ``LATE_BC``); 0: launched as usual."""
-    pdl_wait(PDL == 1)
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     h = tl.program_id(2).to(tl.int64)
@@ -346,8 +341,11 @@ def _mamba2_verify_kernel(
     if HAS_Z:
         z_raw = tl.load(z_ptr + row * s_z_b + h * s_z_h + offs_m[:, None] * s_z_p + offs_t[None, :] * s_z_t,
                         mask=mask_m[:, None] & mask_t[None, :], other=0.0)
-    bc_base = bc_ptr + row * s_bc_b + g * s_bc_g
-    if BC_PRE and not LATE_BC:  # (a padded row's entry was never written: read, unused, its outputs masked off)
+    # PDL (launched as the B·C pre-kernel's dependent): the loads above read nothing the pre-kernel writes; every
+    # program waits for it here, before its dots and the per-row cursors, and before any store
+    pdl_wait(PDL)
+    if BC_PRE:  # (a padded row's entry was never written: read, unused, its outputs masked off)
+        bc_base = bc_ptr + row * s_bc_b + g * s_bc_g
         bc_h = tl.load(bc_base + offs_k[:, None] * TP + offs_t[None, :])
         bc_w = tl.load(bc_base + (WH + offs_t)[:, None] * TP + offs_t[None, :])
     if IS_TREE:
@@ -390,7 +388,7 @@ def _mamba2_verify_kernel(
 
     # ---- S_ck·C_s (every row with the stream read), B_k·C_s, B_m·C_s; the N-chunk fold on flush rows ----
     SC = tl.zeros([BLOCK_M, TP], dtype=tl.float32)
-    if (not BC_PRE) or LATE_BC:  # (LATE_BC: placeholders until the pre-kernel's dots are read, below)
+    if not BC_PRE:
         bc_h = tl.zeros([WH, TP], dtype=tl.float32)
         bc_w = tl.zeros([TP, TP], dtype=tl.float32)  # [m, s]
     write_B = (pid_m == 0) & (h % heads_per_group == 0)
@@ -459,13 +457,6 @@ def _mamba2_verify_kernel(
                 X_EXACT, not STREAM)
 
     # ---- outputs ----
-    # LATE_BC: the pre-kernel's B·C dots, read only now (PDL: every program waits for the pre-kernel here, before
-    # its first read of what that kernel wrote; the stores above touch nothing the pre-kernel reads: the checkpoint,
-    # and the window's ring entries, which lie past the history it reads)
-    pdl_wait(PDL == 2)
-    if BC_PRE and LATE_BC:
-        bc_h = tl.load(bc_base + offs_k[:, None] * TP + offs_t[None, :])
-        bc_w = tl.load(bc_base + (WH + offs_t)[:, None] * TP + offs_t[None, :])
     # μ_s − μ_m [m, s], summed directly over the Δ between (nothing subtracted: no cancellation)
     if IS_TREE:
         causal = anc & mask_t[:, None]  # [m, s]: m on the path root..s
@@ -634,10 +625,7 @@ def mamba2_verify(
     bc_pre = cfg["bc"] == "pre" and batch > cfg["inline_bc_max_batch"]  # host-side: one CUDA graph per batch size
     stream = cfg["nonflush"] in ("stream", "mma")
     rc = state_indices  # never read without the pre-kernel
-    # pdl: only behind the pre-kernel. "late": the main kernel reads the slot and cursors itself (the pre-kernel's
-    # per-row copy is what it would wait for) and the B·C dots last; the CPU interpreter takes that order, not the launch
-    late_bc = bc_pre and cfg["pdl"] == "late"
-    pdl = (PDL_MODES.index(cfg["pdl"]) if bc_pre and pdl_on(cfg["pdl"] != "none", dev) else 0)
+    pdl = bc_pre and pdl_on(cfg["pdl"], dev)  # only behind the pre-kernel
     if bc_pre:  # per-call scratch (inside a CUDA graph it comes from the graph's pool)
         bc = torch.empty((batch, G, WH + TP, TP), dtype=torch.float32, device=dev)
         rc = torch.empty((batch, 4), dtype=torch.int32, device=dev)  # each row's slot and cursors
@@ -645,7 +633,7 @@ def mamba2_verify(
             B_ring, B, C, state_indices, wp, origin, flush, bc, rc,
             -1 if null_slot is None else int(null_slot), N, R, T,
             *B_ring.stride(), *B.stride(), *C.stride(), bc.stride(0), bc.stride(1),
-            BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP, HIST_ALL=stream, PDL=pdl > 0,
+            BLOCK_NC=BLOCK_NC, N_CHUNKS=n_chunks, WH=WH, TP=TP, HIST_ALL=stream, PDL=pdl,
             num_warps=int(cfg["bc_num_warps"]), num_stages=1,
         )
     else:
@@ -672,8 +660,8 @@ def mamba2_verify(
         FLUSH_STAGES=int(cfg["flush_stages"]),
         IS_TREE=parents is not None, LOG_TP=TP.bit_length() - 1,
         FLUSH_SPLIT=bool(cfg["flush_split"]), X_EXACT=x_ring.dtype in (torch.bfloat16, torch.float16),
-        ROW_CUR=bc_pre and not late_bc, LATE_BC=late_bc, PDL=pdl,
-        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg), **pdl_launch(pdl > 0),
+        ROW_CUR=bc_pre, PDL=pdl,
+        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg), **pdl_launch(pdl),
     )
     return out
 

@@ -41,7 +41,7 @@ MAMBA2_FP32 = dict(MAMBA2, BLOCK_NC=32, flush_unroll=0, maxnreg=168, inline_maxn
 MAMBA2_BF16 = dict(MAMBA2, BLOCK_NC=32, flush_unroll=0, maxnreg=128, inline_maxnreg=0, flush_first_max_batch=512)
 MAMBA2_VERIFY = {"BLOCK_M": 32, "BLOCK_NC": 32, "bc": "pre", "bc_num_warps": 1, "dot_precision": "tf32x3",
                  "inline_bc_max_batch": 1, "maxnreg": 0, "nonflush": "stream", "num_stages": 1, "num_warps": 1,
-                 "reduce": "token", "stream_chunk": 16, "flush_stages": 2, "flush_split": 0, "pdl": "none"}
+                 "reduce": "token", "stream_chunk": 16, "flush_stages": 2, "flush_split": 0, "pdl": 0}
 
 GDN_GEOMS = ["HV32_HK16_K128_V128", "HV64_HK16_K128_V128", "HV16_HK16_K128_V128", "HV4_HK2_K32_V32"]
 MAMBA2_GEOMS = ["H128_P64_N128_G8", "H256_P64_N128_G8", "H4_P16_N16_G2"]
@@ -135,21 +135,24 @@ def test_h200_file_holds_only_geometry_entries():
                           "default_Sfp32": {"flush_split": 1, "flush_stages": 3}}}
 
 
-def test_h100_file_adds_its_measured_flush_stages_only(monkeypatch):
+def test_h100_file_adds_its_measured_options_only(monkeypatch):
     """configs/h100.yaml holds what was measured on an H100 alone (round 16: four flush-loop stages for an fp32
-    Mamba2 verify); every other family and state dtype resolves as on a GPU without a file."""
+    Mamba2 verify; round 18: pdl in every family); everything else resolves as on a GPU without a file."""
     monkeypatch.delenv(common.ENV_CONFIG_FILE, raising=False)
     monkeypatch.setattr(common, "gpu_key", lambda: "h100")
     assert common.config_file() == common.CONFIG_DIR / "h100.yaml"
     common.validate_config_file(common.config_file())
     key = "H128_P64_N128_G8_R20_T4"
     assert common.launch_config("mamba2_verify", common.config_keys(key, torch.float32)) == dict(
-        MAMBA2_VERIFY_FP32, flush_stages=4)
-    assert common.launch_config("mamba2_verify", common.config_keys(key, torch.bfloat16)) == MAMBA2_VERIFY_16
+        MAMBA2_VERIFY_FP32, flush_stages=4, pdl=1)
+    assert common.launch_config("mamba2_verify", common.config_keys(key, torch.bfloat16)) == dict(
+        MAMBA2_VERIFY_16, pdl=1)
     assert common.launch_config("gdn_verify", common.config_keys("HV32_HK16_K128_V128_R20_T4", torch.float32)) == \
-        GDN_VERIFY_FP32
+        dict(GDN_VERIFY_FP32, pdl=1)
     assert common.launch_config("gdn_decode", common.config_keys("HV32_HK16_K128_V128_L16", torch.float32)) == \
-        GDN_WHOLE_TILE
+        dict(GDN_WHOLE_TILE, pdl=1)
+    assert common.launch_config("mamba2_output_only", common.config_keys("H128_P64_N128_G8_L16", torch.bfloat16)) \
+        == dict(MAMBA2, pdl=1)
 
 
 def test_a_gpu_without_a_file_falls_back_to_the_defaults(monkeypatch):

@@ -32,22 +32,18 @@ def _flags(call, *names):
     return tuple(call["kwargs"][n] for n in names) + (call["kwargs"].get("launch_pdl", False),)
 
 
-@pytest.mark.parametrize("mode,want", [
-    ("first", (True, False, 1, True)),  # the pre-kernel's per-row cursors; waits first thing
-    ("late", (False, True, 2, True)),  # reads the slot and cursors itself and B·C late; waits before the outputs
-    ("none", (True, False, 0, False)),  # the packaged path
-])
-def test_mamba2_main_kernel_is_the_bc_pre_kernels_dependent(mode, want):
-    calls = _mamba2({"bc": "pre", "pdl": mode})
-    assert _flags(calls["_mamba2_verify_bc_kernel"], "PDL") == (mode != "none", False)  # triggers; launched as usual
-    assert _flags(calls["_mamba2_verify_kernel"], "ROW_CUR", "LATE_BC", "PDL") == want
+@pytest.mark.parametrize("pdl,want", [(1, (True, 1, True)), (0, (True, 0, False))])
+def test_mamba2_main_kernel_is_the_bc_pre_kernels_dependent(pdl, want):
+    calls = _mamba2({"bc": "pre", "pdl": pdl})
+    assert _flags(calls["_mamba2_verify_bc_kernel"], "PDL") == (bool(pdl), False)  # triggers; launched as usual
+    # the main kernel keeps the pre-kernel's per-row slot and cursors, waits, is launched as a dependent
+    assert _flags(calls["_mamba2_verify_kernel"], "ROW_CUR", "PDL") == want
 
 
-@pytest.mark.parametrize("mode", ["first", "late"])
-def test_mamba2_pdl_without_a_pre_kernel_is_a_plain_launch(mode):
-    calls = _mamba2({"bc": "inline", "pdl": mode})
+def test_mamba2_pdl_without_a_pre_kernel_is_a_plain_launch():
+    calls = _mamba2({"bc": "inline", "pdl": 1})
     assert "_mamba2_verify_bc_kernel" not in calls
-    assert _flags(calls["_mamba2_verify_kernel"], "ROW_CUR", "LATE_BC", "PDL") == (False, False, 0, False)
+    assert _flags(calls["_mamba2_verify_kernel"], "ROW_CUR", "PDL") == (False, False, False)
 
 
 @pytest.mark.parametrize("cfg,want", [
