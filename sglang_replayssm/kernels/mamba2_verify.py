@@ -132,9 +132,9 @@ MAMBA2_VERIFY_DEFAULT_LAUNCH: Dict[str, Any] = register_family("mamba2_verify", 
     # eval/results/spec-variants-h200/, round 13)
     "flush_split": flag_param(0),
     # 1: with the B·C pre-kernel, the main kernel is launched as its programmatic dependent (sm90+): its programs are
-    # scheduled while the pre-kernel runs and wait for it (griddepcontrol.wait) before they read what it wrote.
-    # Waiting only before the outputs, the slot and cursors read without the pre-kernel's per-row copy, lost on an
-    # H100 and is removed (eval/results/spec-variants-h200/, round 18)
+    # scheduled while the pre-kernel runs and wait for it (griddepcontrol.wait) before anything else. Untimed on the
+    # H200; a wash on an H100, where waiting only before the outputs (the slot and cursors read without the
+    # pre-kernel's per-row copy) lost and is removed (eval/results/spec-variants-h200/, round 18)
     "pdl": flag_param(0),
 })
 
@@ -318,6 +318,7 @@ def _mamba2_verify_kernel(
     IS_TREE: tl.constexpr, LOG_TP: tl.constexpr, NF_MMA: tl.constexpr,
     FLUSH_SPLIT: tl.constexpr, X_EXACT: tl.constexpr, ROW_CUR: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)  # PDL: launched as the B·C pre-kernel's dependent
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     h = tl.program_id(2).to(tl.int64)
@@ -341,9 +342,6 @@ def _mamba2_verify_kernel(
     if HAS_Z:
         z_raw = tl.load(z_ptr + row * s_z_b + h * s_z_h + offs_m[:, None] * s_z_p + offs_t[None, :] * s_z_t,
                         mask=mask_m[:, None] & mask_t[None, :], other=0.0)
-    # PDL (launched as the B·C pre-kernel's dependent): the loads above read nothing the pre-kernel writes; every
-    # program waits for it here, before its dots and the per-row cursors, and before any store
-    pdl_wait(PDL)
     if BC_PRE:  # (a padded row's entry was never written: read, unused, its outputs masked off)
         bc_base = bc_ptr + row * s_bc_b + g * s_bc_g
         bc_h = tl.load(bc_base + offs_k[:, None] * TP + offs_t[None, :])
