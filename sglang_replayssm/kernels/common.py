@@ -65,10 +65,10 @@ def register_cap(cfg: Dict[str, Any], small: bool = False) -> Dict[str, Any]:
 
 
 def pdl_on(want: bool, device: torch.device) -> bool:
-    """Whether a config's ``pdl`` (``want``) takes effect: programmatic dependent launch (the main kernel scheduled while the
-    pre-kernel before it still runs, waiting in-kernel with ``griddepcontrol.wait`` where it first reads what that
-    kernel wrote) needs a CUDA device of compute capability 9.0 or newer; the CPU interpreter runs kernels one by
-    one and takes the option as off."""
+    """Whether a config's ``pdl`` (``want``) takes effect: programmatic dependent launch (the main kernel scheduled
+    while the pre-kernel before it still runs, waiting in-kernel with ``griddepcontrol.wait`` before it reads what that
+    kernel wrote) needs a CUDA device of compute capability 9.0 or newer; the CPU interpreter runs kernels one by one
+    and takes the option as off."""
     return bool(want) and not interpreting() and _capability_major(device) >= 9
 
 

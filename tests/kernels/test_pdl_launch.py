@@ -2,7 +2,8 @@
 the kernel before them, what each compiled program is told (wait before its first read of that kernel's writes; let
 the next launch schedule), and that it stays off where it cannot run. The launches are recorded, not run (the CPU
 interpreter has no grid dependency control); the outputs with ``pdl`` on are checked against the oracles by the
-launch-variant tests of test_mamba2_verify.py / test_gdn_verify.py, on the GPU with the dependent launches real.
+launch-variant tests of test_mamba2_verify.py, test_gdn_verify.py, test_mamba2_replay.py and test_gdn_replay.py, on
+the GPU with the dependent launches real.
 """
 
 from __future__ import annotations
