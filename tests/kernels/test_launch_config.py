@@ -137,8 +137,8 @@ def test_h200_file_holds_only_geometry_entries():
 
 def test_h100_file_adds_its_measured_options_only(monkeypatch):
     """configs/h100.yaml holds what was measured on an H100 alone (round 16: four flush-loop stages for an fp32
-    Mamba2 verify; round 18: pdl in the decode families and the GDN verify, four stages for a bf16 Mamba2 verify);
-    everything else resolves as on a GPU without a file."""
+    Mamba2 verify; round 18: pdl in the decode families and the GDN verify); everything else resolves as on a GPU
+    without a file."""
     monkeypatch.delenv(common.ENV_CONFIG_FILE, raising=False)
     monkeypatch.setattr(common, "gpu_key", lambda: "h100")
     assert common.config_file() == common.CONFIG_DIR / "h100.yaml"
@@ -146,9 +146,7 @@ def test_h100_file_adds_its_measured_options_only(monkeypatch):
     key = "H128_P64_N128_G8_R20_T4"
     assert common.launch_config("mamba2_verify", common.config_keys(key, torch.float32)) == dict(
         MAMBA2_VERIFY_FP32, flush_stages=4)
-    assert common.launch_config("mamba2_verify", common.config_keys(key, torch.bfloat16)) == dict(
-        MAMBA2_VERIFY_16, flush_stages=4)
-    assert common.launch_config("mamba2_verify", common.config_keys(key, torch.float16)) == MAMBA2_VERIFY_16
+    assert common.launch_config("mamba2_verify", common.config_keys(key, torch.bfloat16)) == MAMBA2_VERIFY_16
     assert common.launch_config("gdn_verify", common.config_keys("HV32_HK16_K128_V128_R20_T4", torch.float32)) == \
         dict(GDN_VERIFY_FP32, pdl=1)
     assert common.launch_config("gdn_decode", common.config_keys("HV32_HK16_K128_V128_L16", torch.float32)) == \

@@ -559,7 +559,7 @@ def test_flushing_verify_with_no_accept_does_not_fold_twice(device):
                                      "reduce: token, bc: pre, nonflush: stream, flush_split: 1",
                                      "reduce: token, bc: inline, nonflush: stream",
                                      "reduce: token, bc: pre, nonflush: mma, flush_split: 1",
-                                     # h100.yaml's 16-bit state config: four flush-loop stages (the GPU run's)
+                                     # four flush-loop stages with a 16-bit state too (the GPU run's T3odd-s16b)
                                      "reduce: token, bc: pre, nonflush: mma, flush_stages: 4"])
 # the CPU run takes every variant at T1 on SMALL; the longer windows and the odd geometry are the GPU run's (slow)
 @pytest.mark.parametrize("T,hist,geom,prec", [(1, 1, SMALL, (F32, F32)),
