@@ -6,7 +6,7 @@
 #       [name='<yaml mapping of mamba2_verify / gdn_verify defaults>' ...] [-- <bench_spec flags>]
 # Without variants: the packaged configs alone (earlier rounds, chosen offline with eval/verify_sass.py, and their
 # H200 times: eval/results/spec-variants-h200/, kernel-variants-h200/).
-# Writes spec-<name>.{json,md,png,log} per variant, packed into $OUT/spec-variants.tgz (the device tool
+# Writes spec-<name>.{json.gz,md,png,log} per variant, packed into $OUT/spec-variants.tgz (the device tool
 # brings back at most 8 files), then $OUT/h200-picked.yaml (eval/pick_verify_config.py: the
 # packaged file with each verify family's fastest correct variant) and a copy in .replayssm-picked.yaml at the
 # repo root (git-ignored; the GPU host keeps it for the next call, which can serve with
@@ -68,5 +68,7 @@ done
 if [ "$BENCH" = spec ] && python3 -m eval.pick_verify_config "$W"/spec-*.json --out "$OUT/h200-picked.yaml"; then
   cp "$OUT/h200-picked.yaml" .replayssm-picked.yaml
 fi
+# the per-variant records as committed (eval/results/*-variants-h200/: gzip-compressed, the tables beside them)
+gzip -9 -n "$W"/*.json 2>/dev/null
 tar czf "$OUT/$BENCH-variants.tgz" -C "$W" . && echo "packed $(ls "$W" | wc -l) files into $OUT/$BENCH-variants.tgz"
 exit "$rc"

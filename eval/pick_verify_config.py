@@ -76,13 +76,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     from sglang_replayssm.kernels.common import CONFIG_DIR
 
     ap = argparse.ArgumentParser(prog="python -m eval.pick_verify_config", description=__doc__.split("\n\n")[0])
-    ap.add_argument("results", nargs="+", help="bench_spec JSONs, one per variant (spec-<variant>.json)")
+    ap.add_argument("results", nargs="+", help="bench_spec JSONs, one per variant (spec-<variant>.json, or .json.gz)")
     ap.add_argument("--out", required=True, help="YAML to write")
     ap.add_argument("--base", default=str(CONFIG_DIR / "h200.yaml"), help="launch-config file the pick goes into")
     args = ap.parse_args(argv)
     paths = [Path(p) for p in args.results]
     names = [p.name[len("spec-"):] if p.name.startswith("spec-") else p.name for p in paths]
-    names = [n[:-len(".json")] if n.endswith(".json") else n for n in names]
+    names = [n.removesuffix(".gz").removesuffix(".json") for n in names]
     picked = pick([report.read_json(p) for p in paths], names)
     if not picked:
         batches = "/".join(map(str, PICK_BATCHES))

@@ -54,7 +54,7 @@ def test_tree_bench_times_each_variant_with_its_config(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["tree-variants.tgz"]  # no pick for trees
     with tarfile.open(out / "tree-variants.tgz") as t:
         names = {pathlib.Path(n).name for n in t.getnames()}
-    assert {"tree-packaged.json", "tree-t8.json", "tree-t8.log"} <= names
+    assert {"tree-packaged.json.gz", "tree-t8.json.gz", "tree-t8.log"} <= names  # the records as committed
 
 
 def test_unknown_bench_is_refused(tmp_path):

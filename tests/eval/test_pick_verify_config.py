@@ -89,3 +89,22 @@ def test_main_writes_nothing_without_a_correct_run(tmp_path, capsys):
     ok.write_text(H200.read_text())
     assert pvc.main([str(ok), str(p), "--out", str(tmp_path / "o.yaml")]) == 0
     assert "packaged" in capsys.readouterr().out and (tmp_path / "o.yaml").exists()
+
+
+def test_main_reads_gzipped_records_and_names_them_by_variant(tmp_path, capsys):
+    """gpu_spec_variants.sh packs its records gzip-compressed (spec-<variant>.json.gz): the pick reads them and
+    names the variant without either suffix."""
+    import gzip
+
+    slow = tmp_path / "spec-slow.json.gz"
+    with gzip.open(slow, "wt") as f:
+        json.dump(_variant(_recorded(), "mamba2", 1.5), f)
+    fast = tmp_path / "spec-fast.json.gz"
+    with gzip.open(fast, "wt") as f:
+        json.dump(_variant(_recorded(), "mamba2", 0.5, config={"BLOCK_M": 16}), f)
+    assert pvc.main([str(slow), str(fast), "--out", str(tmp_path / "o.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "mamba2_verify: fast (" in out
+    head = (tmp_path / "o.yaml").read_text()
+    assert "variant fast (" in head and "slow " in head and ".json" not in head.split("\n", 1)[1]
+    assert yaml.safe_load(head)["mamba2_verify"]["default"]["BLOCK_M"] == 16
