@@ -1,0 +1,13 @@
+# Round 19 candidates (eval/results/spec-variants-h200/README.md, round 19): register caps on the verify kernels as
+# packaged since round 17, chosen offline (verify-sass-offline.txt: no spills, one more resident warp per SM).
+# Source this file, then name the variables on the command line (fp32 and bf16 in one run):
+#   GIT_COMMIT=<sha> VARIANT_TIMEOUT=150 OUT=$OUT/c bash eval/gpu_spec_variants.sh packaged= m_cap224="$m_cap224" \
+#       m_cap200="$m_cap200" g16_vcap224="$g16_vcap224" -- --batches 64 256 --dtypes fp32 bf16 --check-batch 64 \
+#       --time-budget-s 60
+# Mamba2 verify, fp32 state: 255 -> 224 registers, 8 -> 9 warps per SM, no spills
+m_cap224="{mamba2_verify: {default_Sfp32: {maxnreg: 224}}}"
+# the same at 200: 10 warps per SM, 8 spilled registers
+m_cap200="{mamba2_verify: {default_Sfp32: {maxnreg: 200}}}"
+# GDN verify, bf16 state (the looping kernel): 246 -> 221 registers, 8 -> 9 warps per SM, no spills. The fp32
+# state's verify-rows launch spills at 224 (16 registers), and 200 lost in round 9
+g16_vcap224="{gdn_verify: {default_Sbf16: {v_loop_maxnreg: 224}}}"
