@@ -457,6 +457,21 @@ def write_flush_first_rank(order, write_pos, stride_wp, n_rows, i_n, w, L, FF: t
 
 
 @triton.jit
+def flush_first_rank_row(write_pos, stride_wp, n_rows, L, FF: tl.constexpr):
+    """The batch row of this decode program when its grid is (tiles, heads, ranks), found from the write positions
+    themselves (the rank program_id(2) of :func:`write_flush_first_rank`'s order, not read from it), so that the
+    program needs nothing a pre-kernel wrote to find its row (launch option ``pdl_wait: scores``)."""
+    o = tl.arange(0, FF)
+    in_b = o < n_rows
+    ws = tl.load(write_pos + o * stride_wp, mask=in_b, other=0).to(tl.int32)
+    fl = in_b & (tl.maximum(ws, 0) >= L - 1)
+    nf = in_b & (tl.maximum(ws, 0) < L - 1)
+    n_fl = tl.sum(fl.to(tl.int32), 0)
+    rank = tl.where(fl, tl.cumsum(fl.to(tl.int32), 0) - 1, n_fl + tl.cumsum(nf.to(tl.int32), 0) - 1)
+    return tl.sum(tl.where(in_b & (rank == tl.program_id(2)), o, 0), 0).to(tl.int64)
+
+
+@triton.jit
 def flush_first_row(order):
     """The batch row of this decode program when its grid is (tiles, heads, ranks) (launch option
     ``flush_first_max_batch``): order[rank], written by the pre-kernel with the flush rows first

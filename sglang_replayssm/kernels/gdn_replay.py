@@ -114,7 +114,7 @@ import triton
 import triton.language as tl
 
 from .common import L2NORM_EPS, SOFTPLUS_THRESHOLD, interpreting, launch_config, next_pow2, softplus, suffix_sum_excl
-from .common import flag_param, flush_first_row, pdl_launch, pdl_on, pdl_trigger, pdl_wait, write_flush_first_rank
+from .common import flag_param, flush_first_rank_row, flush_first_row, pdl_launch, pdl_on, pdl_trigger, pdl_wait, write_flush_first_rank
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, register_cap, register_family
 from .common import block_param, choice_param, count_param, dot_precision_param, maxnreg_param, warps_param
 
@@ -123,6 +123,7 @@ __all__ = ["gdn_replay_decode", "gdn_launch_params", "GDN_DEFAULT_LAUNCH", "GDN_
 _FLUSH_MODES = ("rank1", "dot")
 _SCORE_MODES = ("inline", "pre")
 _CAST_MODES = ("bits", "cvt")
+_PDL_WAITS = ("start", "scores")
 # Built-in launch parameters: the fastest measured on the H200 for any geometry (eval/results/kernel-variants-h200/);
 # per-GPU files override them per geometry (h200.yaml: the K-chunked tile for an fp32 state, cvt + BV 32 for bf16).
 GDN_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_decode", {
@@ -163,10 +164,15 @@ GDN_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_decode", {
     # 1: with the pre-kernel, the decode kernel is launched as its programmatic dependent (sm90+): its programs are
     # scheduled while the pre-kernel runs and wait for it (griddepcontrol.wait) before anything else
     "pdl": flag_param(0),
+    # where a pdl decode program waits for the pre-kernel: "start" (first thing) or "scores" (after the loads and the
+    # output pass over its checkpoint tile, before it reads the pre-kernel's key scores or stores anything; with
+    # flush_first_max_batch its row is then found from the write positions in-kernel, not from the pre-kernel's
+    # order). "scores" takes its row that way with or without pdl in effect (the CPU interpreter checks that)
+    "pdl_wait": choice_param("start", _PDL_WAITS),
 })
 # the string launch parameters that are speed choices (same results), for eval/tune_kernels.py
 GDN_LAUNCH_CHOICES: Dict[str, Tuple[str, ...]] = {"flush": _FLUSH_MODES, "scores": _SCORE_MODES,
-                                                  "cast": _CAST_MODES}
+                                                  "cast": _CAST_MODES, "pdl_wait": _PDL_WAITS}
 
 
 # ----------------------------------------------------------------------------------
@@ -412,12 +418,16 @@ def _row_cursor(state_indices, write_pos, i_n, stride_idx, stride_wp, null_slot,
 
 
 @triton.jit
-def _row_and_head(order, FF: tl.constexpr):
+def _row_and_head(order, write_pos, stride_wp, n_rows, FF: tl.constexpr, RANK: tl.constexpr, L: tl.constexpr):
     """(batch row, v-head) of a decode program: the grid is (V tiles, rows, v-heads), or with FF > 0 (flush rows
-    first, launch option ``flush_first_max_batch``) (V tiles, v-heads, ranks), the row read from ``order``."""
+    first, launch option ``flush_first_max_batch``) (V tiles, v-heads, ranks), the row read from ``order`` or, with
+    RANK, found from the write positions (``pdl_wait: scores``)."""
     if FF == 0:
         i_n = tl.program_id(1).to(tl.int64)
         i_hv = tl.program_id(2)
+    elif RANK:
+        i_n = flush_first_rank_row(write_pos, stride_wp, n_rows, L, FF)
+        i_hv = tl.program_id(1)
     else:
         i_n = flush_first_row(order)
         i_hv = tl.program_id(1)
@@ -452,6 +462,24 @@ def _append_g_k(g_head, k_head, stride_k2, w, g, k_raw, o_k, mask_k, first_tile,
             tl.store(k_head + w * stride_k2 + o_k, k_raw.to(k_head.dtype.element_ty), mask=mask_k)
 
 
+@triton.jit
+def _score_loads(scores, i_n, i_hk, o_j, valid, c, HK: tl.constexpr, LP: tl.constexpr):
+    """(c q-scores, c k-scores, 1/|k_j|) of the cached keys, as the score pre-kernel wrote them for (row, k-head)."""
+    p_sc = scores + (i_n * HK + i_hk) * (3 * LP) + o_j
+    return (c * tl.load(p_sc, mask=valid, other=0.0), c * tl.load(p_sc + LP, mask=valid, other=0.0),
+            tl.load(p_sc + 2 * LP, mask=valid, other=0.0))
+
+
+@triton.jit
+def _token_loads(row, a, b, A_log, dt_bias, i_n, i_hv, i_hk, o_k, mask_k, stride_a, stride_b,
+                 HK: tl.constexpr, K: tl.constexpr):
+    """The current token's q and raw k of k-head i_hk, and the gate inputs of v-head i_hv."""
+    q = tl.load(row + i_hk * K + o_k, mask=mask_k, other=0)
+    k_raw = tl.load(row + HK * K + i_hk * K + o_k, mask=mask_k, other=0)
+    return (q, k_raw, tl.load(a + i_n * stride_a + i_hv), tl.load(b + i_n * stride_b + i_hv), tl.load(A_log + i_hv),
+            tl.load(dt_bias + i_hv))
+
+
 # ----------------------------------------------------------------------------------
 # decode kernel
 # ----------------------------------------------------------------------------------
@@ -467,21 +495,24 @@ def _gdn_replay_decode_kernel(
     stride_d0, stride_d1, stride_d2,
     stride_k0, stride_k1, stride_k2,
     stride_g0, stride_g1,
-    stride_o0, stride_o1, order,
+    stride_o0, stride_o1, n_rows, order,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, NUM_STAGES: tl.constexpr,
     USE_L2NORM: tl.constexpr, PRE_SCORES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, CAST_BITS: tl.constexpr, FF: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, LATE: tl.constexpr,
 ):
     # program: one V tile of BV rows of one (row, v-head)
-    pdl_wait(PDL)  # PDL: launched as the score pre-kernel's dependent
+    if not LATE:
+        pdl_wait(PDL)  # PDL: launched as the score pre-kernel's dependent, waiting first thing
     i_vp = tl.program_id(0)
-    i_n, i_hv = _row_and_head(order, FF)
+    i_n, i_hv = _row_and_head(order, write_pos, stride_wp, n_rows, FF, LATE, L)
     i_hk = i_hv // (HV // HK)
 
     slot, w, live = _row_cursor(state_indices, write_pos, i_n, stride_idx, stride_wp, null_slot, L)
     if not live:
+        if LATE:
+            pdl_wait(PDL)
         return  # padded / null row: nothing is written
     is_flush = w == L - 1
 
@@ -496,12 +527,18 @@ def _gdn_replay_decode_kernel(
     v_row = row + 2 * HK * K + i_hv * V
     t0 = i_vp
 
-    # ---- every load of the first tile is issued before any arithmetic ----
+    # ---- every load of the first tile is issued before any arithmetic (LATE: the pre-kernel's scores last, behind
+    # the wait) ----
     s_ck, d_hist, v = _tile_load(s_head, stride_s2, d_head, stride_d2, v_row, t0, o_b, o_k, mask_k, o_j, valid,
                                  V, BV, L)
+    if LATE:
+        q, k_raw, a_val, b_val, A_log_val, dt_bias_val = _token_loads(row, a, b, A_log, dt_bias, i_n, i_hv, i_hk,
+                                                                     o_k, mask_k, stride_a, stride_b, HK, K)
     if L > 1:
         g_hist = tl.load(g_head + o_j, mask=valid, other=0.0)
         if PRE_SCORES:
+            if LATE:
+                pdl_wait(PDL)
             p_sc = scores + (i_n * HK + i_hk) * (3 * LP) + o_j
             sc_q = tl.load(p_sc, mask=valid, other=0.0)
             sc_k = tl.load(p_sc + LP, mask=valid, other=0.0)
@@ -509,12 +546,9 @@ def _gdn_replay_decode_kernel(
         else:
             k_hist = tl.load(k_head + o_j[:, None] * stride_k2 + o_k[None, :],
                              mask=valid[:, None] & mask_k[None, :], other=0)
-    q = tl.load(row + i_hk * K + o_k, mask=mask_k, other=0)
-    k_raw = tl.load(row + HK * K + i_hk * K + o_k, mask=mask_k, other=0)
-    a_val = tl.load(a + i_n * stride_a + i_hv)
-    b_val = tl.load(b + i_n * stride_b + i_hv)
-    A_log_val = tl.load(A_log + i_hv)
-    dt_bias_val = tl.load(dt_bias + i_hv)
+    if not LATE:
+        q, k_raw, a_val, b_val, A_log_val, dt_bias_val = _token_loads(row, a, b, A_log, dt_bias, i_n, i_hv, i_hk,
+                                                                     o_k, mask_k, stride_a, stride_b, HK, K)
 
     # ---- per (row, v-head): current token and history coefficients ----
     q = _l2norm_vec(q.to(tl.float32), USE_L2NORM, EPS) * scale
@@ -562,26 +596,30 @@ def _gdn_replay_decode_kchunk_kernel(
     stride_d0, stride_d1, stride_d2,
     stride_k0, stride_k1, stride_k2,
     stride_g0, stride_g1,
-    stride_o0, stride_o1, order,
+    stride_o0, stride_o1, n_rows, order,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, LP: tl.constexpr, NUM_STAGES: tl.constexpr,
     USE_L2NORM: tl.constexpr, PRE_SCORES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr, EPS: tl.constexpr, CAST_BITS: tl.constexpr, FF: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, LATE: tl.constexpr,
 ):
     """The decode step of ``_gdn_replay_decode_kernel`` (same math, same writes) with the checkpoint
     tile streamed in K chunks of BKC columns (launch option ``BKC`` > 0): the output pass accumulates
     (S_ck q, S_ck k) chunk by chunk, so no program holds its [BV, K] tile, and a flush row reads its
     tile a second time (from L2: the same program read it a moment before) to store the new
     checkpoint chunk by chunk. Keys enter through their norms: q^ = q |q|^-1 scale, k^ = k |k|^-1,
-    and the cached keys' 1/|k_j| (``rn``), so a chunk never needs a whole-row norm."""
-    pdl_wait(PDL)  # PDL: launched as the score pre-kernel's dependent
+    and the cached keys' 1/|k_j| (``rn``), so a chunk never needs a whole-row norm. LATE (``pdl_wait: scores``):
+    the pre-kernel's scores are read after the output pass, behind the wait."""
+    if not LATE:
+        pdl_wait(PDL)  # PDL: launched as the score pre-kernel's dependent, waiting first thing
     i_v = tl.program_id(0)
-    i_n, i_hv = _row_and_head(order, FF)
+    i_n, i_hv = _row_and_head(order, write_pos, stride_wp, n_rows, FF, LATE, L)
     i_hk = i_hv // (HV // HK)
 
     slot, w, live = _row_cursor(state_indices, write_pos, i_n, stride_idx, stride_wp, null_slot, L)
     if not live:
+        if LATE:
+            pdl_wait(PDL)
         return  # padded / null row: nothing is written
     is_flush = w == L - 1
 
@@ -619,10 +657,8 @@ def _gdn_replay_decode_kchunk_kernel(
                          other=0).to(tl.float32)
         c, eG = _history_weights(tl.load(g_head + o_j, mask=valid, other=0.0), w, LP)
         if PRE_SCORES:
-            p_sc = scores + (i_n * HK + i_hk) * (3 * LP) + o_j
-            cq = c * tl.load(p_sc, mask=valid, other=0.0)
-            ck = c * tl.load(p_sc + LP, mask=valid, other=0.0)
-            rn = tl.load(p_sc + 2 * LP, mask=valid, other=0.0)
+            if not LATE:
+                cq, ck, rn = _score_loads(scores, i_n, i_hk, o_j, valid, c, HK, LP)
         else:
             kr = tl.load(k_head + o_j[:, None] * stride_k2 + o_k[None, :], mask=valid[:, None] & mask_k[None, :],
                          other=0).to(tl.float32)
@@ -643,6 +679,10 @@ def _gdn_replay_decode_kchunk_kernel(
     sq = acc_q * rq
     sk = acc_k * rk
     if L > 1:
+        if PRE_SCORES:
+            if LATE:
+                pdl_wait(PDL)
+                cq, ck, rn = _score_loads(scores, i_n, i_hk, o_j, valid, c, HK, LP)
         sq = _replay_apply(sq, eG, d_hist, cq)
         sk = _replay_apply(sk, eG, d_hist, ck)
     d_cur = beta * (v - alpha * sk)
@@ -826,19 +866,22 @@ def gdn_replay_decode(
     use_l2 = bool(use_qk_l2norm)
     pre = cfg["scores"] == "pre" and L > 1 and not small
     pdl = pre and pdl_on(cfg["pdl"], dev)
-    # flush rows first (their order written by the score pre-kernel, so only with it); 0: the rows in grid order
+    late = pre and cfg["pdl_wait"] == "scores"  # the scores read after the output pass (behind the wait with pdl)
+    # flush rows first (only with the pre-kernel: it writes their order, or with `late` each program finds its row
+    # from the write positions); 0: the rows in grid order
     FF = max(16, next_pow2(B)) if pre and B <= cfg["flush_first_max_batch"] else 0
     grid = (triton.cdiv(V, BV), HV, B) if FF else (triton.cdiv(V, BV), B, HV)
     # per call (graph-safe); None without FF: no kernel parameter, the same build as without the option
-    order = torch.empty(B, dtype=torch.int32, device=dev) if FF else None
+    order = torch.empty(B, dtype=torch.int32, device=dev) if FF and not late else None
     if pre:  # per (row, k-head) scores of the cached keys; scratch is per call (graph-safe)
         scores = torch.empty(B * Hk * 3 * LP, dtype=torch.float32, device=dev)
         _gdn_history_scores_kernel[(B, Hk)](
             mixed_qkv, k_ring, state_indices, write_pos, scores,
             float(scale), null,
             state_indices.stride(0), write_pos.stride(0), mixed_qkv.stride(0),
-            k_ring.stride(0), k_ring.stride(1), k_ring.stride(2), order, B if FF else None,
-            HK=Hk, K=K, L=L, BK=BK, LP=LP, USE_L2NORM=use_l2, EPS=L2NORM_EPS, FF=FF, PDL=pdl,
+            k_ring.stride(0), k_ring.stride(1), k_ring.stride(2), order, B if order is not None else None,
+            HK=Hk, K=K, L=L, BK=BK, LP=LP, USE_L2NORM=use_l2, EPS=L2NORM_EPS, FF=FF if order is not None else 0,
+            PDL=pdl,
             num_warps=cfg["scores_num_warps"], num_stages=1,
         )
     else:
@@ -854,11 +897,11 @@ def gdn_replay_decode(
             d_ring.stride(0), d_ring.stride(1), d_ring.stride(2),
             k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
             g_ring.stride(0), g_ring.stride(1),
-            out3.stride(0), out3.stride(1), order)
+            out3.stride(0), out3.stride(1), B if FF and late else None, order)
     common = dict(HK=Hk, HV=HV, K=K, V=V, L=L, BK=BK, BV=BV, LP=LP, NUM_STAGES=cfg["num_stages"],
                   USE_L2NORM=use_l2, PRE_SCORES=pre, FLUSH=cfg["flush"],
                   DOT_PRECISION=cfg["dot_precision"], SOFTPLUS_THRESHOLD=SOFTPLUS_THRESHOLD, EPS=L2NORM_EPS,
-                  CAST_BITS=cfg["cast"] == "bits" or interpreting(), FF=FF, PDL=pdl,
+                  CAST_BITS=cfg["cast"] == "bits" or interpreting(), FF=FF, PDL=pdl, LATE=late,
                   num_warps=num_warps, num_stages=cfg["num_stages"], **register_cap(cfg), **pdl_launch(pdl))
     if BKC:
         _gdn_replay_decode_kchunk_kernel[grid](*args, BKC=min(BKC, BK), **common)

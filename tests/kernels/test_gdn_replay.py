@@ -1038,7 +1038,9 @@ def test_flush_first_order_writes_what_grid_order_writes(device, seed, tmp_path,
     others, each in row order; the outputs and every pool are bit-identical to the grid-order launch, for the
     whole-tile and the K-chunked kernel; a batch above the limit, or scores computed inline (no pre-kernel to write
     the order), keeps the grid order. ``pdl`` (on an sm90 GPU the decode kernel launched as the pre-kernel's
-    programmatic dependent) writes the same bits, in both orders."""
+    programmatic dependent) writes the same bits, in both orders, and so does ``pdl_wait: scores`` (the scores read
+    after the output pass; each flush-first program finds its row from the write positions, the pre-kernel writes
+    no order), with and without pdl."""
     import sglang_replayssm.kernels.gdn_replay as mod
 
     L = 4
@@ -1053,7 +1055,7 @@ def test_flush_first_order_writes_what_grid_order_writes(device, seed, tmp_path,
 
             def launch(*args, **kw):
                 ret = real[grid](*args, **kw)
-                if kw["FF"]:
+                if kw["FF"] and args[-1] is not None:
                     orders.append(args[-1].cpu().tolist())
                 return ret
             return launch
@@ -1073,7 +1075,10 @@ def test_flush_first_order_writes_what_grid_order_writes(device, seed, tmp_path,
                         ("above-limit", f", flush_first_max_batch: {B - 1}"),
                         ("inline", ", scores: inline"),
                         ("inline-flush-first", f", scores: inline, flush_first_max_batch: {B}"),
-                        ("grid-pdl", ", pdl: 1"), ("flush-first-pdl", f", flush_first_max_batch: {B}, pdl: 1")):
+                        ("grid-pdl", ", pdl: 1"), ("flush-first-pdl", f", flush_first_max_batch: {B}, pdl: 1"),
+                        ("grid-late", ", pdl_wait: scores"),
+                        ("flush-first-late", f", flush_first_max_batch: {B}, pdl_wait: scores"),
+                        ("flush-first-pdl-late", f", flush_first_max_batch: {B}, pdl: 1, pdl_wait: scores")):
         f = tmp_path / f"{name}.yaml"
         f.write_text(f"gdn_decode:\n  default: {{BV: 32, BKC: {bkc}{extra}}}\n")
         monkeypatch.setenv("SGLANG_REPLAYSSM_KERNEL_CONFIG", str(f))
@@ -1081,15 +1086,17 @@ def test_flush_first_order_writes_what_grid_order_writes(device, seed, tmp_path,
         got[name] = (sim.launch(gdn_replay_decode, x, a, b, idx, wp, bases, sim.new_out(B, F32)), bases)
     tiles = triton.cdiv(sim.V, 32)
     in_order, flush_first = (tiles, B, sim.HV), (tiles, sim.HV, B)
-    assert grids == [in_order, flush_first, in_order, in_order, in_order, in_order, flush_first], grids
-    assert orders == [[2, 4, 5, 0, 1, 3, 6] + list(range(7, B))] * 2, orders
+    assert grids == [in_order, flush_first, in_order, in_order, in_order, in_order, flush_first,
+                     in_order, flush_first, flush_first], grids
+    assert orders == [[2, 4, 5, 0, 1, 3, 6] + list(range(7, B))] * 2, orders  # the late launches read no order
     out_ref, pools_ref = got["grid"]
     flushed = sim.pools(pools_ref)["state"][5]
     assert not torch.equal(bits(flushed), bits(sim.pools(before)["state"][5])), "no flush row wrote its state"
     live = [0, 2, 3, 5, 6]
     assert torch.isfinite(out_ref[live]).all() and torch.isnan(out_ref[[r for r in range(B) if r not in live]]).all()
     for name, ref in (("flush-first", "grid"), ("above-limit", "grid"), ("inline-flush-first", "inline"),
-                      ("grid-pdl", "grid"), ("flush-first-pdl", "grid")):
+                      ("grid-pdl", "grid"), ("flush-first-pdl", "grid"), ("grid-late", "grid"),
+                      ("flush-first-late", "grid"), ("flush-first-pdl-late", "grid")):
         (out, pools), (out_ref, pools_ref) = got[name], got[ref]
         assert torch.equal(bits(out), bits(out_ref)), f"{name}: outputs differ"
         for n in pools:

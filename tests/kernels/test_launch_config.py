@@ -24,7 +24,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # ----------------------------------------------------------------------------------
 GDN_WHOLE_TILE = {"BKC": 0, "BV": 16, "cast": "bits", "dot_precision": "tf32x3", "flush": "rank1",
                   "flush_first_max_batch": 0, "inline_BKC": -1, "inline_BV": 0, "inline_num_warps": 0, "inline_scores_max_batch": 1, "maxnreg": 0, "num_stages": 1,
-                  "num_warps": 1, "scores": "pre", "scores_num_warps": 1, "pdl": 0}
+                  "num_warps": 1, "scores": "pre", "scores_num_warps": 1, "pdl": 0,
+                  "pdl_wait": "start"}
 GDN_BF16 = dict(GDN_WHOLE_TILE, BV=32, cast="cvt", inline_BV=16, flush_first_max_batch=512)
 GDN_KCHUNK = dict(GDN_WHOLE_TILE, BKC=32, BV=32, flush="dot", inline_BKC=0, inline_BV=16, inline_num_warps=2,
                   flush_first_max_batch=512)

@@ -11,3 +11,13 @@ m_cap200="{mamba2_verify: {default_Sfp32: {maxnreg: 200}}}"
 # GDN verify, bf16 state (the looping kernel): 246 -> 221 registers, 8 -> 9 warps per SM, no spills. The fp32
 # state's verify-rows launch spills at 224 (16 registers), and 200 lost in round 9
 g16_vcap224="{gdn_verify: {default_Sbf16: {v_loop_maxnreg: 224}}}"
+# GDN decode, `pdl_wait: scores` (late wait): with pdl, each decode program issues its checkpoint tile's loads and
+# runs its output pass before it waits for the score pre-kernel (round 16's H100 ncu: that pre-kernel took 12.4 us
+# of a 242 us non-flush step at batch 256); with flush rows first it finds its row from the write positions. The
+# fp32 K-chunked build then takes 150 registers (13 warps per SM, packaged 128 / 16), hence the capped one (4
+# spilled registers). Time against packaged= and round 18's pdl_decode in one BENCH=kernels run:
+#   BENCH=kernels GIT_COMMIT=<sha> VARIANT_TIMEOUT=150 OUT=$OUT/d bash eval/gpu_spec_variants.sh packaged= \
+#       pdl="$pdl_decode" d_late="$d_late" d_late128="$d_late128" -- --family gdn --batches 32 256 \
+#       --dtypes fp32 bf16 --time-budget-s 40
+d_late="{gdn_decode: {default: {pdl: 1, pdl_wait: scores}}}"
+d_late128="{gdn_decode: {default: {pdl: 1, pdl_wait: scores}, default_Sfp32: {maxnreg: 128}}}"
