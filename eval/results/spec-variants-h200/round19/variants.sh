@@ -17,7 +17,9 @@ g16_vcap224="{gdn_verify: {default_Sbf16: {v_loop_maxnreg: 224}}}"
 # fp32 K-chunked build then takes 150 registers (13 warps per SM, packaged 128 / 16), hence the capped one (4
 # spilled registers). Time against packaged= and round 18's pdl_decode in one BENCH=kernels run:
 #   BENCH=kernels GIT_COMMIT=<sha> VARIANT_TIMEOUT=150 OUT=$OUT/d bash eval/gpu_spec_variants.sh packaged= \
-#       pdl="$pdl_decode" d_late="$d_late" d_late128="$d_late128" -- --family gdn --batches 32 256 \
+#       pdl="$pdl_decode" d_late="$d_late" d_late128="$d_late128" -- --family all --batches 32 256 \
 #       --dtypes fp32 bf16 --time-budget-s 40
-d_late="{gdn_decode: {default: {pdl: 1, pdl_wait: scores}}}"
-d_late128="{gdn_decode: {default: {pdl: 1, pdl_wait: scores}, default_Sfp32: {maxnreg: 128}}}"
+# (the Mamba2 decode takes the same option: its B·C pre-kernel read late, same registers offline at the H200 file's
+# caps of 168 / 128; d_late and d_late128 turn it on for both decode families)
+d_late="{gdn_decode: {default: {pdl: 1, pdl_wait: scores}}, mamba2_output_only: {default: {pdl: 1, pdl_wait: scores}}}"
+d_late128="{gdn_decode: {default: {pdl: 1, pdl_wait: scores}, default_Sfp32: {maxnreg: 128}}, mamba2_output_only: {default: {pdl: 1, pdl_wait: scores}}}"
