@@ -108,11 +108,12 @@ def test_gdn_decode_kernel_is_the_score_pre_kernels_dependent(monkeypatch, cfg, 
     ({"pdl": 1, "pdl_wait": "scores", "BKC": 16}, False),
     ({"pdl": 1, "pdl_wait": "scores", "flush_first_max_batch": 64}, True),
     ({"pdl": 1, "pdl_wait": "scores", "flush_first_max_batch": 64, "BKC": 16}, True),
+    ({"pdl": 0, "pdl_wait": "scores", "flush_first_max_batch": 64}, True),  # no pdl: a plain launch, LATE still
 ])
 def test_gdn_decode_late_wait_reads_no_order(monkeypatch, cfg, want_ff):
-    """``pdl_wait: scores``: the decode kernel is still the pre-kernel's dependent, told to wait late (LATE); with
-    flush rows first, its programs find their rows from the write positions (n_rows given), so the pre-kernel is
-    told to write no order (its FF 0) and the decode kernel gets none."""
+    """``pdl_wait: scores``: the decode kernel is still the pre-kernel's dependent (with pdl), told to wait late
+    (LATE); with flush rows first, its programs find their rows from the write positions (n_rows given), so the
+    pre-kernel is told to write no order (its FF 0) and the decode kernel gets none."""
     from eval.gdn_sass import capture as gdn_capture
     from sglang_replayssm.kernels import gdn_replay as gr
 
@@ -120,7 +121,8 @@ def test_gdn_decode_late_wait_reads_no_order(monkeypatch, cfg, want_ff):
     calls = gdn_capture(dict(cfg, scores="pre"), GDN, 8, F32, BF16, batch=4)
     main = calls.get("_gdn_replay_decode_kchunk_kernel") or calls["_gdn_replay_decode_kernel"]
     pre = calls["_gdn_history_scores_kernel"]
-    assert _flags(pre, "PDL") == (True, False) and _flags(main, "PDL", "LATE") == (True, True, True)
+    on = bool(cfg["pdl"])
+    assert _flags(pre, "PDL") == (on, False) and _flags(main, "PDL", "LATE") == (on, True, on)
     assert pre["kwargs"]["FF"] == 0 and pre["args"][-2] is None  # the order pointer: none written
     assert (main["kwargs"]["FF"] > 0) == want_ff
     assert main["args"][-1] is None  # no order read

@@ -17,9 +17,12 @@ g16_vcap224="{gdn_verify: {default_Sbf16: {v_loop_maxnreg: 224}}}"
 # fp32 K-chunked build then takes 150 registers (13 warps per SM, packaged 128 / 16), hence the capped one (4
 # spilled registers). Time against packaged= and round 18's pdl_decode in one BENCH=kernels run:
 #   BENCH=kernels GIT_COMMIT=<sha> VARIANT_TIMEOUT=150 OUT=$OUT/d bash eval/gpu_spec_variants.sh packaged= \
-#       pdl="$pdl_decode" d_late="$d_late" d_late128="$d_late128" -- --family all --batches 32 256 \
-#       --dtypes fp32 bf16 --time-budget-s 40
+#       pdl="$pdl_decode" d_late="$d_late" d_late128="$d_late128" d_late_grid="$d_late_grid" -- --family all \
+#       --batches 32 256 --dtypes fp32 bf16 --time-budget-s 40
 # (the Mamba2 decode takes the same option: its B·C pre-kernel read late, same registers offline at the H200 file's
 # caps of 168 / 128; d_late and d_late128 turn it on for both decode families)
 d_late="{gdn_decode: {default: {pdl: 1, pdl_wait: scores}}, mamba2_output_only: {default: {pdl: 1, pdl_wait: scores}}}"
 d_late128="{gdn_decode: {default: {pdl: 1, pdl_wait: scores}, default_Sfp32: {maxnreg: 128}}, mamba2_output_only: {default: {pdl: 1, pdl_wait: scores}}}"
+# the same late wait with the rows in grid order (no flush-first): every flush-first program reads all the batch's
+# write positions to find its row (O(batch) a program), which may cost more than the later wait gains at 256
+d_late_grid="{gdn_decode: {default: {pdl: 1, pdl_wait: scores}, HV32_HK16_K128_V128_L16_Sfp32: {flush_first_max_batch: 0}, HV32_HK16_K128_V128_L16_Sbf16: {flush_first_max_batch: 0}}, mamba2_output_only: {default: {pdl: 1, pdl_wait: scores}, H128_P64_N128_G8_L16_Sfp32: {flush_first_max_batch: 0}, H128_P64_N128_G8_L16_Sbf16: {flush_first_max_batch: 0}}}"
