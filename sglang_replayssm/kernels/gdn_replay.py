@@ -503,6 +503,7 @@ def _gdn_replay_decode_kernel(
     PDL: tl.constexpr, LATE: tl.constexpr,
 ):
     # program: one V tile of BV rows of one (row, v-head)
+    tl.static_assert(PRE_SCORES or not LATE, "LATE waits before the pre-kernel's scores: it needs them")
     if not LATE:
         pdl_wait(PDL)  # PDL: launched as the score pre-kernel's dependent, waiting first thing
     i_vp = tl.program_id(0)
@@ -610,6 +611,7 @@ def _gdn_replay_decode_kchunk_kernel(
     checkpoint chunk by chunk. Keys enter through their norms: q^ = q |q|^-1 scale, k^ = k |k|^-1,
     and the cached keys' 1/|k_j| (``rn``), so a chunk never needs a whole-row norm. LATE (``pdl_wait: scores``):
     the pre-kernel's scores are read after the output pass, behind the wait."""
+    tl.static_assert(PRE_SCORES or not LATE, "LATE waits before the pre-kernel's scores: it needs them")
     if not LATE:
         pdl_wait(PDL)  # PDL: launched as the score pre-kernel's dependent, waiting first thing
     i_v = tl.program_id(0)
