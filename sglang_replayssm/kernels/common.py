@@ -79,6 +79,11 @@ def _capability_major(device: torch.device) -> int:
     return torch.cuda.get_device_capability(device)[0]
 
 
+# where a decode program of a pdl launch waits for its pre-kernel (launch option ``pdl_wait`` of the decode families):
+# first thing, or just before it reads what the pre-kernel wrote
+PDL_WAITS = ("start", "scores")
+
+
 def pdl_launch(on: bool) -> Dict[str, Any]:
     """Launch options of a kernel launched as a programmatic dependent of the kernel before it."""
     return {"launch_pdl": True} if on else {}
@@ -438,36 +443,34 @@ def split_dot(x, y_hi, y_lo, acc, x_dtype: tl.constexpr):
 
 
 @triton.jit
-def write_flush_first_rank(order, write_pos, stride_wp, n_rows, i_n, w, L, FF: tl.constexpr):
-    """order[rank] = i_n, rank being row i_n's place with the flush rows (ring full: max(w, 0) >= L - 1, i.e. the
-    kernels' clamped w == L - 1) first, each group in row order (launch option ``flush_first_max_batch`` of the
-    decode kernels; FF: a power of two >= n_rows; ``w``: row i_n's write position). Written by a pre-kernel's
-    (row, 0) programs for the decode kernel's :func:`flush_first_row`."""
-    o = tl.arange(0, FF)
-    in_b = o < n_rows
-    ws = tl.load(write_pos + o * stride_wp, mask=in_b, other=0).to(tl.int32)
-    fl = (in_b & (tl.maximum(ws, 0) >= L - 1)).to(tl.int32)
-    before = (o < i_n).to(tl.int32)
-    n_fl = tl.sum(fl, 0)
-    if tl.maximum(w, 0) >= L - 1:
-        rank = tl.sum(fl * before, 0)
-    else:
-        rank = n_fl + tl.sum((1 - fl) * in_b.to(tl.int32) * before, 0)
-    tl.store(order + rank, i_n.to(tl.int32))
-
-
-@triton.jit
-def flush_first_rank_row(write_pos, stride_wp, n_rows, L, FF: tl.constexpr):
-    """The batch row of this decode program when its grid is (tiles, heads, ranks), found from the write positions
-    themselves (the rank program_id(2) of :func:`write_flush_first_rank`'s order, not read from it), so that the
-    program needs nothing a pre-kernel wrote to find its row (launch option ``pdl_wait: scores``)."""
+def _flush_first_ranks(write_pos, stride_wp, n_rows, L, FF: tl.constexpr):
+    """(rows o, in-batch mask, rank of each row): the flush rows (ring full: max(w, 0) >= L - 1, i.e. the kernels'
+    clamped w == L - 1) first, each group in row order (launch option ``flush_first_max_batch`` of the decode kernels;
+    FF: a power of two >= n_rows)."""
     o = tl.arange(0, FF)
     in_b = o < n_rows
     ws = tl.load(write_pos + o * stride_wp, mask=in_b, other=0).to(tl.int32)
     fl = in_b & (tl.maximum(ws, 0) >= L - 1)
     nf = in_b & (tl.maximum(ws, 0) < L - 1)
     n_fl = tl.sum(fl.to(tl.int32), 0)
-    rank = tl.where(fl, tl.cumsum(fl.to(tl.int32), 0) - 1, n_fl + tl.cumsum(nf.to(tl.int32), 0) - 1)
+    return o, in_b, tl.where(fl, tl.cumsum(fl.to(tl.int32), 0) - 1, n_fl + tl.cumsum(nf.to(tl.int32), 0) - 1)
+
+
+@triton.jit
+def write_flush_first_rank(order, write_pos, stride_wp, n_rows, i_n, L, FF: tl.constexpr):
+    """order[rank] = i_n, rank being row i_n's place in :func:`_flush_first_ranks`' order. Written by a
+    pre-kernel's (row, 0) programs for the decode kernel's :func:`flush_first_row`."""
+    o, in_b, rank = _flush_first_ranks(write_pos, stride_wp, n_rows, L, FF)
+    tl.store(order + tl.sum(tl.where(o == i_n, rank, 0), 0), i_n.to(tl.int32))
+
+
+@triton.jit
+def flush_first_rank_row(write_pos, stride_wp, n_rows, L, FF: tl.constexpr):
+    """The batch row of this decode program when its grid is (tiles, heads, ranks), found from the write positions
+    themselves (the row of rank program_id(2) in :func:`_flush_first_ranks`' order, not read from the order a
+    pre-kernel wrote), so that the program needs nothing a pre-kernel wrote to find its row (launch option
+    ``pdl_wait: scores``)."""
+    o, in_b, rank = _flush_first_ranks(write_pos, stride_wp, n_rows, L, FF)
     return tl.sum(tl.where(in_b & (rank == tl.program_id(2)), o, 0), 0).to(tl.int64)
 
 

@@ -89,7 +89,7 @@ from .common import SOFTPLUS_THRESHOLD, config_keys, launch_config, next_pow2, s
 from .common import block_param, choice_param, count_param, dot_precision_param, flag_param, maxnreg_param
 from .common import register_cap
 from .common import flush_first_rank_row, flush_first_row, register_family, warps_param, write_flush_first_rank
-from .common import pdl_launch, pdl_on, pdl_trigger, pdl_wait
+from .common import PDL_WAITS, pdl_launch, pdl_on, pdl_trigger, pdl_wait
 
 __all__ = [
     "mamba2_replay_decode",
@@ -137,7 +137,7 @@ LAUNCH_DEFAULTS = {
         # its checkpoint tile's and window's loads, before it reads the pre-kernel's B·C dots; a flush row before its
         # rebuild; with flush_first_max_batch its row is then found from the write positions in-kernel, not from the
         # pre-kernel's order). "scores" takes its row that way with or without pdl in effect
-        "pdl_wait": choice_param("start", ("start", "scores")),
+        "pdl_wait": choice_param("start", PDL_WAITS),
     }),
 }
 
@@ -289,8 +289,8 @@ def _mamba2_bc_kernel(
     g = tl.program_id(1).to(tl.int64)
     slot, w, live = _load_row_cursor(slot_ptr, wpos_ptr, row, null_slot, L)
     if FF > 0:
-        if g == 0:  # w is clamped to [0, L-1]: the same group as the raw write position
-            write_flush_first_rank(order_ptr, wpos_ptr, 1, n_rows, row, w, L, FF)
+        if g == 0:
+            write_flush_first_rank(order_ptr, wpos_ptr, 1, n_rows, row, L, FF)
     if live & (w < L - 1):
         offs_n = tl.arange(0, BLOCK_N)
         mask_n = offs_n < N

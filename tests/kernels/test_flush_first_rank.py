@@ -18,8 +18,7 @@ from sglang_replayssm.kernels.common import flush_first_rank_row, next_pow2, wri
 @triton.jit
 def _write_order(write_pos, order, stride_wp, n_rows, L: tl.constexpr, FF: tl.constexpr):
     i_n = tl.program_id(0).to(tl.int64)
-    w = tl.load(write_pos + i_n * stride_wp).to(tl.int32)
-    write_flush_first_rank(order, write_pos, stride_wp, n_rows, i_n, w, L, FF)
+    write_flush_first_rank(order, write_pos, stride_wp, n_rows, i_n, L, FF)
 
 
 @triton.jit
