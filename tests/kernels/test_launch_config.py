@@ -138,7 +138,7 @@ def test_h200_file_holds_only_geometry_entries():
 
 def test_h100_file_adds_its_measured_options_only(monkeypatch):
     """configs/h100.yaml holds what was measured on an H100 alone (round 16: four flush-loop stages for an fp32
-    Mamba2 verify; round 18: pdl in the decode families and the GDN verify); everything else resolves as on a GPU
+    Mamba2 verify; round 18: pdl in the decode families and the GDN verify; round 19: the GDN decode's late pdl wait); everything else resolves as on a GPU
     without a file."""
     monkeypatch.delenv(common.ENV_CONFIG_FILE, raising=False)
     monkeypatch.setattr(common, "gpu_key", lambda: "h100")
@@ -151,7 +151,7 @@ def test_h100_file_adds_its_measured_options_only(monkeypatch):
     assert common.launch_config("gdn_verify", common.config_keys("HV32_HK16_K128_V128_R20_T4", torch.float32)) == \
         dict(GDN_VERIFY_FP32, pdl=1)
     assert common.launch_config("gdn_decode", common.config_keys("HV32_HK16_K128_V128_L16", torch.float32)) == \
-        dict(GDN_WHOLE_TILE, pdl=1)
+        dict(GDN_WHOLE_TILE, pdl=1, pdl_wait="scores")
     assert common.launch_config("mamba2_output_only", common.config_keys("H128_P64_N128_G8_L16", torch.bfloat16)) \
         == dict(MAMBA2, pdl=1)
 
