@@ -138,8 +138,9 @@ def test_h200_file_holds_only_geometry_entries():
 
 def test_h100_file_adds_its_measured_options_only(monkeypatch):
     """configs/h100.yaml holds what was measured on an H100 alone (round 16: four flush-loop stages for an fp32
-    Mamba2 verify; round 18: pdl in the decode families and the GDN verify; round 19: the GDN decode's late pdl wait); everything else resolves as on a GPU
-    without a file."""
+    Mamba2 verify; round 18: pdl in the decode families and the GDN verify; round 19: the GDN decode's late pdl
+    wait, the H200 file's bf16 GDN decode tile and Mamba2 decode caps); everything else resolves as on a GPU without
+    a file."""
     monkeypatch.delenv(common.ENV_CONFIG_FILE, raising=False)
     monkeypatch.setattr(common, "gpu_key", lambda: "h100")
     assert common.config_file() == common.CONFIG_DIR / "h100.yaml"
@@ -152,8 +153,32 @@ def test_h100_file_adds_its_measured_options_only(monkeypatch):
         dict(GDN_VERIFY_FP32, pdl=1)
     assert common.launch_config("gdn_decode", common.config_keys("HV32_HK16_K128_V128_L16", torch.float32)) == \
         dict(GDN_WHOLE_TILE, pdl=1, pdl_wait="scores")
-    assert common.launch_config("mamba2_output_only", common.config_keys("H128_P64_N128_G8_L16", torch.bfloat16)) \
+    assert common.launch_config("gdn_decode", common.config_keys("HV32_HK16_K128_V128_L16", torch.bfloat16)) == \
+        dict(GDN_WHOLE_TILE, pdl=1, pdl_wait="scores", cast="cvt", BV=32, inline_BV=16, flush_first_max_batch=512)
+    for dt, cap in ((torch.float32, 168), (torch.bfloat16, 128)):
+        assert common.launch_config("mamba2_output_only", common.config_keys("H128_P64_N128_G8_L16", dt)) == dict(
+            MAMBA2, pdl=1, BLOCK_NC=32, flush_unroll=0, maxnreg=cap, inline_maxnreg=0, flush_first_max_batch=64)
+    assert common.launch_config("mamba2_output_only", common.config_keys("H128_P64_N128_G8_L16", torch.float16)) \
         == dict(MAMBA2, pdl=1)
+
+
+def test_h100_decode_entries_cover_the_h200_files_geometries():
+    """Every decode geometry entry of h200.yaml that h100.yaml takes over (the bf16 GDN tile, the Mamba2 caps) is
+    there for the same geometries, TP shards included, with the same tile parameters."""
+    import yaml
+
+    h200 = yaml.safe_load(H200.read_text())
+    h100 = yaml.safe_load((common.CONFIG_DIR / "h100.yaml").read_text())
+    took = {"gdn_decode": [k for k in h200["gdn_decode"] if k.endswith("_Sbf16")],
+            "mamba2_output_only": list(h200["mamba2_output_only"])}
+    for fam, keys in took.items():
+        assert keys and set(keys) <= set(h100[fam])
+        for k in keys:
+            want = dict(h200[fam][k])
+            if fam == "mamba2_output_only":
+                want["flush_first_max_batch"] = 64  # flush rows first past batch 64 lost on the H100
+            assert h100[fam][k] == want, k
+    assert not [k for k in h100["gdn_decode"] if k.endswith("_Sfp32")]  # the K-chunked tile lost on the H100
 
 
 def test_a_gpu_without_a_file_falls_back_to_the_defaults(monkeypatch):
