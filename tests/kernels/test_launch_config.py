@@ -152,7 +152,7 @@ def test_h100_file_adds_its_measured_options_only(monkeypatch):
     assert common.launch_config("gdn_verify", common.config_keys("HV32_HK16_K128_V128_R20_T4", torch.float32)) == \
         dict(GDN_VERIFY_FP32, pdl=1)
     assert common.launch_config("gdn_decode", common.config_keys("HV32_HK16_K128_V128_L16", torch.float32)) == \
-        dict(GDN_WHOLE_TILE, pdl=1, pdl_wait="scores")
+        dict(GDN_WHOLE_TILE, pdl=1, pdl_wait="scores", flush_first_max_batch=64)
     assert common.launch_config("gdn_decode", common.config_keys("HV32_HK16_K128_V128_L16", torch.bfloat16)) == \
         dict(GDN_WHOLE_TILE, pdl=1, pdl_wait="scores", cast="cvt", BV=32, inline_BV=16, flush_first_max_batch=512)
     for dt, cap in ((torch.float32, 168), (torch.bfloat16, 128)):
@@ -178,7 +178,10 @@ def test_h100_decode_entries_cover_the_h200_files_geometries():
             if fam == "mamba2_output_only":
                 want["flush_first_max_batch"] = 64  # flush rows first past batch 64 lost on the H100
             assert h100[fam][k] == want, k
-    assert not [k for k in h100["gdn_decode"] if k.endswith("_Sfp32")]  # the K-chunked tile lost on the H100
+    # the K-chunked tile lost on the H100: its fp32 entries set the flush-first bound alone
+    fp32 = {k: v for k, v in h100["gdn_decode"].items() if k.endswith("_Sfp32")}
+    assert set(fp32) == {k for k in h200["gdn_decode"] if k.endswith("_Sfp32")}
+    assert all(v == {"flush_first_max_batch": 64} for v in fp32.values())
 
 
 def test_a_gpu_without_a_file_falls_back_to_the_defaults(monkeypatch):
