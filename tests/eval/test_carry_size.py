@@ -21,21 +21,40 @@ def _repo(tmp_path):
     return sizes
 
 
+def _tar(n):  # a file's share of a tar archive, written out: header block + data padded to 512-byte blocks
+    return 512 + 512 * ((n + 511) // 512)
+
+
 def test_counts_git_files_and_the_carried_paths(tmp_path, capsys):
     sizes = _repo(tmp_path)
-    gi = len((tmp_path / ".gitignore").read_bytes())
+    gi = _tar(len((tmp_path / ".gitignore").read_bytes()))
+    t = {k: _tar(v) for k, v in sizes.items()}
     m = carry_size.measure(tmp_path)
-    assert m["tree"] == {"src": sizes["src/a.py"] + sizes["src/deep/b.bin"], "README.md": sizes["README.md"],
-                         "new.txt": sizes["new.txt"], ".gitignore": gi}  # ignored files are not copied
-    base = sum(sizes.values()) + gi
+    assert m["tree"] == {"src": t["src/a.py"] + t["src/deep/b.bin"], "README.md": t["README.md"],
+                         "new.txt": t["new.txt"], ".gitignore": gi}  # ignored files are not copied
+    base = sum(t.values()) + gi
     assert m["total"] == base and not m["over"]
     m = carry_size.measure(tmp_path, ["bundle", "missing"])
-    assert m["carry"] == {"bundle": 3000, "missing": None} and m["total"] == base + 3000
+    assert m["carry"] == {"bundle": _tar(3000), "missing": None} and m["total"] == base + _tar(3000)
     (tmp_path / "shared").mkdir()
     (tmp_path / "shared" / "doc.md").write_bytes(b"x" * 77)
-    assert carry_size.measure(tmp_path)["carry"] == {"shared": 77}
+    assert carry_size.measure(tmp_path)["carry"] == {"shared": 1024}
     assert carry_size.main(["--root", str(tmp_path), "bundle"]) == 0
     assert "carry bundle" in capsys.readouterr().out
+
+
+def test_sizes_match_a_tar_of_the_same_files(tmp_path):
+    """The estimate is what tar writes for the files, less its end-of-archive blocks and record padding."""
+    import tarfile
+
+    _repo(tmp_path)
+    files = carry_size._git_files(tmp_path) + ["bundle/big.tar"]
+    out = tmp_path.parent / "carry.tar"
+    with tarfile.open(out, "w", format=tarfile.USTAR_FORMAT) as tf:
+        for rel in files:
+            tf.add(tmp_path / rel, arcname=rel, recursive=False)
+    m = carry_size.measure(tmp_path, ["bundle"])
+    assert m["total"] <= out.stat().st_size <= m["total"] + tarfile.RECORDSIZE + 1024
 
 
 def test_over_the_limit_exits_nonzero(tmp_path, monkeypatch, capsys):
