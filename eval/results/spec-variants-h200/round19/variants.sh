@@ -41,3 +41,8 @@ h100_geo_mlate="{gdn_decode: {HV32_HK16_K128_V128_L16_Sbf16: {BV: 32, cast: cvt,
 # 64); packaged at 64
 g32ff="{gdn_decode: {HV32_HK16_K128_V128_L16_Sfp32: {flush_first_max_batch: 512}, HV64_HK16_K128_V128_L16_Sfp32: {flush_first_max_batch: 512}}}"
 g32ff64="{gdn_decode: {HV32_HK16_K128_V128_L16_Sfp32: {flush_first_max_batch: 64}, HV64_HK16_K128_V128_L16_Sfp32: {flush_first_max_batch: 64}}}"
+# H200 candidate from the H100's round 19: there the late wait helped the whole GDN fp32 tile (37.4 -> 34.4 us at
+# batch 32) far more than the K-chunked one (a wash), and the whole tile with flush rows first took mixed rows at
+# batch 32 to 34.8 us (1.47x stock, against the H200's K-chunked 1.25x). The whole tile above batch 1 on the H200
+# (batch 1 keeps its inline entry), with d_late's waits:
+d_late_whole="{gdn_decode: {default: {pdl: 1, pdl_wait: scores}, HV32_HK16_K128_V128_L16_Sfp32: {BKC: 0, BV: 16, flush: rank1}, HV64_HK16_K128_V128_L16_Sfp32: {BKC: 0, BV: 16, flush: rank1}}, mamba2_output_only: {default: {pdl: 1}}}"
