@@ -79,7 +79,7 @@ def _capability_major(device: torch.device) -> int:
     return torch.cuda.get_device_capability(device)[0]
 
 
-# where a decode program of a pdl launch waits for its pre-kernel (launch option ``pdl_wait`` of the decode families):
+# where a GDN decode program of a pdl launch waits for its pre-kernel (launch option ``pdl_wait`` of gdn_decode):
 # first thing, or just before it reads what the pre-kernel wrote
 PDL_WAITS = ("start", "scores")
 

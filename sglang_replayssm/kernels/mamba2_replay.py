@@ -86,10 +86,9 @@ import triton.language as tl
 
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
 from .common import SOFTPLUS_THRESHOLD, config_keys, launch_config, next_pow2, softplus, suffix_sum_excl
-from .common import block_param, choice_param, count_param, dot_precision_param, flag_param, maxnreg_param
-from .common import register_cap
-from .common import flush_first_rank_row, flush_first_row, register_family, warps_param, write_flush_first_rank
-from .common import PDL_WAITS, pdl_launch, pdl_on, pdl_trigger, pdl_wait
+from .common import block_param, count_param, dot_precision_param, flag_param, maxnreg_param, register_cap
+from .common import flush_first_row, register_family, warps_param, write_flush_first_rank
+from .common import pdl_launch, pdl_on, pdl_trigger, pdl_wait
 
 __all__ = [
     "mamba2_replay_decode",
@@ -133,11 +132,6 @@ LAUNCH_DEFAULTS = {
         # 1: with the B·C pre-kernel, the decode kernel is launched as its programmatic dependent (sm90+): its
         # programs are scheduled while the pre-kernel runs and wait for it (griddepcontrol.wait) before anything else
         "pdl": flag_param(0),
-        # where a pdl decode program waits for the pre-kernel: "start" (first thing) or "scores" (a non-flush row after
-        # its checkpoint tile's and window's loads, before it reads the pre-kernel's B·C dots; a flush row before its
-        # rebuild; with flush_first_max_batch its row is then found from the write positions in-kernel, not from the
-        # pre-kernel's order). "scores" takes its row that way with or without pdl in effect
-        "pdl_wait": choice_param("start", PDL_WAITS),
     }),
 }
 
@@ -322,23 +316,19 @@ def _mamba2_replay_kernel(
     s_z_b, s_z_h, s_z_p,
     s_dtb_h,
     s_o_b, s_o_h, s_o_p,
-    s_bc_b, s_bc_g, n_rows, order_ptr,
+    s_bc_b, s_bc_g, order_ptr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NC: tl.constexpr, WIN: tl.constexpr,
     FLUSH_UNROLL: tl.constexpr, INLINE_BC: tl.constexpr, STATE_FIRST: tl.constexpr, FF: tl.constexpr,
-    PDL: tl.constexpr, LATE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    if not LATE:
-        pdl_wait(PDL)  # PDL: launched as the B·C pre-kernel's dependent, waiting first thing
+    pdl_wait(PDL)  # PDL: launched as the B·C pre-kernel's dependent
     pid_m = tl.program_id(0)
     # scalar offsets in int64: free at this scale, and no int32 product can overflow
     if FF == 0:
         row = tl.program_id(1).to(tl.int64)
         h = tl.program_id(2).to(tl.int64)
-    elif LATE:  # flush rows first, each program finding its row from the write positions
-        row = flush_first_rank_row(wpos_ptr, 1, n_rows, L, FF)
-        h = tl.program_id(1).to(tl.int64)
     else:  # flush rows first (launch option flush_first_max_batch): the grid is (M tiles, heads, ranks)
         row = flush_first_row(order_ptr)
         h = tl.program_id(1).to(tl.int64)
@@ -391,8 +381,6 @@ def _mamba2_replay_kernel(
         if is_flush:
             # S_w = e^{AΛ} S_ck + x_win @ (s ⊙ B_win), built BLOCK_NC state columns at a time
             # (bounded registers), y accumulated on the way, S_w stored as the new checkpoint.
-            if LATE:
-                pdl_wait(PDL)
             y = tl.zeros([BLOCK_M], dtype=tl.float32)
             if FLUSH_UNROLL:
                 for n0 in tl.static_range(0, BLOCK_N, BLOCK_NC):
@@ -421,8 +409,6 @@ def _mamba2_replay_kernel(
                                                offs_w, offs_n, mask_n, w)
                 bc = tl.sum(B_win * C[None, :], 1)
             else:
-                if LATE:
-                    pdl_wait(PDL)
                 bc = tl.load(bc_ptr + row * s_bc_b + g * s_bc_g + offs_w, mask=offs_w <= w, other=0.0)
             y = decay * tl.sum(S * C[None, :], 1) + tl.sum(x_win * (s_w * bc)[None, :], 1)
 
@@ -443,9 +429,6 @@ def _mamba2_replay_kernel(
                     B_cur = tl.load(B_ptr + row * s_B_b + g * s_B_g + offs_n * s_B_n, mask=mask_n, other=0.0)
                     tl.store(Br_base + w64 * s_Br_l + offs_n * s_Br_n, B_cur.to(Br_ptr.dtype.element_ty),
                              mask=mask_n)
-    else:
-        if LATE:
-            pdl_wait(PDL)  # a padded / null row writes nothing, and waits before it ends
 
 
 # --------------------------------------------------------------------------------------
@@ -611,20 +594,18 @@ def mamba2_replay_decode(
 
     inline_bc = batch <= cfg["inline_bc_max_batch"]
     pdl = not inline_bc and pdl_on(cfg["pdl"], state.device)
-    late = not inline_bc and cfg["pdl_wait"] == "scores"  # the B·C dots read late (behind the wait with pdl)
-    # flush rows first (only with the B·C pre-kernel: it writes their order, or with `late` each program finds its
-    # row from the write positions); 0: the rows in grid order
+    # flush rows first (their order written by the B·C pre-kernel, so only with it); 0: the rows in grid order
     FF = max(16, next_pow2(batch)) if not inline_bc and batch <= cfg["flush_first_max_batch"] else 0
     # per call (graph-safe); None without FF: no kernel parameter, the same build as without the option
-    order = torch.empty(batch, dtype=torch.int32, device=dev) if FF and not late else None
+    order = torch.empty(batch, dtype=torch.int32, device=dev) if FF else None
     if not inline_bc:
         bc = torch.empty((batch, G, WIN), dtype=torch.float32, device=dev)
         _mamba2_bc_kernel[(batch, G)](
             B_ring, B, C, state_indices, write_pos, bc,
             null_slot, N, L,
             *B_ring.stride(), *B.stride(), *C.stride(),
-            bc.stride(0), bc.stride(1), order, batch if order is not None else None,
-            BLOCK_N=BLOCK_N, WIN=WIN, FF=FF if order is not None else 0, PDL=pdl,
+            bc.stride(0), bc.stride(1), order, batch if FF else None,
+            BLOCK_N=BLOCK_N, WIN=WIN, FF=FF, PDL=pdl,
             num_warps=int(cfg["bc_num_warps"]),
         )
         s_bc_b, s_bc_g = bc.stride(0), bc.stride(1)
@@ -646,12 +627,12 @@ def mamba2_replay_decode(
         *(z.stride() if z is not None else (0, 0, 0)),
         s_dtb_h,
         *out.stride(),
-        s_bc_b, s_bc_g, batch if FF and late else None, order,
+        s_bc_b, s_bc_g, order,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
         DT_SOFTPLUS=bool(dt_softplus),
         DOT_PRECISION=cfg["dot_precision"],
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_NC=BLOCK_NC, WIN=WIN, FLUSH_UNROLL=bool(cfg["flush_unroll"]),
-        INLINE_BC=inline_bc, STATE_FIRST=bool(cfg["state_first"]), FF=FF, PDL=pdl, LATE=late,
+        INLINE_BC=inline_bc, STATE_FIRST=bool(cfg["state_first"]), FF=FF, PDL=pdl,
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg, inline_bc),
         **pdl_launch(pdl),
     )

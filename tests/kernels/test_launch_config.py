@@ -35,7 +35,7 @@ GDN_VERIFY = {"BV": 16, "dot_precision": "tf32x3", "flush": "rank1", "inline_sco
               "v_loop_maxnreg": 0, "window_dot": "split", "flush_rows": "fused", "flush_v_stages": 0, "pdl": 0}
 MAMBA2 = {"BLOCK_M": 32, "BLOCK_NC": 64, "bc_num_warps": 2, "dot_precision": "tf32x3", "flush_first_max_batch": 0, "flush_unroll": 1,
           "inline_bc_max_batch": 1, "inline_maxnreg": -1, "maxnreg": 0, "num_stages": 1, "num_warps": 1,
-          "state_first": 1, "pdl": 0, "pdl_wait": "start"}
+          "state_first": 1, "pdl": 0}
 # register caps above batch 1 for the Nemotron-H geometries (kernel-variants-h200/regcap); flush rows first
 # (kernel-variants-h200/mixed-order)
 MAMBA2_FP32 = dict(MAMBA2, BLOCK_NC=32, flush_unroll=0, maxnreg=168, inline_maxnreg=0, flush_first_max_batch=64)
@@ -255,6 +255,10 @@ def test_malformed_files(tmp_path, text, match):
     ("mamba2_output_only:\n  default: {l2_prefetch: 512}\n",
      r"\[mamba2_output_only\]\[default\]: unknown parameter 'l2_prefetch'"),
     ("gdn_decode:\n  default: {l2_prefetch: 512}\n", r"\[gdn_decode\]\[default\]: unknown parameter 'l2_prefetch'"),
+    # timed on the H100, a wash in grid order and lost with flush rows first, removed (spec-variants-h200/, round
+    # 19); the GDN decode's stays
+    ("mamba2_output_only:\n  default: {pdl: 1, pdl_wait: scores}\n",
+     r"\[mamba2_output_only\]\[default\]: unknown parameter 'pdl_wait'"),
     # timed on the H200, lost and removed (eval/results/kernel-variants-h200/m2-split-c7faaaa/); the verify's stays
     ("mamba2_output_only:\n  default: {flush_split: 1}\n",
      r"\[mamba2_output_only\]\[default\]: unknown parameter 'flush_split'"),

@@ -599,23 +599,6 @@ def test_pdl_matches_the_oracle(device, config_file, monkeypatch, ff):
     assert flags[0] == (False, True) and all(f == (on, False) for f in flags[1:]), flags
 
 
-@pytest.mark.parametrize("ff", [0, 8], ids=["grid-order", "flush-first"])
-def test_late_pdl_wait_matches_the_oracle(device, config_file, monkeypatch, ff):
-    """pdl_wait: scores: the decode kernel reads the pre-kernel's B·C dots after its own loads (behind the wait
-    with pdl on an sm90 GPU) and, flush-first, finds its row from the write positions (LATE, with or without pdl
-    in effect): the oracle holds through flushes on every phase, desynchronised rows and padding."""
-    from sglang_replayssm.kernels.common import pdl_on
-
-    config_file("mamba2_output_only:\n  default: {pdl: 1, pdl_wait: scores, inline_bc_max_batch: 1, "
-                f"flush_first_max_batch: {ff}}}\n")
-    h, flags = _desynchronised_flushes(device, monkeypatch, (F32, BF16), ("PDL", "LATE", "INLINE_BC", "FF"))
-    h.step([1], pads=("null", "neg"), pad_wpos=3, out_fill=42.0)
-    on = pdl_on({"pdl": 1}, torch.device(device))
-    assert flags[0] == (False, False, True, 0), flags  # batch 1: B·C inline, no pre-kernel to wait for
-    # every later batch (4 and 5 rows with their padding, then 3) sits within a flush_first_max_batch of 8
-    assert all(f[:3] == (on, True, False) and (f[3] > 0) == (ff > 0) for f in flags[1:]), flags
-
-
 def test_flush_first_order_matches_the_oracle(device, config_file, monkeypatch):
     """flush_first_max_batch: within the limit and above inline_bc_max_batch the grid is (M tiles, heads, rows) and
     each program reads its row from the flush-first order the B·C pre-kernel wrote; the oracle holds through

@@ -1,8 +1,8 @@
-"""Where the decode kernels wait under ``pdl``, in offline sm_90 builds (no GPU; Triton's bundled ptxas is not
+"""Where the GDN decode kernels wait under ``pdl``, in offline sm_90 builds (no GPU; Triton's bundled ptxas is not
 needed, only its PTX): with ``pdl_wait: start`` the wait is the first thing a program does; with ``scores`` loads
 (the checkpoint tile's) come before the live rows' wait, and no global store comes before any wait. The build runs
 in a subprocess without TRITON_INTERPRET, as eval/gdn_sass.py needs. On the GPU the same launches run for real in
-test_gdn_replay.py / test_mamba2_replay.py; this file is what the CPU can say about the order."""
+test_gdn_replay.py; this file is what the CPU can say about the order."""
 
 from __future__ import annotations
 
@@ -17,32 +17,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = r'''
 import json, sys, torch
 from eval.gdn_sass import _Recorder, capture, compile_offline
-from sglang_replayssm.kernels import common, gdn_replay as gr, mamba2_replay as mr
+from sglang_replayssm.kernels import gdn_replay as gr
 
-gr.pdl_on = mr.pdl_on = lambda want, dev: bool(want)  # built as on sm90
+gr.pdl_on = lambda want, dev: bool(want)  # built as on sm90
 BF16 = torch.bfloat16
-
-
-def mamba2_launch(cfg):
-    import os, tempfile, yaml
-    f = tempfile.mktemp(suffix=".yaml")
-    open(f, "w").write(yaml.safe_dump({"mamba2_output_only": {"default": cfg}}))
-    os.environ[common.ENV_CONFIG_FILE] = f
-    calls = {}
-    saved = mr._mamba2_replay_kernel, mr._mamba2_bc_kernel
-    mr._mamba2_replay_kernel, mr._mamba2_bc_kernel = _Recorder(saved[0], calls), _Recorder(saved[1], calls)
-    try:
-        H, P, N, G, L, B = 4, 16, 16, 2, 8, 4
-        r = torch.randn
-        mr.mamba2_replay_decode(torch.zeros(B + 2, H, P, N), torch.zeros(B + 2, H, L, P, dtype=BF16),
-                                torch.zeros(B + 2, G, L, N, dtype=BF16), torch.zeros(B + 2, H, L),
-                                r(B, H, P).to(BF16), r(B, H).to(BF16), -torch.rand(H), r(B, G, N).to(BF16),
-                                r(B, G, N).to(BF16), torch.arange(1, B + 1, dtype=torch.int32),
-                                torch.full((B,), 3, dtype=torch.int32))
-    finally:
-        mr._mamba2_replay_kernel, mr._mamba2_bc_kernel = saved
-        os.environ.pop(common.ENV_CONFIG_FILE)
-    return calls["_mamba2_replay_kernel"]
 
 
 def order(ptx):
@@ -62,8 +40,6 @@ for wait in ("start", "scores"):
         calls = capture(dict(base, **extra), GDN, 8, torch.float32, BF16, batch=4)
         main = calls.get("_gdn_replay_decode_kchunk_kernel") or calls["_gdn_replay_decode_kernel"]
         out[f"{name}-{wait}"] = order(compile_offline(main)["ptx"])
-    launch = mamba2_launch({"pdl": 1, "pdl_wait": wait, "flush_first_max_batch": 64})
-    out[f"mamba2-{wait}"] = order(compile_offline(launch)["ptx"])
 print(json.dumps(out))
 '''
 
@@ -76,7 +52,7 @@ def test_late_wait_follows_the_tile_loads_and_precedes_every_store(tmp_path):
                        timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
-    for kernel in ("gdn-whole", "gdn-kchunk", "mamba2"):
+    for kernel in ("gdn-whole", "gdn-kchunk"):
         start, late = res[f"{kernel}-start"], res[f"{kernel}-scores"]
         # start: one wait, ahead of every load and store
         assert len(start["waits"]) == 1 and start["waits"][0] < start["first_load"] < start["first_store"], start

@@ -19,9 +19,11 @@ g16_vcap224="{gdn_verify: {default_Sbf16: {v_loop_maxnreg: 224}}}"
 #   BENCH=kernels GIT_COMMIT=<sha> VARIANT_TIMEOUT=150 OUT=$OUT/d bash eval/gpu_spec_variants.sh packaged= \
 #       pdl="$pdl_decode" d_late="$d_late" d_late128="$d_late128" d_late_grid="$d_late_grid" -- --family all \
 #       --batches 32 256 --dtypes fp32 bf16 --time-budget-s 40
-# (the Mamba2 decode takes the same option: its B·C pre-kernel read late, same registers offline at the H200 file's
-# caps of 168 / 128; d_late and d_late128 turn it on for both decode families)
-d_late="{gdn_decode: {default: {pdl: 1, pdl_wait: scores}}, mamba2_output_only: {default: {pdl: 1, pdl_wait: scores}}}"
+# The Mamba2 decode took the same option at 42314f1 (its B·C dots read late): a wash on the H100 in grid order and a
+# loss with flush rows first (bf16 batch 256 235.0 -> 243.7 us), so it was removed. d_late128, d_late_grid and
+# h100_geo_mlate below are kept as they ran (the variant-*.yaml files beside their results); their Mamba2 halves name
+# the removed option and no longer load. d_late as the next H200 call runs it: the GDN late wait, Mamba2 pdl only
+d_late="{gdn_decode: {default: {pdl: 1, pdl_wait: scores}}, mamba2_output_only: {default: {pdl: 1}}}"
 d_late128="{gdn_decode: {default: {pdl: 1, pdl_wait: scores}, default_Sfp32: {maxnreg: 128}}, mamba2_output_only: {default: {pdl: 1, pdl_wait: scores}}}"
 # the same late wait with the rows in grid order (no flush-first): every flush-first program reads all the batch's
 # write positions to find its row (O(batch) a program), which may cost more than the later wait gains at 256
