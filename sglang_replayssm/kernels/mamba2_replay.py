@@ -80,8 +80,6 @@ No SGLang import here.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -90,7 +88,7 @@ from .common import FLOAT_DTYPES as _FLOAT_DTYPES, INDEX_DTYPES as _INT_DTYPES
 from .common import SOFTPLUS_THRESHOLD, config_keys, launch_config, next_pow2, softplus, suffix_sum_excl
 from .common import block_param, count_param, dot_precision_param, flag_param, maxnreg_param, register_cap
 from .common import flush_first_row, register_family, warps_param, write_flush_first_rank
-from .common import interpreting, pdl_launch, pdl_on, pdl_trigger, pdl_wait
+from .common import pdl_launch, pdl_on, pdl_trigger, pdl_wait
 
 __all__ = [
     "mamba2_replay_decode",
@@ -134,16 +132,6 @@ LAUNCH_DEFAULTS = {
         # 1: with the B·C pre-kernel, the decode kernel is launched as its programmatic dependent (sm90+): its
         # programs are scheduled while the pre-kernel runs and wait for it (griddepcontrol.wait) before anything else
         "pdl": flag_param(0),
-        # 1: above inline_bc_max_batch the flush rows are left to a launch of their own after the decode kernel
-        # (``_mamba2_fold_kernel``: persistent programs of fold_num_warps warps, each folding whole (row, head, M
-        # tile) items of the flush rows, BLOCK_NC state columns at a time); the decode kernel then compiles without
-        # its flush branch. Off by default
-        "fold_launch": flag_param(0),
-        "fold_BLOCK_M": block_param(64, 16),
-        "fold_BLOCK_NC": block_param(64, 16),
-        "fold_num_warps": warps_param(4),
-        "fold_ctas_per_sm": count_param(4, 1),  # the fold launch's programs: this many per SM (at most one per item)
-        "fold_maxnreg": maxnreg_param(0),
     }),
 }
 
@@ -333,7 +321,7 @@ def _mamba2_replay_kernel(
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NC: tl.constexpr, WIN: tl.constexpr,
     FLUSH_UNROLL: tl.constexpr, INLINE_BC: tl.constexpr, STATE_FIRST: tl.constexpr, FF: tl.constexpr,
-    PDL: tl.constexpr, FOLD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pdl_wait(PDL)  # PDL: launched as the B·C pre-kernel's dependent
     pid_m = tl.program_id(0)
@@ -369,16 +357,10 @@ def _mamba2_replay_kernel(
     if HAS_Z:
         zv = tl.load(z_ptr + row * s_z_b + h * s_z_h + offs_m * s_z_p, mask=mask_m, other=0.0).to(tl.float32)
 
-    live = (slot >= 0) & (slot != null_slot)
-    if FOLD:  # launch option fold_launch: the flush rows are the fold launch's (_mamba2_fold_kernel)
-        live = live & (tl.maximum(w, 0) < L - 1)
-    if live:
+    if (slot >= 0) & (slot != null_slot):
         w = tl.minimum(tl.maximum(w, 0), L - 1)  # memory safety only: write_pos is not range-checked
         w64 = w.to(tl.int64)
-        if FOLD:
-            is_flush = False  # no flush branch in this build
-        else:
-            is_flush = w == L - 1
+        is_flush = w == L - 1
         delta_cur = _delta_from_raw(dt_raw, dtb, HAS_DT_BIAS, DT_SOFTPLUS)
 
         # window (history 0..w-1 from the ring, current token at w)
@@ -447,86 +429,6 @@ def _mamba2_replay_kernel(
                     B_cur = tl.load(B_ptr + row * s_B_b + g * s_B_g + offs_n * s_B_n, mask=mask_n, other=0.0)
                     tl.store(Br_base + w64 * s_Br_l + offs_n * s_Br_n, B_cur.to(Br_ptr.dtype.element_ty),
                              mask=mask_n)
-
-
-@triton.jit
-def _mamba2_fold_kernel(
-    state_ptr, xr_ptr, Br_ptr, dtr_ptr,
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, dtb_ptr, out_ptr,
-    slot_ptr, wpos_ptr, order_ptr,
-    null_slot, P, N, L, H, heads_per_group, n_rows,
-    s_st_s, s_st_h, s_st_p, s_st_n,
-    s_xr_s, s_xr_h, s_xr_l, s_xr_p,
-    s_Br_s, s_Br_g, s_Br_l, s_Br_n,
-    s_dtr_s, s_dtr_h, s_dtr_l,
-    s_x_b, s_x_h, s_x_p,
-    s_dt_b, s_dt_h,
-    s_A_h,
-    s_B_b, s_B_g, s_B_n,
-    s_C_b, s_C_g, s_C_n,
-    s_D_h, s_D_p,
-    s_z_b, s_z_h, s_z_p,
-    s_dtb_h,
-    s_o_b, s_o_h, s_o_p,
-    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NC: tl.constexpr, WIN: tl.constexpr, RB: tl.constexpr,
-):
-    """The flush rows of a decode step (launch option ``fold_launch``), after ``_mamba2_replay_kernel`` skipped them.
-
-    Persistent programs walk the items (flush rank, head, M tile) in that order, a program every
-    ``num_programs`` items; flush rank r is row order[r], the flush-first order the B·C pre-kernel wrote (the
-    rows whose clamped write position is L−1 first: RB, a power of two >= n_rows, counts them). Each item is the
-    decode kernel's flush branch: S_w = e^{AΛ} S_ck + x_win @ (s ⊙ B_win), BLOCK_NC state columns at a time, stored
-    as the new checkpoint; y = S_w·C (+ D x, · silu(z)) stored as the row's output. Dead rows (slot < 0 or the null
-    slot) are skipped."""
-    offs_r = tl.arange(0, RB)
-    ws = tl.load(wpos_ptr + offs_r, mask=offs_r < n_rows, other=0).to(tl.int32)
-    n_fl = tl.sum(((offs_r < n_rows) & (tl.maximum(ws, 0) >= L - 1)).to(tl.int32), 0)
-    m_tiles = tl.cdiv(P, BLOCK_M)
-    per_rank = H * m_tiles
-    offs_n = tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    offs_w = tl.arange(0, WIN)
-    w = L - 1  # every row in the flush part of the order (its clamped write position)
-    for it in range(tl.program_id(0), n_fl * per_rank, tl.num_programs(0)):
-        r = it // per_rank
-        hm = it - r * per_rank
-        h = (hm // m_tiles).to(tl.int64)
-        pid_m = hm - (hm // m_tiles) * m_tiles
-        row = tl.load(order_ptr + r).to(tl.int64)
-        g = h // heads_per_group
-        slot = tl.load(slot_ptr + row).to(tl.int64)
-        if (slot >= 0) & (slot != null_slot):
-            offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            mask_m = offs_m < P
-            if HAS_DT_BIAS:
-                dtb = tl.load(dtb_ptr + h * s_dtb_h)
-            else:
-                dtb = 0.0
-            dt_raw = tl.load(dt_ptr + row * s_dt_b + h * s_dt_h)
-            A = tl.load(A_ptr + h * s_A_h).to(tl.float32)
-            x_cur = tl.load(x_ptr + row * s_x_b + h * s_x_h + offs_m * s_x_p, mask=mask_m, other=0.0).to(tl.float32)
-            delta_cur = _delta_from_raw(dt_raw, dtb, HAS_DT_BIAS, DT_SOFTPLUS)
-            xr_base = xr_ptr + slot * s_xr_s + h * s_xr_h
-            dtr_base = dtr_ptr + slot * s_dtr_s + h * s_dtr_h
-            Br_base = Br_ptr + slot * s_Br_s + g * s_Br_g
-            st_base = state_ptr + slot * s_st_s + h * s_st_h
-            delta_win = _load_window_delta(dtr_base, s_dtr_l, offs_w, w, w, delta_cur)
-            s_w, decay = _window_weights(delta_win, A, offs_w, w)
-            x_win = _load_x_window(xr_base, s_xr_l, s_xr_p, offs_m, mask_m, offs_w, w, w, x_cur)
-            y = tl.zeros([BLOCK_M], dtype=tl.float32)
-            for n0 in tl.static_range(0, BLOCK_N, BLOCK_NC):
-                y = _rebuild_chunk(y, n0, st_base, s_st_p, s_st_n, offs_m, mask_m, N,
-                                   B_ptr + row * s_B_b + g * s_B_g, s_B_n, C_ptr + row * s_C_b + g * s_C_g, s_C_n,
-                                   Br_base, s_Br_l, s_Br_n, offs_w, w, decay, x_win, s_w, w == L - 1,
-                                   DOT_PRECISION, BLOCK_NC)
-            if HAS_D:
-                y += tl.load(D_ptr + h * s_D_h + offs_m * s_D_p, mask=mask_m, other=0.0).to(tl.float32) * x_cur
-            if HAS_Z:
-                zv = tl.load(z_ptr + row * s_z_b + h * s_z_h + offs_m * s_z_p, mask=mask_m, other=0.0).to(tl.float32)
-                y *= zv * tl.sigmoid(zv)
-            tl.store(out_ptr + row * s_o_b + h * s_o_h + offs_m * s_o_p, y.to(out_ptr.dtype.element_ty), mask=mask_m)
 
 
 # --------------------------------------------------------------------------------------
@@ -694,19 +596,16 @@ def mamba2_replay_decode(
     pdl = not inline_bc and pdl_on(cfg["pdl"], state.device)
     # flush rows first (their order written by the B·C pre-kernel, so only with it); 0: the rows in grid order
     FF = max(16, next_pow2(batch)) if not inline_bc and batch <= cfg["flush_first_max_batch"] else 0
-    # the flush rows' fold as a launch of its own (it finds them in the flush-first order the pre-kernel writes)
-    fold = not inline_bc and bool(cfg["fold_launch"])
-    FF_ORDER = FF or (max(16, next_pow2(batch)) if fold else 0)
-    # per call (graph-safe); None without an order: no kernel parameter, the same build as without the options
-    order = torch.empty(batch, dtype=torch.int32, device=dev) if FF_ORDER else None
+    # per call (graph-safe); None without FF: no kernel parameter, the same build as without the option
+    order = torch.empty(batch, dtype=torch.int32, device=dev) if FF else None
     if not inline_bc:
         bc = torch.empty((batch, G, WIN), dtype=torch.float32, device=dev)
         _mamba2_bc_kernel[(batch, G)](
             B_ring, B, C, state_indices, write_pos, bc,
             null_slot, N, L,
             *B_ring.stride(), *B.stride(), *C.stride(),
-            bc.stride(0), bc.stride(1), order, batch if FF_ORDER else None,
-            BLOCK_N=BLOCK_N, WIN=WIN, FF=FF_ORDER, PDL=pdl,
+            bc.stride(0), bc.stride(1), order, batch if FF else None,
+            BLOCK_N=BLOCK_N, WIN=WIN, FF=FF, PDL=pdl,
             num_warps=int(cfg["bc_num_warps"]),
         )
         s_bc_b, s_bc_g = bc.stride(0), bc.stride(1)
@@ -715,13 +614,12 @@ def mamba2_replay_decode(
         s_bc_b = s_bc_g = 0
 
     grid = (triton.cdiv(P, BLOCK_M), H, batch) if FF else (triton.cdiv(P, BLOCK_M), batch, H)
-    tensor_args = (
+    _mamba2_replay_kernel[grid](
         state, x_ring, B_ring, dt_ring,
         x, dt, A, B, C,
         D if D is not None else x, z if z is not None else x, dt_bias if dt_bias is not None else dt,
-        out, state_indices, write_pos,
-    )
-    stride_args = (
+        out, state_indices, write_pos, bc,
+        null_slot, P, N, L, heads_per_group,
         *state.stride(), *x_ring.stride(), *B_ring.stride(), *dt_ring.stride(),
         *x.stride(), dt.stride(0), dt.stride(1), s_A_h,
         *B.stride(), *C.stride(),
@@ -729,42 +627,13 @@ def mamba2_replay_decode(
         *(z.stride() if z is not None else (0, 0, 0)),
         s_dtb_h,
         *out.stride(),
-    )
-    flags = dict(HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
-                 DT_SOFTPLUS=bool(dt_softplus), DOT_PRECISION=cfg["dot_precision"])
-    _mamba2_replay_kernel[grid](
-        *tensor_args, bc,
-        null_slot, P, N, L, heads_per_group,
-        *stride_args,
         s_bc_b, s_bc_g, order,
-        **flags,
+        HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
+        DT_SOFTPLUS=bool(dt_softplus),
+        DOT_PRECISION=cfg["dot_precision"],
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_NC=BLOCK_NC, WIN=WIN, FLUSH_UNROLL=bool(cfg["flush_unroll"]),
-        INLINE_BC=inline_bc, STATE_FIRST=bool(cfg["state_first"]), FF=FF, PDL=pdl, FOLD=fold,
+        INLINE_BC=inline_bc, STATE_FIRST=bool(cfg["state_first"]), FF=FF, PDL=pdl,
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg, inline_bc),
         **pdl_launch(pdl),
     )
-    if fold:
-        fold_m = cfg["fold_BLOCK_M"]
-        items = batch * H * triton.cdiv(P, fold_m)
-        _mamba2_fold_kernel[(min(items, _sm_count(dev) * int(cfg["fold_ctas_per_sm"])),)](
-            *tensor_args, order,
-            null_slot, P, N, L, H, heads_per_group, batch,
-            *stride_args,
-            **flags,
-            BLOCK_M=fold_m, BLOCK_N=BLOCK_N, BLOCK_NC=min(cfg["fold_BLOCK_NC"], BLOCK_N), WIN=WIN, RB=FF_ORDER,
-            num_warps=int(cfg["fold_num_warps"]),
-            **({"maxnreg": cfg["fold_maxnreg"]} if cfg["fold_maxnreg"] and not interpreting() else {}),
-        )
     return out
-
-
-def _sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (2 elsewhere: the interpreter's persistent programs still stride)."""
-    if device.type != "cuda":
-        return 2
-    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.lru_cache(maxsize=None)
-def _cuda_sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count

@@ -1,4 +1,5 @@
-# Mamba2 decode `fold_launch` candidates (README.md beside this file): the flush rows' fold as a persistent launch of
+# Mamba2 decode `fold_launch` candidates as they ran at 0108665 on an H100 (README.md beside this file; the option
+# lost and was removed, so these variants no longer load): the flush rows' fold as a persistent launch of
 # its own after the decode kernel, which then builds without its flush branch. Offline sm_90a builds (Nemotron-H-8B,
 # batch 64; decode kernel / fold kernel registers, no spills unless said):
 #   fold16  fold 4 warps, 64 x 16 chunks: bf16 127 / 123 (4 programs per SM), fp32 87 / 128 (4 per SM)
