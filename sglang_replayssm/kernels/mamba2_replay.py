@@ -132,10 +132,6 @@ LAUNCH_DEFAULTS = {
         # 1: with the B·C pre-kernel, the decode kernel is launched as its programmatic dependent (sm90+): its
         # programs are scheduled while the pre-kernel runs and wait for it (griddepcontrol.wait) before anything else
         "pdl": flag_param(0),
-        # 1: a flush row's M tiles are all rebuilt by its (row, head)'s first program, one tile after another (the
-        # others return at once), so the window's weights and the program's own set-up are paid once per head
-        # instead of once per tile. Off by default (kernel-variants-h200/tiles/)
-        "flush_tiles": flag_param(0),
     }),
 }
 
@@ -325,7 +321,7 @@ def _mamba2_replay_kernel(
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NC: tl.constexpr, WIN: tl.constexpr,
     FLUSH_UNROLL: tl.constexpr, INLINE_BC: tl.constexpr, STATE_FIRST: tl.constexpr, FF: tl.constexpr,
-    PDL: tl.constexpr, FLUSH_TILES: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pdl_wait(PDL)  # PDL: launched as the B·C pre-kernel's dependent
     pid_m = tl.program_id(0)
@@ -386,29 +382,7 @@ def _mamba2_replay_kernel(
             # S_w = e^{AΛ} S_ck + x_win @ (s ⊙ B_win), built BLOCK_NC state columns at a time
             # (bounded registers), y accumulated on the way, S_w stored as the new checkpoint.
             y = tl.zeros([BLOCK_M], dtype=tl.float32)
-            if FLUSH_TILES:  # every M tile of this (row, head) here, in the first program; D, z and the store too
-                if pid_m == 0:
-                    for m0 in range(0, P, BLOCK_M):
-                        offs_t = m0 + tl.arange(0, BLOCK_M)
-                        mask_t = offs_t < P
-                        x_t = tl.load(x_ptr + row * s_x_b + h * s_x_h + offs_t * s_x_p, mask=mask_t,
-                                      other=0.0).to(tl.float32)
-                        xw_t = _load_x_window(xr_base, s_xr_l, s_xr_p, offs_t, mask_t, offs_w, w, w, x_t)
-                        y_t = tl.zeros([BLOCK_M], dtype=tl.float32)
-                        for n0 in range(0, N, BLOCK_NC):
-                            y_t = _rebuild_chunk(y_t, n0, st_base, s_st_p, s_st_n, offs_t, mask_t, N,
-                                                 B_ptr + row * s_B_b + g * s_B_g, s_B_n, C_ptr + row * s_C_b + g * s_C_g,
-                                                 s_C_n, Br_base, s_Br_l, s_Br_n, offs_w, w, decay, xw_t, s_w, is_flush,
-                                                 DOT_PRECISION, BLOCK_NC)
-                        if HAS_D:
-                            y_t += tl.load(D_ptr + h * s_D_h + offs_t * s_D_p, mask=mask_t, other=0.0).to(tl.float32) * x_t
-                        if HAS_Z:
-                            z_t = tl.load(z_ptr + row * s_z_b + h * s_z_h + offs_t * s_z_p, mask=mask_t,
-                                          other=0.0).to(tl.float32)
-                            y_t *= z_t * tl.sigmoid(z_t)
-                        tl.store(out_ptr + row * s_o_b + h * s_o_h + offs_t * s_o_p, y_t.to(out_ptr.dtype.element_ty),
-                                 mask=mask_t)
-            elif FLUSH_UNROLL:
+            if FLUSH_UNROLL:
                 for n0 in tl.static_range(0, BLOCK_N, BLOCK_NC):
                     y = _rebuild_chunk(y, n0, st_base, s_st_p, s_st_n, offs_m, mask_m, N,
                                        B_ptr + row * s_B_b + g * s_B_g, s_B_n, C_ptr + row * s_C_b + g * s_C_g, s_C_n,
@@ -438,18 +412,13 @@ def _mamba2_replay_kernel(
                 bc = tl.load(bc_ptr + row * s_bc_b + g * s_bc_g + offs_w, mask=offs_w <= w, other=0.0)
             y = decay * tl.sum(S * C[None, :], 1) + tl.sum(x_win * (s_w * bc)[None, :], 1)
 
-        if FLUSH_TILES:
-            tail = w < L - 1  # a flush row's outputs were stored in its flush branch
-        else:
-            tail = True
-        if tail:
-            if HAS_D:
-                if STATE_FIRST:  # loaded here: held from the top it was spilled, and its wait came before the tile
-                    Dv = tl.load(D_ptr + h * s_D_h + offs_m * s_D_p, mask=mask_m, other=0.0).to(tl.float32)
-                y += Dv * x_cur
-            if HAS_Z:
-                y *= zv * tl.sigmoid(zv)
-            tl.store(out_ptr + row * s_o_b + h * s_o_h + offs_m * s_o_p, y.to(out_ptr.dtype.element_ty), mask=mask_m)
+        if HAS_D:
+            if STATE_FIRST:  # loaded here: held from the top it was spilled, and its wait came before the tile
+                Dv = tl.load(D_ptr + h * s_D_h + offs_m * s_D_p, mask=mask_m, other=0.0).to(tl.float32)
+            y += Dv * x_cur
+        if HAS_Z:
+            y *= zv * tl.sigmoid(zv)
+        tl.store(out_ptr + row * s_o_b + h * s_o_h + offs_m * s_o_p, y.to(out_ptr.dtype.element_ty), mask=mask_m)
 
         # append the current token's inputs (non-flush only); Δ and B once per (row, head / group)
         if w < L - 1:
@@ -664,7 +633,6 @@ def mamba2_replay_decode(
         DOT_PRECISION=cfg["dot_precision"],
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_NC=BLOCK_NC, WIN=WIN, FLUSH_UNROLL=bool(cfg["flush_unroll"]),
         INLINE_BC=inline_bc, STATE_FIRST=bool(cfg["state_first"]), FF=FF, PDL=pdl,
-        FLUSH_TILES=bool(cfg["flush_tiles"]),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **register_cap(cfg, inline_bc),
         **pdl_launch(pdl),
     )

@@ -35,7 +35,7 @@ GDN_VERIFY = {"BV": 16, "dot_precision": "tf32x3", "flush": "rank1", "inline_sco
               "v_loop_maxnreg": 0, "window_dot": "split", "flush_rows": "fused", "flush_v_stages": 0, "pdl": 0}
 MAMBA2 = {"BLOCK_M": 32, "BLOCK_NC": 64, "bc_num_warps": 2, "dot_precision": "tf32x3", "flush_first_max_batch": 0, "flush_unroll": 1,
           "inline_bc_max_batch": 1, "inline_maxnreg": -1, "maxnreg": 0, "num_stages": 1, "num_warps": 1,
-          "state_first": 1, "pdl": 0, "flush_tiles": 0}
+          "state_first": 1, "pdl": 0}
 # register caps above batch 1 for the Nemotron-H geometries (kernel-variants-h200/regcap); flush rows first
 # (kernel-variants-h200/mixed-order)
 MAMBA2_FP32 = dict(MAMBA2, BLOCK_NC=32, flush_unroll=0, maxnreg=168, inline_maxnreg=0, flush_first_max_batch=64)

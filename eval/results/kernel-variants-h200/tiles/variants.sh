@@ -1,4 +1,5 @@
-# Mamba2 decode `flush_tiles` (README.md beside this file): a flush row's M tiles all rebuilt by its (row, head)'s
+# Mamba2 decode `flush_tiles` as it ran at 12e2afc on an H100 (README.md beside this file; the option lost and was
+# removed, so these variants no longer load): a flush row's M tiles all rebuilt by its (row, head)'s
 # first program, so the per-program part of a flush (set-up, the window's weights) is paid once per head, not once
 # per 32-row tile (../warps/: halving the rows per program made the flush step slower, 630 -> 698-851 us on the H100).
 # Offline sm_90a (Nemotron-H-8B, batch 64): bf16 at the cap of 128 spills 8-10 bytes, fp32 at 168 spills 12; the
