@@ -639,35 +639,27 @@ def test_flush_first_order_matches_the_oracle(device, config_file, monkeypatch):
     assert any(want[0] != 0 for _, want in orders), "no launch put a flush row ahead of row 0"
 
 
+# (entry of mamba2_output_only's default, what the error must name)
+BAD_ENTRIES = [
+    ("{BLOCK_M: 8}", "BLOCK_M"),
+    ("{dot_precision: tf32}", "dot_precision"),
+    ("{BLOCK_NC: 24}", "BLOCK_NC"),
+    ("{num_warps: 3}", "num_warps"),
+    ("{BLOCK_K: 24}", "unknown parameter 'BLOCK_K'"),
+    # timed on the H200, lost and removed (eval/results/kernel-variants-h200/regcap/, round 3)
+    ("{flush_unroll: 0, flush_prefetch: 1}", "unknown parameter 'flush_prefetch'"),
+    # timed on the H100, lost and removed (eval/results/kernel-variants-h200/fold/ and tiles/)
+    ("{fold_launch: 1}", "unknown parameter 'fold_launch'"),
+    ("{flush_tiles: 1}", "unknown parameter 'flush_tiles'"),
+]
+
+
 def test_bad_launch_config_raises(device, config_file):
     h = Harness(device, SMALL, 4, F32, F32, n_req=1)
-    config_file("mamba2_output_only:\n  default: {BLOCK_M: 8}\n")
-    with pytest.raises(ValueError, match="BLOCK_M"):
-        h.step([0])
-    config_file("mamba2_output_only:\n  default: {dot_precision: tf32}\n")
-    with pytest.raises(ValueError, match="dot_precision"):
-        h.step([0])
-    config_file("mamba2_output_only:\n  default: {BLOCK_NC: 24}\n")
-    with pytest.raises(ValueError, match="BLOCK_NC"):
-        h.step([0])
-    config_file("mamba2_output_only:\n  default: {num_warps: 3}\n")
-    with pytest.raises(ValueError, match="num_warps"):
-        h.step([0])
-    config_file("mamba2_output_only:\n  default: {BLOCK_K: 24}\n")
-    with pytest.raises(ValueError, match="unknown parameter 'BLOCK_K'"):
-        h.step([0])
-    # timed on the H200, lost and removed (eval/results/kernel-variants-h200/regcap/, round 3)
-    config_file("mamba2_output_only:\n  default: {flush_unroll: 0, flush_prefetch: 1}\n")
-    with pytest.raises(ValueError, match="unknown parameter 'flush_prefetch'"):
-        h.step([0])
-    # timed on the H100, lost and removed (eval/results/kernel-variants-h200/fold/)
-    config_file("mamba2_output_only:\n  default: {fold_launch: 1}\n")
-    with pytest.raises(ValueError, match="unknown parameter 'fold_launch'"):
-        h.step([0])
-    # timed on the H100, lost and removed (eval/results/kernel-variants-h200/tiles/)
-    config_file("mamba2_output_only:\n  default: {flush_tiles: 1}\n")
-    with pytest.raises(ValueError, match="unknown parameter 'flush_tiles'"):
-        h.step([0])
+    for entry, match in BAD_ENTRIES:
+        config_file(f"mamba2_output_only:\n  default: {entry}\n")
+        with pytest.raises(ValueError, match=match):
+            h.step([0])
 
 
 def test_out_none_allocates_like_x(device):
