@@ -79,11 +79,6 @@ def _capability_major(device: torch.device) -> int:
     return torch.cuda.get_device_capability(device)[0]
 
 
-# where a GDN decode program of a pdl launch waits for its pre-kernel (launch option ``pdl_wait`` of gdn_decode):
-# first thing, or just before it reads what the pre-kernel wrote
-PDL_WAITS = ("start", "scores")
-
-
 def pdl_launch(on: bool) -> Dict[str, Any]:
     """Launch options of a kernel launched as a programmatic dependent of the kernel before it."""
     return {"launch_pdl": True} if on else {}

@@ -114,7 +114,7 @@ import triton
 import triton.language as tl
 
 from .common import L2NORM_EPS, SOFTPLUS_THRESHOLD, interpreting, launch_config, next_pow2, softplus, suffix_sum_excl
-from .common import PDL_WAITS, flag_param, flush_first_rank_row, flush_first_row, write_flush_first_rank
+from .common import flag_param, flush_first_rank_row, flush_first_row, write_flush_first_rank
 from .common import pdl_launch, pdl_on, pdl_trigger, pdl_wait
 from .common import FLOAT_DTYPES as _FLOAT_DTYPES, register_cap, register_family
 from .common import block_param, choice_param, count_param, dot_precision_param, maxnreg_param, warps_param
@@ -124,6 +124,9 @@ __all__ = ["gdn_replay_decode", "gdn_launch_params", "GDN_DEFAULT_LAUNCH", "GDN_
 _FLUSH_MODES = ("rank1", "dot")
 _SCORE_MODES = ("inline", "pre")
 _CAST_MODES = ("bits", "cvt")
+# where a decode program of a pdl launch waits for its pre-kernel (launch option ``pdl_wait``): first thing, or just
+# before it reads what the pre-kernel wrote
+_PDL_WAITS = ("start", "scores")
 # Built-in launch parameters: the fastest measured on the H200 for any geometry (eval/results/kernel-variants-h200/);
 # per-GPU files override them per geometry (h200.yaml: the K-chunked tile for an fp32 state, cvt + BV 32 for bf16).
 GDN_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_decode", {
@@ -168,11 +171,11 @@ GDN_DEFAULT_LAUNCH: Dict[str, Any] = register_family("gdn_decode", {
     # output pass over its checkpoint tile, before it reads the pre-kernel's key scores or stores anything; with
     # flush_first_max_batch its row is then found from the write positions in-kernel, not from the pre-kernel's
     # order). "scores" takes its row that way with or without pdl in effect (the CPU interpreter checks that)
-    "pdl_wait": choice_param("start", PDL_WAITS),
+    "pdl_wait": choice_param("start", _PDL_WAITS),
 })
 # the string launch parameters that are speed choices (same results), for eval/tune_kernels.py
 GDN_LAUNCH_CHOICES: Dict[str, Tuple[str, ...]] = {"flush": _FLUSH_MODES, "scores": _SCORE_MODES,
-                                                  "cast": _CAST_MODES, "pdl_wait": PDL_WAITS}
+                                                  "cast": _CAST_MODES, "pdl_wait": _PDL_WAITS}
 
 
 # ----------------------------------------------------------------------------------

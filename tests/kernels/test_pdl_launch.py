@@ -136,6 +136,8 @@ def test_gdn_decode_late_wait_reads_no_order(monkeypatch, cfg, want_ff):
     ({"pdl": 1}, 1, None),  # within inline_bc_max_batch: no pre-kernel, launched as usual
 ])
 def test_mamba2_decode_kernel_is_the_bc_pre_kernels_dependent(monkeypatch, tmp_path, cfg, batch, want):
+    """With ``pdl`` above inline_bc_max_batch, the decode kernel is launched as the B·C pre-kernel's programmatic
+    dependent (grid order or flush rows first); without it, or with B·C inline, it is launched as usual."""
     import yaml
 
     from eval.gdn_sass import _Recorder
