@@ -6,7 +6,8 @@
 #                       real geometries) are left to gpu-test. make test-full: those too, in the interpreter
 #   make test-sglang-0.5.23  tests/foundation + tests/patches against SGLang 0.5.23's classes (its wheel, unpacked)
 #   make sglang-versions     those suites on 0.5.17 and 0.5.23 -> eval/results/sglang-versions.json
-#   make doctor         versions, config, and every patch target: resolved / patched / missing
+#   make doctor         versions, config, and every patch target: resolved / patched / missing, in the CPU
+#                       .venv (on a GPU host: python -m sglang_replayssm doctor)
 #   make serve          GPU host: launch the patched server (built-in tiny model unless MODEL=...)
 #   make bench-kernels  GPU host: kernel benchmark vs SGLang's stock kernels -> eval/results/
 #   make bench-spec     GPU host: spec-verify kernels vs SGLang's verify + commit -> eval/results/
@@ -15,6 +16,8 @@
 #   make e2e-summary    parity/decode/spec summaries from the A/B results under eval/results/e2e-h200/
 #   make gpu-test       GPU host: all the kernel tests on CUDA, in GPU_TEST_JOBS pytest-xdist workers
 #   make carry-size     will the tree + CARRY (default .sglang-bundle) fit the device tool's 64 MiB?
+#   make verify-sass    CPU: offline sm_90a build of the verify kernels: registers, spills, SASS per variant
+#   make venv / sglang-wheels / clean   build the CPU .venv / fetch the SGLang 0.5.15/0.5.23 wheels / remove .venv
 
 PYTHON ?= python3
 VENV := .venv
